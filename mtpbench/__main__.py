@@ -1,0 +1,3 @@
+from mtpbench.cli import main
+
+main()

@@ -1,0 +1,111 @@
+"""The native backend: our own PyTorch MTP engine on a MiMo-format checkpoint, CPU or CUDA.
+
+The model is loaded once per sweep. Each point gets one warm-up generation, then every batch is timed
+around the engine's per-round iterator (device synchronized before each clock read).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from mtpbench.config import SweepConfig
+from mtpbench.engine import Faults, Generation
+from mtpbench.errors import MtpBenchError
+from mtpbench.metrics import BatchRecord, RequestRecord
+from mtpbench.prompts import Prompt, batches
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": torch.float32}
+
+
+@dataclass
+class NativeRun:
+    requests: list[RequestRecord] = field(default_factory=list)
+    batches: list[BatchRecord] = field(default_factory=list)
+    startup_s: float | None = None
+    engine: dict = field(default_factory=dict)
+
+
+def load_tokenizer(model_dir):
+    from tokenizers import Tokenizer
+
+    path = model_dir / "tokenizer.json"
+    if not path.is_file():
+        raise MtpBenchError(f"{model_dir} has no tokenizer.json")
+    return Tokenizer.from_file(str(path))
+
+
+def resolve_device(name: str) -> torch.device:
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise MtpBenchError(f"--device {name}: CUDA is not available on this machine")
+    try:
+        return torch.device(name)
+    except RuntimeError:
+        raise MtpBenchError(f"unknown device {name!r}") from None
+
+
+class NativeBackend:
+    name = "native"
+
+    def __init__(self):
+        self.model = self.tokenizer = None
+        self.faults = Faults()
+
+    def start(self, cfg: SweepConfig) -> dict:
+        from mtpbench.model import load_model
+
+        t0 = time.perf_counter()
+        self.device = resolve_device(cfg.device)
+        self.tokenizer = load_tokenizer(cfg.model_dir)
+        self.model = load_model(cfg.model_dir, self.device, DTYPES[cfg.dtype])
+        self.startup_s = time.perf_counter() - t0
+        a = self.model.args
+        return {"engine": "mtpbench-native", "device": str(self.device), "dtype": cfg.dtype,
+                "num_mtp_layers_in_checkpoint": a.num_nextn_predict_layers,
+                "num_parameters": sum(p.numel() for p in self.model.parameters()),
+                "torch": torch.__version__, "startup_s": round(self.startup_s, 3)}
+
+    def encode(self, prompts: list[Prompt]) -> list[list[int]]:
+        return [self.tokenizer.encode(p.text).ids for p in prompts]
+
+    def generation(self, cfg: SweepConfig, ids, k, mode, mtp_layers, max_tokens) -> Generation:
+        torch.manual_seed(cfg.seed)
+        return Generation(self.model, ids, max_tokens, k, mode=mode, num_mtp_layers=mtp_layers,
+                          temperature=cfg.temperature, seed=cfg.seed, faults=self.faults,
+                          force_spec_step_idx=cfg.force_spec_step_idx)
+
+    def run_point(self, cfg: SweepConfig, mode: str, k: int, mtp_layers: int, prompts: list[Prompt]) -> NativeRun:
+        groups = batches(prompts, cfg.batch_size)
+        warm = self.encode(groups[0])
+        for _ in self.generation(cfg, warm, k, mode, mtp_layers, min(16, cfg.max_tokens)):
+            pass
+        run = NativeRun(startup_s=self.startup_s, engine={"engine": "mtpbench-native"})
+        for group in groups:
+            ids = self.encode(group)
+            g = self.generation(cfg, ids, k, mode, mtp_layers, cfg.max_tokens)
+            ttft = [None] * len(ids)
+            done = [None] * len(ids)
+            clock = g._clock
+            t0 = clock()
+            for _ in g:
+                now = clock()
+                for b, toks in enumerate(g.tokens):
+                    if ttft[b] is None and toks:
+                        ttft[b] = now - t0
+                    if done[b] is None and len(toks) >= cfg.max_tokens:
+                        done[b] = now - t0
+            wall = clock() - t0
+            for b, p in enumerate(group):
+                run.requests.append(RequestRecord(p.category, len(ids[b]), g.tokens[b], ttft[b],
+                                                  done[b] if done[b] is not None else wall))
+            c = g.counts
+            run.batches.append(BatchRecord(
+                group[0].category, wall,
+                num_drafts=sum(x.num_drafts for x in c), num_draft_tokens=sum(x.num_draft_tokens for x in c),
+                num_accepted_tokens=sum(x.num_accepted_tokens for x in c),
+                num_accepted_tokens_per_pos=[sum(x.num_accepted_tokens_per_pos[i] for x in c) for i in range(k)],
+                draft_time_s=g.draft_time_s, num_draft_calls=g.num_draft_calls,
+                verify_time_s=g.verify_time_s, num_verify_calls=g.num_verify_calls))
+        return run

@@ -1,0 +1,185 @@
+"""The command line: parses options, builds a config, calls one core function, prints the result.
+
+This is the only module that imports typer. Domain errors become one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from mtpbench.errors import MtpBenchError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Benchmark and diagnose multi-token-prediction (MTP) speculative decoding.")
+
+
+def fail(msg: str) -> None:
+    typer.echo(f"error: {msg}", err=True)
+    raise typer.Exit(2)
+
+
+def ints(text: Optional[str], name: str) -> Optional[tuple[int, ...]]:
+    if text is None:
+        return None
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        fail(f"{name} takes comma-separated integers, got {text!r}")
+
+
+def strs(text: Optional[str]) -> Optional[tuple[str, ...]]:
+    return None if text is None else tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def model_or_profile(arg: Optional[str], profile: Optional[str]) -> tuple[Optional[str], Optional[str]]:
+    """A positional MODEL_OR_PROFILE is a model directory, a profile name or a .toml file."""
+    if arg is None:
+        return None, profile
+    from mtpbench.config import list_profiles
+
+    if arg == "builtin" or Path(arg).is_dir():
+        return arg, profile
+    if arg in list_profiles() or arg.endswith(".toml"):
+        if profile:
+            fail("give a profile either as MODEL_OR_PROFILE or with --profile, not both")
+        return None, arg
+    fail(f"model directory or profile not found: {arg}")
+
+
+def progress_callback():
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   transient=True)
+    state = {}
+
+    def on_point(i: int, n: int, name: str) -> None:
+        if "task" not in state:
+            bar.start()
+            state["task"] = bar.add_task("sweep", total=n)
+        bar.update(state["task"], completed=i, description=f"sweep: {name}")
+        if i >= n:
+            bar.stop()
+
+    return on_point, bar
+
+
+@app.command()
+def sweep(
+    model: Annotated[Optional[str], typer.Argument(help="Model directory, profile name or .toml (default: built-in tiny model).")] = None,
+    backend: Annotated[Optional[str], typer.Option(help="native or vllm.")] = None,
+    k: Annotated[Optional[str], typer.Option("--k", help="num_speculative_tokens values, e.g. 0,1,2,3 (0 = plain decoding baseline).")] = None,
+    mtp_layers: Annotated[Optional[str], typer.Option(help="MTP layer counts, e.g. 1,2,3 (default: all the checkpoint has).")] = None,
+    mode: Annotated[Optional[str], typer.Option(help="Drafting modes: reuse (layer 0 every step), chain (step s runs layer s mod L).")] = None,
+    prompts: Annotated[Optional[str], typer.Option(help="'builtin' or a JSONL file (MT-Bench/Spec-Bench 'turns', or 'prompt').")] = None,
+    num_prompts: Annotated[Optional[int], typer.Option(help="Number of prompts.")] = None,
+    max_tokens: Annotated[Optional[int], typer.Option(help="Output tokens per prompt.")] = None,
+    temperature: Annotated[Optional[float], typer.Option(help="0 = greedy; > 0 uses rejection sampling.")] = None,
+    batch_size: Annotated[Optional[int], typer.Option("--batch-size", "--max-num-seqs", help="Sequences decoded together.")] = None,
+    seed: Annotated[Optional[int], typer.Option(help="Random seed.")] = None,
+    device: Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:1 ... (native backend).")] = None,
+    dtype: Annotated[Optional[str], typer.Option(help="float32, bfloat16, float16 or auto.")] = None,
+    max_model_len: Annotated[Optional[int], typer.Option(help="vLLM max_model_len.")] = None,
+    tensor_parallel_size: Annotated[Optional[int], typer.Option(help="vLLM tensor_parallel_size.")] = None,
+    gpu_memory_utilization: Annotated[Optional[float], typer.Option(help="vLLM gpu_memory_utilization.")] = None,
+    engine_arg: Annotated[Optional[list[str]], typer.Option(help="Extra vllm.LLM argument KEY=VALUE (repeatable).")] = None,
+    force_spec_step_idx: Annotated[Optional[bool], typer.Option("--force-spec-step-idx", help="Pass spec_step_idx = draft step to the draft model (the vLLM PR's proposal).")] = None,
+    profile: Annotated[Optional[str], typer.Option(help="Profile name (see `mtpbench profiles`) or .toml path.")] = None,
+    out: Annotated[Optional[str], typer.Option(help="Output directory for point files, summary and plots.")] = None,
+) -> None:
+    """Sweep k x MTP layers x drafting mode; write point JSONs, summary.csv/json and PNG plots."""
+    from mtpbench.config import resolve
+    from mtpbench.report import table
+    from mtpbench.sweep import run_sweep
+
+    model, profile = model_or_profile(model, profile)
+    extra = None
+    if engine_arg:
+        extra = {}
+        for item in engine_arg:
+            key, eq, value = item.partition("=")
+            if not eq or not key:
+                fail(f"--engine-arg takes KEY=VALUE, got {item!r}")
+            extra[key] = parse_value(value)
+    try:
+        cfg = resolve(dict(model=model, backend=backend, k=ints(k, "--k"), mtp_layers=ints(mtp_layers, "--mtp-layers"),
+                           mode=strs(mode), prompts=prompts, num_prompts=num_prompts, max_tokens=max_tokens,
+                           temperature=temperature, batch_size=batch_size, seed=seed, device=device, dtype=dtype,
+                           max_model_len=max_model_len, tensor_parallel_size=tensor_parallel_size,
+                           gpu_memory_utilization=gpu_memory_utilization, engine_args=extra,
+                           force_spec_step_idx=force_spec_step_idx, out=out), profile)
+        on_point, bar = progress_callback()
+        try:
+            rows = run_sweep(cfg, on_point)
+        finally:
+            bar.stop()
+    except MtpBenchError as e:
+        fail(str(e))
+    typer.echo(table(rows))
+    typer.echo(f"\nwrote {cfg.out}/summary.csv, summary.json and plots")
+
+
+def parse_value(text: str):
+    import json
+
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+@app.command()
+def report(out: Annotated[Path, typer.Argument(help="A sweep output directory.")]) -> None:
+    """Rebuild the table, summary.csv/json and plots from a sweep's saved JSON files."""
+    from mtpbench.report import build, table
+
+    try:
+        rows = build(out)
+    except MtpBenchError as e:
+        fail(str(e))
+    typer.echo(table(rows))
+
+
+@app.command()
+def profiles() -> None:
+    """List the profiles and what they set."""
+    from tabulate import tabulate
+
+    from mtpbench.config import list_profiles, load_profile
+
+    body = []
+    try:
+        for name, path in list_profiles().items():
+            _, values = load_profile(str(path))
+            body.append([name, values.get("backend", "native"), values.get("model", "builtin"),
+                         ",".join(map(str, values.get("k", ()))), values.get("description", "")])
+    except MtpBenchError as e:
+        fail(str(e))
+    typer.echo(tabulate(body, headers=["profile", "backend", "model", "k", "description"]))
+
+
+@app.command("make-model")
+def make_model(
+    out: Annotated[Path, typer.Option(help="Checkpoint directory to write.")] = Path("tiny-mtp"),
+    steps: Annotated[int, typer.Option(help="Training steps.")] = 450,
+    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+    batch: Annotated[int, typer.Option(help="Sequences per step.")] = 16,
+    seq_len: Annotated[int, typer.Option(help="Tokens per sequence.")] = 256,
+) -> None:
+    """Train the built-in tiny MTP model from this interpreter's standard library (no download)."""
+    from mtpbench.train import make_model as train
+
+    info = train(out, steps=steps, batch=batch, seq_len=seq_len, seed=seed, log=typer.echo)
+    typer.echo(f"wrote {out} in {info['train_seconds']} s")
+
+
+def main() -> None:
+    app(prog_name="mtpbench")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

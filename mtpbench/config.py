@@ -1,0 +1,169 @@
+"""Sweep configuration: one dataclass, resolved as CLI > profile file > defaults.
+
+Profiles are data: ``profiles/<name>.toml``, whose keys are ``SweepConfig`` field names. Unknown keys
+and wrong types are errors that name the file and the key.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+
+from mtpbench.errors import MtpBenchError
+from mtpbench.prompts import BUILTIN_MODEL_DIR
+
+MODES = ("reuse", "chain")
+DTYPES = ("float32", "bfloat16", "float16", "auto")
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    model: str = "builtin"
+    backend: str = "native"
+    method: str = "mtp"
+    k: tuple[int, ...] = (0, 1, 2, 3)
+    mtp_layers: tuple[int, ...] = ()  # empty: every MTP layer the checkpoint has
+    mode: tuple[str, ...] = MODES
+    prompts: str = "builtin"
+    num_prompts: int = 8
+    max_tokens: int = 128
+    temperature: float = 0.0
+    batch_size: int = 1
+    seed: int = 0
+    device: str = "cpu"
+    dtype: str = "float32"
+    out: str = "results"
+    force_spec_step_idx: bool = False
+    max_model_len: int | None = None
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float | None = None
+    engine_args: dict = field(default_factory=dict)
+    description: str = ""
+
+    @property
+    def model_dir(self) -> Path:
+        return BUILTIN_MODEL_DIR if self.model == "builtin" else Path(self.model)
+
+    def to_json(self) -> dict:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+
+_TYPES = {f.name: f.type for f in fields(SweepConfig)}
+
+
+def profile_dirs() -> list[Path]:
+    here = Path(__file__).parent
+    return [here / "profiles", here.parent / "profiles"]  # installed wheel, then source checkout
+
+
+def list_profiles() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for d in profile_dirs():
+        for p in sorted(d.glob("*.toml")) if d.is_dir() else []:
+            found.setdefault(p.stem, p)
+    return found
+
+
+def _check(path: Path, key: str, value, typ: str):
+    def bad(want: str):
+        return MtpBenchError(f"{path}: key '{key}' must be {want}, got {type(value).__name__} {value!r}")
+
+    if typ.startswith("tuple[int"):
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = [value]
+        if not (isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)):
+            raise bad("a list of integers")
+        return tuple(value)
+    if typ.startswith("tuple[str"):
+        if isinstance(value, str):
+            value = [value]
+        if not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+            raise bad("a list of strings")
+        return tuple(value)
+    if typ.startswith("int"):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise bad("an integer")
+    elif typ.startswith("float"):
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise bad("a number")
+        value = float(value)
+    elif typ == "bool":
+        if not isinstance(value, bool):
+            raise bad("true or false")
+    elif typ == "str":
+        if not isinstance(value, str):
+            raise bad("a string")
+    elif typ == "dict" and not isinstance(value, dict):
+        raise bad("a table")
+    return value
+
+
+def load_profile(name_or_path: str) -> tuple[Path, dict]:
+    path = Path(name_or_path)
+    if not (path.suffix == ".toml" and path.is_file()):
+        profiles = list_profiles()
+        if name_or_path not in profiles:
+            raise MtpBenchError(f"unknown profile {name_or_path!r} (known: {', '.join(profiles) or 'none'})")
+        path = profiles[name_or_path]
+    try:
+        raw = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise MtpBenchError(f"{path}: not valid TOML ({e})") from None
+    out = {}
+    for key, value in raw.items():
+        if key not in _TYPES:
+            raise MtpBenchError(f"{path}: unknown key '{key}'")
+        out[key] = _check(path, key, value, _TYPES[key])
+    return path, out
+
+
+def resolve(cli: dict, profile: str | None = None) -> SweepConfig:
+    """CLI values that are not None win over the profile, which wins over the defaults."""
+    cfg = SweepConfig()
+    if profile:
+        path, values = load_profile(profile)
+        if "model" in values and not Path(values["model"]).is_absolute() and values["model"] != "builtin" \
+                and (path.parent / values["model"]).exists():
+            values["model"] = str(path.parent / values["model"])
+        cfg = replace(cfg, **values)
+    given = {k: v for k, v in cli.items() if v is not None}
+    unknown = set(given) - set(_TYPES)
+    if unknown:
+        raise MtpBenchError(f"unknown option(s): {', '.join(sorted(unknown))}")
+    return replace(cfg, **given)
+
+
+def validate(cfg: SweepConfig, checkpoint_layers: int | None) -> None:
+    """Everything that can be checked before a model is loaded or a file is written."""
+    if not cfg.k:
+        raise MtpBenchError("--k needs at least one value")
+    for k in cfg.k:
+        if k < 0:
+            raise MtpBenchError(f"--k must be >= 0, got {k}")
+    for m in cfg.mode:
+        if m not in MODES:
+            raise MtpBenchError(f"unknown mode {m!r} (choose from {', '.join(MODES)})")
+    if cfg.dtype not in DTYPES:
+        raise MtpBenchError(f"unknown dtype {cfg.dtype!r} (choose from {', '.join(DTYPES)})")
+    for name in ("num_prompts", "max_tokens", "batch_size"):
+        if getattr(cfg, name) < 1:
+            raise MtpBenchError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")
+    if cfg.temperature < 0:
+        raise MtpBenchError(f"--temperature must be >= 0, got {cfg.temperature}")
+    if checkpoint_layers is not None:
+        if checkpoint_layers < 1 and any(k > 0 for k in cfg.k):
+            raise MtpBenchError(f"{cfg.model_dir} has no MTP layers (num_nextn_predict_layers is 0 or missing)")
+        for L in cfg.mtp_layers:
+            if not 1 <= L <= checkpoint_layers:
+                raise MtpBenchError(f"--mtp-layers {L}: the checkpoint has {checkpoint_layers} MTP layer(s)")
+    check_writable(Path(cfg.out))
+
+
+def check_writable(out: Path) -> None:
+    probe = out
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        raise MtpBenchError(f"output directory is not writable: {out}")

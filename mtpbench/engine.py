@@ -1,0 +1,242 @@
+"""The native MTP speculative-decoding loop (pure PyTorch, CPU or CUDA).
+
+One round = k draft-model calls (draft step s = 0..k-1) then one target forward over k+1 positions
+that verifies the drafts: greedy acceptance at temperature 0, standard rejection sampling above 0 (the
+output distribution equals the target's). k = 0 is plain decoding.
+
+Drafting geometry is vLLM's: at draft step s the MTP model works at position q = n-2+s (n = known
+tokens), reading token x[q+1] and the previous hidden state, and predicts x[q+2]. Two modes:
+
+* ``reuse``: every step runs MTP layer 0, fed its own previous output; the loop never passes
+  ``spec_step_idx`` (what vLLM's proposer does today).
+* ``chain``: step s passes ``spec_step_idx = s`` and runs layer s mod L, each layer with its own KV cache
+  (DeepSeek-V3's chained MTP). Layer j at slot q reads layer j-1's output at slot q-1, so at step s the
+  layer first catches up the slots it has not seen with final inputs, then the provisional ones.
+
+Every row keeps its own counters in vLLM's words (``num_drafts``, ``num_draft_tokens``,
+``num_accepted_tokens``, ``num_accepted_tokens_per_pos``). ``Generation`` is iterated once per round,
+so a benchmark can time around each step.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from mtpbench.model import KVCache, MiMoModel
+
+MODES = ("reuse", "chain")
+
+
+@dataclass
+class Counts:
+    """Per-sequence spec-decode counters, as vLLM's SpecDecodingStats."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Faults:
+    """Test-only switches that reproduce the two bugs the vLLM pull request described."""
+
+    wrapper_drops_spec_step_idx: bool = False  # the wrapper takes the index and never forwards it
+    loop_omits_spec_step_idx: bool = False  # the proposer never passes the index
+
+
+def _sample(probs: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
+    return torch.multinomial(probs, 1, generator=gen).squeeze(-1)
+
+
+class Generation:
+    """Iterate to run; each iteration is one decode round and yields the new tokens of every row."""
+
+    def __init__(self, model: MiMoModel, prompts: list[list[int]], max_tokens: int, k: int,
+                 mode: str = "reuse", num_mtp_layers: int | None = None, temperature: float = 0.0,
+                 seed: int = 0, faults: Faults | None = None, force_spec_step_idx: bool = False):
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}")
+        a = model.args
+        L = a.num_nextn_predict_layers if num_mtp_layers is None else num_mtp_layers
+        self.model, self.target = model, model.target
+        self.drafter = model.drafter(L)
+        self.faults = faults or Faults()
+        self.drafter.drop_spec_step_idx = self.faults.wrapper_drops_spec_step_idx
+        self.prompts, self.max_tokens, self.k, self.mode = prompts, max_tokens, k, mode
+        self.temperature, self.force = temperature, force_spec_step_idx
+        # layers the data flow cycles through: reuse feeds layer 0 its own output
+        self.L = 0 if k == 0 else (1 if mode == "reuse" else min(k, L))
+        dev = next(model.parameters()).device
+        self.gen = torch.Generator(device=dev).manual_seed(seed) if temperature > 0 else None
+        B = len(prompts)
+        self.tokens: list[list[int]] = [[] for _ in range(B)]
+        self.counts = [Counts(num_accepted_tokens_per_pos=[0] * k) for _ in range(B)]
+        self.dev, self.dtype = dev, next(model.parameters()).dtype
+        self.maxlen = max(map(len, prompts)) + max_tokens + 4 * k + 8
+        # summed wall time of draft-model calls and of verify forwards, for the cost ratio c
+        self.draft_time_s = self.verify_time_s = 0.0
+        self.num_draft_calls = self.num_verify_calls = 0
+
+    def _clock(self) -> float:
+        if self.dev.type == "cuda":
+            torch.cuda.synchronize(self.dev)
+        return time.perf_counter()
+
+    def _caches(self, n: int) -> list[KVCache]:
+        a, B = self.model.args, len(self.prompts)
+        return [KVCache(B, a.num_key_value_heads, self.maxlen, a.head_dim, self.dev, self.dtype)
+                for _ in range(n)]
+
+    def _pick(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.temperature <= 0:
+            return logits.argmax(-1), None
+        probs = torch.softmax(logits.float() / self.temperature, -1)
+        return _sample(probs, self.gen), probs
+
+    @torch.inference_mode()
+    def __iter__(self):
+        a, B, k, dev = self.model.args, len(self.prompts), self.k, self.dev
+        rows = torch.arange(B, device=dev)
+        P = torch.tensor([len(p) for p in self.prompts], device=dev)
+        X = torch.zeros(B, self.maxlen, dtype=torch.long, device=dev)
+        for b, p in enumerate(self.prompts):
+            X[b, : len(p)] = torch.tensor(p, device=dev)
+        tcache = self._caches(a.num_hidden_layers)
+        Ht = torch.zeros(B, self.maxlen, a.hidden_size, device=dev, dtype=self.dtype)
+
+        # prefill; padded positions write junk that is overwritten before it is ever attended to
+        T0 = int(P.max())
+        pos = torch.arange(T0, device=dev).expand(B, T0)
+        h = self.target(X[:, :T0], pos, tcache)
+        Ht[:, :T0] = h
+        x, _ = self._pick(self.target.compute_logits(h[rows, P - 1]))
+        X[rows, P] = x
+        n = P + 1
+        self._emit([[t] for t in x.tolist()])
+        yield [[t] for t in x.tolist()]
+
+        dcache = self._caches(self.drafter.model.num_mtp_layers) if k else []
+        O = torch.zeros(max(self.L, 1), B, self.maxlen, a.hidden_size, device=dev, dtype=self.dtype)
+        committed = torch.zeros(B, dtype=torch.long, device=dev)  # drafter slots < this are final
+        while True:
+            active = torch.tensor([len(t) < self.max_tokens for t in self.tokens], device=dev)
+            if not bool(active.any()):
+                return
+            if k == 0:
+                q = (n - 1)[:, None]
+                h = self.target(X[rows[:, None], q], q, tcache)
+                x, _ = self._pick(self.target.compute_logits(h[:, 0]))
+                X[rows, n] = torch.where(active, x, X[rows, n])
+                n = n + active.long()
+                new = [[t] if act else [] for t, act in zip(x.tolist(), active.tolist())]
+                self._emit(new)
+                yield new
+                continue
+
+            drafts, qprobs = self._draft(X, Ht, O, dcache, n, committed)
+            committed = n - 1
+            t0 = self._clock()
+            # verify: x[n-1], d_1..d_k at positions n-1 .. n-1+k
+            vpos = (n - 1)[:, None] + torch.arange(k + 1, device=dev)
+            h = self.target(X[rows[:, None], vpos], vpos, tcache)
+            Ht[rows[:, None], vpos] = h
+            logits = self.target.compute_logits(h)
+            accepted, bonus = self._verify(logits, drafts, qprobs)
+            self.verify_time_s += self._clock() - t0
+            self.num_verify_calls += 1
+            new = []
+            for b in range(B):
+                if not active[b]:
+                    new.append([])
+                    continue
+                nb, ab = int(n[b]), int(accepted[b])
+                X[b, nb + ab] = bonus[b]
+                c = self.counts[b]
+                c.num_drafts += 1
+                c.num_draft_tokens += k
+                c.num_accepted_tokens += ab
+                for i in range(ab):
+                    c.num_accepted_tokens_per_pos[i] += 1
+                new.append(X[b, nb: nb + ab + 1].tolist())
+                n[b] = nb + ab + 1
+            self._emit(new)
+            yield new
+
+    def _emit(self, new: list[list[int]]) -> None:
+        for b, t in enumerate(new):
+            self.tokens[b].extend(t[: self.max_tokens - len(self.tokens[b])])
+
+    def _draft(self, X, Ht, O, dcache, n, committed):
+        """k draft-model calls; returns drafts [B, k] and (when sampling) their probabilities."""
+        B, k, L, dev = X.shape[0], self.k, self.L, X.device
+        rows = torch.arange(B, device=dev)
+        # first slot each layer has not written this round (layer j starts at slot j)
+        frontier = [torch.clamp(committed, min=j) for j in range(L)]
+        drafts, qprobs = [], []
+        for s in range(k):
+            t0 = self._clock()
+            j = s % L  # the layer whose data flow this step follows
+            start, end = frontier[j], n - 2 + s
+            T = int((end - start).max()) + 1
+            slots = start[:, None] + torch.arange(T, device=dev)
+            slots = torch.minimum(slots, torch.full_like(slots, self.maxlen - 2))
+            tokens = X[rows[:, None], slots + 1]
+            prev = O[(j - 1) % L][rows[:, None], (slots - 1).clamp(min=0)]
+            if j == 0:  # layer 0 reads the target's hidden state at final slots
+                final = (slots <= (n - 2)[:, None])[..., None]
+                prev = torch.where(final, Ht[rows[:, None], slots], prev)
+            idx = s if (self.mode == "chain" or self.force) else 0
+            if self.faults.loop_omits_spec_step_idx:
+                out = self.drafter(tokens, slots, prev, caches=dcache)
+            else:
+                out = self.drafter(tokens, slots, prev, spec_step_idx=idx, caches=dcache)
+            O[j][rows[:, None], slots] = out
+            frontier[j] = end + 1
+            last = out[rows, end - start]
+            d, probs = self._pick(self.drafter.compute_logits(last, spec_step_idx=idx))
+            X[rows, n + s] = d
+            drafts.append(d)
+            qprobs.append(probs)
+            self.draft_time_s += self._clock() - t0
+            self.num_draft_calls += 1
+        q = torch.stack(qprobs, 1) if self.temperature > 0 else None
+        return torch.stack(drafts, 1), q
+
+    def _verify(self, logits, drafts, qprobs):
+        """Accepted-draft count and the bonus/correction token per row."""
+        B, k = drafts.shape
+        rows = torch.arange(B, device=drafts.device)
+        if self.temperature <= 0:
+            target = logits.argmax(-1)  # [B, k+1]
+            ok = (target[:, :k] == drafts).long()
+            accepted = ok.cumprod(1).sum(1)
+            return accepted, target[rows, accepted]
+        p = torch.softmax(logits.float() / self.temperature, -1)  # [B, k+1, V]
+        pd = p[:, :k].gather(-1, drafts[..., None]).squeeze(-1)
+        qd = qprobs.gather(-1, drafts[..., None]).squeeze(-1)
+        u = torch.rand(B, k, generator=self.gen, device=drafts.device)
+        ok = (u * qd <= pd).long()  # accept with probability min(1, p/q)
+        accepted = ok.cumprod(1).sum(1)
+        bonus = torch.empty(B, dtype=torch.long, device=drafts.device)
+        for b in range(B):
+            a = int(accepted[b])
+            if a == k:
+                dist = p[b, k]
+            else:  # rejected at a: resample from the residual max(0, p - q)
+                dist = (p[b, a] - qprobs[b, a]).clamp(min=0)
+                if float(dist.sum()) <= 0:
+                    dist = p[b, a]
+            bonus[b] = _sample(dist / dist.sum(), self.gen)
+        return accepted, bonus
+
+
+def generate(model: MiMoModel, prompts: list[list[int]], max_tokens: int, k: int = 0, **kw) -> Generation:
+    """Run a whole generation; returns the finished ``Generation`` (``.tokens``, ``.counts``)."""
+    g = Generation(model, prompts, max_tokens, k, **kw)
+    for _ in g:
+        pass
+    return g

@@ -1,0 +1,318 @@
+"""A Qwen2 target model with MiMo-style MTP layers, in plain PyTorch.
+
+The checkpoint format is vLLM's MiMo format (``MiMoForCausalLM``, ``model_type: qwen2``), so the same
+directory loads here, in vLLM, and in transformers as ``Qwen2ForCausalLM`` (which ignores the MTP tensors).
+
+The draft side keeps vLLM's three-level shape so that layer tracing sees the same structure in both
+backends: ``MTPWrapper`` (like ``MiMoMTP``) -> ``MultiTokenPredictor`` (like ``MiMoMultiTokenPredictor``)
+-> ``mtp_layers[j]`` (``MTPLayer``). The predictor picks its layer as ``spec_step_idx % num_mtp_layers``.
+
+KV caches are addressed by absolute position: a forward writes keys at the positions it is given and
+attends to cached keys with ``key_start <= key_pos <= query_pos``. Rows of a batch may sit at different
+positions; stale entries past a row's frontier are never read before they are overwritten.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mtpbench.errors import MtpBenchError
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    vocab_size: int = 2048
+    hidden_size: int = 192
+    intermediate_size: int = 512
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 3
+    num_key_value_heads: int = 3
+    num_nextn_predict_layers: int = 3
+    max_position_embeddings: int = 2048
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+    bos_token_id: int = 0
+    eos_token_id: int = 0
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @classmethod
+    def from_config(cls, cfg: dict) -> "ModelArgs":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in cfg.items() if k in known})
+
+    def to_config(self) -> dict:
+        """The config.json vLLM (MiMo) and transformers (Qwen2) both read."""
+        return {
+            "architectures": ["MiMoForCausalLM"],
+            "model_type": "qwen2",
+            **asdict(self),
+            "hidden_act": "silu",
+            "tie_word_embeddings": False,
+            "use_sliding_window": False,
+            "sliding_window": None,
+            "max_window_layers": self.num_hidden_layers,
+            "attention_dropout": 0.0,
+            "initializer_range": 0.02,
+            "use_cache": True,
+            "torch_dtype": "bfloat16",
+        }
+
+
+# Named presets, gpt-fast style. "tiny" is the built-in model.
+PRESETS = {"tiny": ModelArgs()}
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim))
+    freqs = positions.float()[..., None] * inv_freq  # [B, T, D/2]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]  # [B, 1, T, D]
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # neox-style rotate-half, as Qwen2 in transformers and vLLM
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+class KVCache:
+    """Per-layer key/value store indexed by absolute position: [B, kv_heads, max_len, head_dim]."""
+
+    def __init__(self, batch: int, kv_heads: int, max_len: int, head_dim: int, device, dtype):
+        self.k = torch.zeros(batch, kv_heads, max_len, head_dim, device=device, dtype=dtype)
+        self.v = torch.zeros_like(self.k)
+
+    def write(self, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> None:
+        b = torch.arange(k.shape[0], device=k.device)[:, None]
+        # k: [B, H, T, D]; positions: [B, T]
+        self.k[b, :, positions] = k.transpose(1, 2)
+        self.v[b, :, positions] = v.transpose(1, 2)
+
+
+class Attention(nn.Module):
+    def __init__(self, a: ModelArgs):
+        super().__init__()
+        self.a = a
+        hd = a.head_dim
+        self.q_proj = nn.Linear(a.hidden_size, a.num_attention_heads * hd, bias=True)
+        self.k_proj = nn.Linear(a.hidden_size, a.num_key_value_heads * hd, bias=True)
+        self.v_proj = nn.Linear(a.hidden_size, a.num_key_value_heads * hd, bias=True)
+        self.o_proj = nn.Linear(a.num_attention_heads * hd, a.hidden_size, bias=False)
+
+    def forward(self, x, positions, cache: KVCache | None = None, key_start: int = 0):
+        a, (B, T, _) = self.a, x.shape
+        hd = a.head_dim
+        q = self.q_proj(x).view(B, T, a.num_attention_heads, hd).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, a.num_key_value_heads, hd).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, a.num_key_value_heads, hd).transpose(1, 2)
+        cos, sin = rope_cos_sin(positions, hd, a.rope_theta, q.dtype)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        groups = a.num_attention_heads // a.num_key_value_heads
+        if cache is None:
+            # training / reference path: contiguous positions, plain causal attention
+            if groups > 1:
+                k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            cache.write(k, v, positions)
+            S = int(positions.max()) + 1
+            K, V = cache.k[:, :, :S], cache.v[:, :, :S]
+            if groups > 1:
+                K, V = K.repeat_interleave(groups, 1), V.repeat_interleave(groups, 1)
+            kpos = torch.arange(S, device=x.device)
+            mask = (kpos <= positions[:, :, None]) & (kpos >= key_start)  # [B, T, S]
+            out = F.scaled_dot_product_attention(q, K, V, attn_mask=mask[:, None])
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, a: ModelArgs):
+        super().__init__()
+        self.gate_proj = nn.Linear(a.hidden_size, a.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(a.hidden_size, a.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(a.intermediate_size, a.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, a: ModelArgs):
+        super().__init__()
+        self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.self_attn = Attention(a)
+        self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.mlp = MLP(a)
+
+    def forward(self, x, positions, cache=None, key_start=0):
+        x = x + self.self_attn(self.input_layernorm(x), positions, cache, key_start)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Qwen2Body(nn.Module):
+    def __init__(self, a: ModelArgs):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(a.vocab_size, a.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(a) for _ in range(a.num_hidden_layers))
+        self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        # MTP layers are stored under model.mtp_layers.{j} as in MiMo checkpoints
+        self.mtp_layers = nn.ModuleList(MTPLayer(a) for _ in range(a.num_nextn_predict_layers))
+
+
+class MTPLayer(nn.Module):
+    """One MiMo MTP layer: h = input_proj([hidden_norm(h_prev), token_norm(e)]); block; final norm."""
+
+    def __init__(self, a: ModelArgs):
+        super().__init__()
+        self.token_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.hidden_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.input_proj = nn.Linear(2 * a.hidden_size, a.hidden_size, bias=False)
+        # the decoder block's tensors sit directly under the layer (no mtp_block segment)
+        self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.self_attn = Attention(a)
+        self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.mlp = MLP(a)
+        self.final_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+
+    def forward(self, inputs_embeds, positions, previous_hidden_states, spec_step_idx: int = 0,
+                cache: KVCache | None = None, key_start: int = 0):
+        # as vLLM's MiMo layer: the token embedding is masked at position 0
+        e = torch.where(positions[..., None] == 0, 0, inputs_embeds)
+        h = self.input_proj(torch.cat([self.hidden_layernorm(previous_hidden_states),
+                                       self.token_layernorm(e)], dim=-1))
+        h = h + self.self_attn(self.input_layernorm(h), positions, cache, key_start)
+        h = h + self.mlp(self.post_attention_layernorm(h))
+        return self.final_layernorm(h)
+
+
+class TargetModel(nn.Module):
+    """The target (verifier). forward returns hidden states *before* the final norm, as MiMoModel."""
+
+    def __init__(self, body: Qwen2Body, lm_head: nn.Linear):
+        super().__init__()
+        self.body, self.lm_head = body, lm_head
+
+    def forward(self, input_ids, positions, caches: list[KVCache] | None = None):
+        h = self.body.embed_tokens(input_ids)
+        for i, layer in enumerate(self.body.layers):
+            h = layer(h, positions, None if caches is None else caches[i])
+        return h
+
+    def compute_logits(self, hidden_states):
+        return self.lm_head(self.body.norm(hidden_states))
+
+
+class MultiTokenPredictor(nn.Module):
+    """Holds the MTP layers; chooses ``mtp_layers[spec_step_idx % num_mtp_layers]``."""
+
+    def __init__(self, body: Qwen2Body, num_layers: int):
+        super().__init__()
+        self.embed_tokens = body.embed_tokens
+        self.mtp_layers = body.mtp_layers[:num_layers]
+        self.num_mtp_layers = num_layers
+
+    def forward(self, input_ids, positions, previous_hidden_states, spec_step_idx: int = 0,
+                caches: list[KVCache] | None = None):
+        j = spec_step_idx % self.num_mtp_layers
+        return self.mtp_layers[j](self.embed_tokens(input_ids), positions, previous_hidden_states,
+                                  spec_step_idx, cache=None if caches is None else caches[j],
+                                  key_start=j)
+
+
+class MTPWrapper(nn.Module):
+    """The draft model handed to the proposer, shaped like vLLM's ``MiMoMTP``.
+
+    ``drop_spec_step_idx`` is a test-only fault switch: it reproduces a wrapper that takes the index
+    (as ``**kwargs``) and never forwards it to the predictor.
+    """
+
+    def __init__(self, body: Qwen2Body, lm_head: nn.Linear, num_layers: int):
+        super().__init__()
+        self.model = MultiTokenPredictor(body, num_layers)
+        self.lm_head = lm_head
+        self.drop_spec_step_idx = False
+
+    def forward(self, input_ids, positions, hidden_states, spec_step_idx: int = 0, caches=None):
+        if self.drop_spec_step_idx:
+            spec_step_idx = 0
+        return self.model(input_ids, positions, hidden_states, spec_step_idx, caches)
+
+    def compute_logits(self, hidden_states, spec_step_idx: int = 0):
+        return self.lm_head(hidden_states)
+
+
+class MiMoModel(nn.Module):
+    """The whole checkpoint: ``model.*`` (body + mtp_layers) and ``lm_head``."""
+
+    def __init__(self, a: ModelArgs):
+        super().__init__()
+        self.args = a
+        self.model = Qwen2Body(a)
+        self.lm_head = nn.Linear(a.hidden_size, a.vocab_size, bias=False)
+
+    @property
+    def target(self) -> TargetModel:
+        return TargetModel(self.model, self.lm_head)
+
+    def drafter(self, num_layers: int) -> MTPWrapper:
+        return MTPWrapper(self.model, self.lm_head, num_layers)
+
+
+def read_config(model_dir: Path) -> dict:
+    model_dir = Path(model_dir)
+    path = model_dir / "config.json"
+    if not model_dir.is_dir():
+        raise MtpBenchError(f"model directory not found: {model_dir}")
+    if not path.is_file():
+        raise MtpBenchError(f"{model_dir} has no config.json")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise MtpBenchError(f"{path} is not valid JSON: {e}") from None
+
+
+def load_model(model_dir: Path, device="cpu", dtype=torch.float32) -> MiMoModel:
+    from safetensors.torch import load_file
+
+    cfg = read_config(model_dir)
+    if not cfg.get("num_nextn_predict_layers"):
+        raise MtpBenchError(f"{model_dir} has no MTP layers (num_nextn_predict_layers is 0 or missing)")
+    m = MiMoModel(ModelArgs.from_config(cfg))
+    state = load_file(str(Path(model_dir) / "model.safetensors"))
+    missing, unexpected = m.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise MtpBenchError(f"{model_dir}: checkpoint tensors do not match config "
+                            f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")
+    return m.to(device=device, dtype=dtype).eval()
+
+
+def save_model(m: MiMoModel, model_dir: Path, dtype=torch.bfloat16) -> None:
+    from safetensors.torch import save_file
+
+    model_dir = Path(model_dir)
+    model_dir.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to(dtype).contiguous() for k, v in m.state_dict().items()}
+    save_file(state, str(model_dir / "model.safetensors"), metadata={"format": "pt"})
+    (model_dir / "config.json").write_text(json.dumps(m.args.to_config(), indent=2) + "\n")
