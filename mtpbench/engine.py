@@ -58,7 +58,7 @@ class Generation:
     def __init__(self, model: MiMoModel, prompts: list[list[int]], max_tokens: int, k: int,
                  mode: str = "reuse", num_mtp_layers: int | None = None, temperature: float = 0.0,
                  seed: int = 0, faults: Faults | None = None, force_spec_step_idx: bool = False):
-        if mode not in MODES:
+        if k > 0 and mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}")
         a = model.args
         L = a.num_nextn_predict_layers if num_mtp_layers is None else num_mtp_layers

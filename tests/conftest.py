@@ -1,0 +1,30 @@
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from mtpbench.backends.native import load_tokenizer
+from mtpbench.model import load_model
+from mtpbench.prompts import BUILTIN_MODEL_DIR
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+
+
+@pytest.fixture(scope="session")
+def model():
+    torch.manual_seed(0)
+    return load_model(BUILTIN_MODEL_DIR)
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return load_tokenizer(BUILTIN_MODEL_DIR)
+
+
+@pytest.fixture(scope="session")
+def prompt_ids(tokenizer):
+    lines = (BUILTIN_MODEL_DIR / "prompts.jsonl").read_text().splitlines()
+    # three prompts of different lengths, so batched rows sit at different positions
+    texts = [json.loads(line)["prompt"] for line in lines[:3]]
+    return [tokenizer.encode(t[: 80 + 60 * i]).ids for i, t in enumerate(texts)]

@@ -1,0 +1,131 @@
+import json
+import shutil
+
+import pytest
+from typer.testing import CliRunner
+
+from mtpbench.cli import app
+from mtpbench.prompts import BUILTIN_MODEL_DIR, load_prompts
+from conftest import SHARED
+
+runner = CliRunner()
+SMALL = ["--num-prompts", "2", "--max-tokens", "12"]
+
+
+def run(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture
+def no_mtp_model(tmp_path):
+    d = tmp_path / "no-mtp"
+    shutil.copytree(BUILTIN_MODEL_DIR, d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["num_nextn_predict_layers"] = 0
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+def bad_inputs(tmp_path, no_mtp_model):
+    bad_jsonl = tmp_path / "bad.jsonl"
+    bad_jsonl.write_text('{"prompt": "ok"}\n{"prompt": \n')
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    return {
+        "negative k": (["--k", "0,-1"], "--k must be >= 0"),
+        "too many layers": (["--mtp-layers", "4"], "the checkpoint has 3 MTP layer(s)"),
+        "unknown profile": (["--profile", "nope"], "unknown profile 'nope'"),
+        "unknown mode": (["--mode", "reuse,zigzag"], "unknown mode 'zigzag'"),
+        "missing model": ([str(tmp_path / "missing")], "model directory or profile not found"),
+        "no MTP layers": ([str(no_mtp_model)], "has no MTP layers"),
+        "malformed prompts": (["--prompts", str(bad_jsonl)], "bad.jsonl:2: not valid JSON"),
+        "unwritable out": (["--out", str(a_file / "sub")], "output directory is not writable"),
+    }
+
+
+@pytest.mark.parametrize("case", ["negative k", "too many layers", "unknown profile", "unknown mode",
+                                  "missing model", "no MTP layers", "malformed prompts", "unwritable out"])
+def test_bad_input_one_line_exit_2_nothing_written(tmp_path, no_mtp_model, case):
+    args, message = bad_inputs(tmp_path, no_mtp_model)[case]
+    out = tmp_path / "out"
+    if "--out" not in args:
+        args = args + ["--out", str(out)]
+    r = run("sweep", *args, *SMALL)
+    assert r.exit_code == 2, r.output
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], r.output
+    assert "Traceback" not in r.output
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("body,message", [
+    ('k = [1, 2]\nbogus = 3\n', "unknown key 'bogus'"),
+    ('k = "two"\n', "key 'k' must be a list of integers"),
+    ('max_tokens = 1.5\n', "key 'max_tokens' must be an integer"),
+])
+def test_profile_validation_names_file_and_key(tmp_path, body, message):
+    prof = tmp_path / "mine.toml"
+    prof.write_text(body)
+    r = run("sweep", "--profile", prof, "--out", tmp_path / "out")
+    assert r.exit_code == 2
+    assert str(prof) in r.output and message in r.output
+
+
+def test_profiles_command_lists_real_model_profiles():
+    r = run("profiles")
+    assert r.exit_code == 0
+    for name in ("tiny", "mimo-7b-rl", "deepseek-v3", "qwen3-next-80b-a3b", "qwen3.5", "glm-4.5-air"):
+        assert name in r.output
+
+
+def test_sweep_writes_files_and_report_reproduces_summary(tmp_path):
+    out = tmp_path / "sweep"
+    r = run("sweep", "--k", "0,2", "--mtp-layers", "1,3", "--out", out, *SMALL)
+    assert r.exit_code == 0, r.output
+    names = {p.name for p in out.iterdir()}
+    assert {"run.json", "k0.json", "reuse-L1-k2.json", "chain-L3-k2.json", "summary.csv", "summary.json",
+            "acceptance_length.png", "throughput.png", "per_position.png"} <= names
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["config"]["k"] == [0, 2] and summary["provenance"]["versions"]["torch"]
+    rows = {(r["mode"], r["mtp_layers"], r["k"]): r for r in summary["rows"]}
+    assert rows[("plain", 0, 0)]["speedup"] == 1.0
+    chain = rows[("chain", 3, 2)]
+    assert 1 <= chain["acceptance_length"] <= 3 and chain["speedup"] > 0
+    assert chain["theoretical_speedup"] is not None and chain["draft_cost_ratio"] > 0
+    csv_before = (out / "summary.csv").read_text()
+    for p in ["summary.csv", "summary.json", "throughput.png"]:
+        (out / p).unlink()
+    r = run("report", out)
+    assert r.exit_code == 0, r.output
+    assert (out / "summary.csv").read_text() == csv_before
+    assert (out / "throughput.png").stat().st_size > 1000
+    # a second sweep with the same settings skips every saved point
+    mtime = (out / "k0.json").stat().st_mtime_ns
+    assert run("sweep", "--k", "0,2", "--mtp-layers", "1,3", "--out", out, *SMALL).exit_code == 0
+    assert (out / "k0.json").stat().st_mtime_ns == mtime
+
+
+MT_BENCH = SHARED / "data" / "mt_bench_question.jsonl"
+
+
+@pytest.mark.skipif(not MT_BENCH.exists(), reason="shared MT-Bench file not present")
+def test_mt_bench_prompts_and_category_rows(tmp_path):
+    prompts = load_prompts(str(MT_BENCH))
+    assert len(prompts) == 80
+    assert prompts[0].category == "writing" and prompts[0].text.startswith("Compose an engaging travel blog")
+    sub = tmp_path / "two-categories.jsonl"
+    lines = MT_BENCH.read_text().splitlines()
+    sub.write_text("\n".join([lines[0], lines[1], lines[10], lines[11]]) + "\n")
+    out = tmp_path / "sweep"
+    r = run("sweep", "--k", "0,1", "--mode", "chain", "--prompts", sub, "--max-tokens", "8", "--out", out)
+    assert r.exit_code == 0, r.output
+    csv_rows = (out / "summary.csv").read_text().splitlines()
+    cats = {line.split(",")[4] for line in csv_rows[1:]}
+    assert cats == {"all", "writing", "roleplay"}
+
+
+def test_plain_prompt_lines(tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "def f(x):", "category": "code"}\n\n{"prompt": "import os"}\n')
+    ps = load_prompts(str(f))
+    assert [p.text for p in ps] == ["def f(x):", "import os"] and ps[1].category == "none"
