@@ -181,20 +181,16 @@ class Generation:
             t0 = self._clock()
             j = s % L  # the layer whose data flow this step follows
             start, end = frontier[j], n - 2 + s
-            T = int((end - start).max()) + 1
-            slots = start[:, None] + torch.arange(T, device=dev)
-            slots = torch.minimum(slots, torch.full_like(slots, self.maxlen - 2))
-            tokens = X[rows[:, None], slots + 1]
-            prev = O[(j - 1) % L][rows[:, None], (slots - 1).clamp(min=0)]
-            if j == 0:  # layer 0 reads the target's hidden state at final slots
-                final = (slots <= (n - 2)[:, None])[..., None]
-                prev = torch.where(final, Ht[rows[:, None], slots], prev)
+            slots, tokens, prev = self._draft_inputs(X, Ht, O[(j - 1) % L], j, start, end, n)
             idx = s if (self.mode == "chain" or self.force) else 0
             if self.faults.loop_omits_spec_step_idx:
                 out = self.drafter(tokens, slots, prev, caches=dcache)
             else:
                 out = self.drafter(tokens, slots, prev, spec_step_idx=idx, caches=dcache)
-            O[j][rows[:, None], slots] = out
+            if B == 1:
+                O[j][:, int(slots[0, 0]): int(slots[0, -1]) + 1] = out
+            else:
+                O[j][rows[:, None], slots] = out
             frontier[j] = end + 1
             last = out[rows, end - start]
             d, probs = self._pick(self.drafter.compute_logits(last, spec_step_idx=idx))
@@ -205,6 +201,35 @@ class Generation:
             self.num_draft_calls += 1
         q = torch.stack(qprobs, 1) if self.temperature > 0 else None
         return torch.stack(drafts, 1), q
+
+    def _draft_inputs(self, X, Ht, prev_out, j, start, end, n):
+        """Slots [start, end] of layer j, their tokens x[q+1] and input hidden states.
+
+        Layer 0 reads the target's hidden state at final slots (q <= n-2) and, past them, the previous
+        step's output at q-1; layer j > 0 reads layer j-1's output at q-1.
+        """
+        B, dev = X.shape[0], X.device
+        if B == 1:  # one row: contiguous slices instead of gathers (the batch-1 latency path)
+            st, en, last_final = int(start[0]), int(end[0]), int(n[0]) - 2
+            slots = torch.arange(st, en + 1, device=dev)[None]
+            tokens = X[:, st + 1: en + 2]
+            if j > 0 or st > last_final:
+                prev = prev_out[:, st - 1: en]
+            elif en <= last_final:
+                prev = Ht[:, st: en + 1]
+            else:
+                prev = torch.cat([Ht[:, st: last_final + 1], prev_out[:, last_final: en]], 1)
+            return slots, tokens, prev
+        rows = torch.arange(B, device=dev)[:, None]
+        T = int((end - start).max()) + 1
+        # rows with fewer slots are padded past their end: those writes land beyond the row's frontier
+        slots = (start[:, None] + torch.arange(T, device=dev)).clamp(max=self.maxlen - 2)
+        tokens = X[rows, slots + 1]
+        prev = prev_out[rows, (slots - 1).clamp(min=0)]
+        if j == 0:
+            final = (slots <= (n - 2)[:, None])[..., None]
+            prev = torch.where(final, Ht[rows, slots], prev)
+        return slots, tokens, prev
 
     def _verify(self, logits, drafts, qprobs):
         """Accepted-draft count and the bonus/correction token per row."""

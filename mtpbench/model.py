@@ -30,7 +30,7 @@ class ModelArgs:
     vocab_size: int = 2048
     hidden_size: int = 192
     intermediate_size: int = 512
-    num_hidden_layers: int = 4
+    num_hidden_layers: int = 6
     num_attention_heads: int = 3
     num_key_value_heads: int = 3
     num_nextn_predict_layers: int = 3
@@ -78,10 +78,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
@@ -97,6 +94,29 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
+@dataclass
+class AttnContext:
+    """What every layer of one model call shares: rotary tables and the attention mask."""
+
+    positions: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    mask: torch.Tensor | None  # [B, 1, T, S] bool, or None for plain causal (training)
+    num_keys: int
+
+    @classmethod
+    def make(cls, positions: torch.Tensor, a: "ModelArgs", dtype, cached: bool, key_start: int = 0):
+        cos, sin = rope_cos_sin(positions, a.head_dim, a.rope_theta, dtype)
+        if not cached:
+            return cls(positions, cos, sin, None, 0)
+        S = int(positions.max()) + 1
+        if positions.shape == (1, 1) and key_start == 0:
+            return cls(positions, cos, sin, None, S)  # one query at the frontier sees every key
+        kpos = torch.arange(S, device=positions.device)
+        mask = (kpos <= positions[:, :, None]) & (kpos >= key_start)
+        return cls(positions, cos, sin, mask[:, None], S)
+
+
 class KVCache:
     """Per-layer key/value store indexed by absolute position: [B, kv_heads, max_len, head_dim]."""
 
@@ -105,8 +125,13 @@ class KVCache:
         self.v = torch.zeros_like(self.k)
 
     def write(self, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> None:
-        b = torch.arange(k.shape[0], device=k.device)[:, None]
         # k: [B, H, T, D]; positions: [B, T]
+        if k.shape[0] == 1:  # one row: positions are contiguous, a slice is cheaper than a scatter
+            p0 = int(positions[0, 0])
+            self.k[:, :, p0: p0 + k.shape[2]] = k
+            self.v[:, :, p0: p0 + k.shape[2]] = v
+            return
+        b = torch.arange(k.shape[0], device=k.device)[:, None]
         self.k[b, :, positions] = k.transpose(1, 2)
         self.v[b, :, positions] = v.transpose(1, 2)
 
@@ -120,30 +145,29 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(a.hidden_size, a.num_key_value_heads * hd, bias=True)
         self.v_proj = nn.Linear(a.hidden_size, a.num_key_value_heads * hd, bias=True)
         self.o_proj = nn.Linear(a.num_attention_heads * hd, a.hidden_size, bias=False)
+        self.qkv: tuple[torch.Tensor, torch.Tensor] | None = None  # fused copy for inference
 
-    def forward(self, x, positions, cache: KVCache | None = None, key_start: int = 0):
+    def fuse(self) -> None:
+        self.qkv = (torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]),
+                    torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias]))
+
+    def forward(self, x, ctx: AttnContext, cache: KVCache | None = None):
         a, (B, T, _) = self.a, x.shape
-        hd = a.head_dim
-        q = self.q_proj(x).view(B, T, a.num_attention_heads, hd).transpose(1, 2)
-        k = self.k_proj(x).view(B, T, a.num_key_value_heads, hd).transpose(1, 2)
-        v = self.v_proj(x).view(B, T, a.num_key_value_heads, hd).transpose(1, 2)
-        cos, sin = rope_cos_sin(positions, hd, a.rope_theta, q.dtype)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        groups = a.num_attention_heads // a.num_key_value_heads
+        hd, nq, nkv = a.head_dim, a.num_attention_heads, a.num_key_value_heads
+        if self.qkv is not None:
+            q, k, v = F.linear(x, *self.qkv).split([nq * hd, nkv * hd, nkv * hd], dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = apply_rope(q.view(B, T, nq, hd).transpose(1, 2), ctx.cos, ctx.sin)
+        k = apply_rope(k.view(B, T, nkv, hd).transpose(1, 2), ctx.cos, ctx.sin)
+        v = v.view(B, T, nkv, hd).transpose(1, 2)
         if cache is None:
             # training / reference path: contiguous positions, plain causal attention
-            if groups > 1:
-                k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=nq != nkv)
         else:
-            cache.write(k, v, positions)
-            S = int(positions.max()) + 1
-            K, V = cache.k[:, :, :S], cache.v[:, :, :S]
-            if groups > 1:
-                K, V = K.repeat_interleave(groups, 1), V.repeat_interleave(groups, 1)
-            kpos = torch.arange(S, device=x.device)
-            mask = (kpos <= positions[:, :, None]) & (kpos >= key_start)  # [B, T, S]
-            out = F.scaled_dot_product_attention(q, K, V, attn_mask=mask[:, None])
+            cache.write(k, v, ctx.positions)
+            K, V = cache.k[:, :, : ctx.num_keys], cache.v[:, :, : ctx.num_keys]
+            out = F.scaled_dot_product_attention(q, K, V, attn_mask=ctx.mask, enable_gqa=nq != nkv)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -153,8 +177,15 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(a.hidden_size, a.intermediate_size, bias=False)
         self.up_proj = nn.Linear(a.hidden_size, a.intermediate_size, bias=False)
         self.down_proj = nn.Linear(a.intermediate_size, a.hidden_size, bias=False)
+        self.gate_up: torch.Tensor | None = None
+
+    def fuse(self) -> None:
+        self.gate_up = torch.cat([self.gate_proj.weight, self.up_proj.weight])
 
     def forward(self, x):
+        if self.gate_up is not None:
+            g, u = F.linear(x, self.gate_up).chunk(2, dim=-1)
+            return self.down_proj(F.silu(g) * u)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -166,14 +197,15 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         self.mlp = MLP(a)
 
-    def forward(self, x, positions, cache=None, key_start=0):
-        x = x + self.self_attn(self.input_layernorm(x), positions, cache, key_start)
+    def forward(self, x, ctx: AttnContext, cache=None):
+        x = x + self.self_attn(self.input_layernorm(x), ctx, cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class Qwen2Body(nn.Module):
     def __init__(self, a: ModelArgs):
         super().__init__()
+        self.args = a
         self.embed_tokens = nn.Embedding(a.vocab_size, a.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(a) for _ in range(a.num_hidden_layers))
         self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
@@ -202,7 +234,8 @@ class MTPLayer(nn.Module):
         e = torch.where(positions[..., None] == 0, 0, inputs_embeds)
         h = self.input_proj(torch.cat([self.hidden_layernorm(previous_hidden_states),
                                        self.token_layernorm(e)], dim=-1))
-        h = h + self.self_attn(self.input_layernorm(h), positions, cache, key_start)
+        ctx = AttnContext.make(positions, self.self_attn.a, h.dtype, cache is not None, key_start)
+        h = h + self.self_attn(self.input_layernorm(h), ctx, cache)
         h = h + self.mlp(self.post_attention_layernorm(h))
         return self.final_layernorm(h)
 
@@ -216,8 +249,9 @@ class TargetModel(nn.Module):
 
     def forward(self, input_ids, positions, caches: list[KVCache] | None = None):
         h = self.body.embed_tokens(input_ids)
+        ctx = AttnContext.make(positions, self.body.args, h.dtype, caches is not None)
         for i, layer in enumerate(self.body.layers):
-            h = layer(h, positions, None if caches is None else caches[i])
+            h = layer(h, ctx, None if caches is None else caches[i])
         return h
 
     def compute_logits(self, hidden_states):
@@ -279,6 +313,13 @@ class MiMoModel(nn.Module):
     def drafter(self, num_layers: int) -> MTPWrapper:
         return MTPWrapper(self.model, self.lm_head, num_layers)
 
+    def fuse(self) -> "MiMoModel":
+        """Fused q/k/v and gate/up weights for inference (fewer, larger matmuls); not saved."""
+        for mod in self.modules():
+            if isinstance(mod, (Attention, MLP)):
+                mod.fuse()
+        return self
+
 
 def read_config(model_dir: Path) -> dict:
     model_dir = Path(model_dir)
@@ -305,7 +346,7 @@ def load_model(model_dir: Path, device="cpu", dtype=torch.float32) -> MiMoModel:
     if missing or unexpected:
         raise MtpBenchError(f"{model_dir}: checkpoint tensors do not match config "
                             f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")
-    return m.to(device=device, dtype=dtype).eval()
+    return m.to(device=device, dtype=dtype).eval().fuse()
 
 
 def save_model(m: MiMoModel, model_dir: Path, dtype=torch.bfloat16) -> None:
