@@ -22,7 +22,7 @@ TABLE_COLUMNS = [
     ("acceptance_length", "AL"), ("acceptance_rate_per_pos", "accept/pos (joint)"), ("alpha", "alpha"),
     ("output_tokens_per_sec", "tok/s"), ("speedup", "speedup"), ("theoretical_speedup", "theory"),
     ("ttft_ms_median", "TTFT p50 ms"), ("tpot_ms_median", "TPOT p50 ms"),
-    ("output_repetition", "rep4"), ("status", "status"),
+    ("output_repetition", "rep4"), ("startup_s", "startup s"), ("status", "status"),
 ]
 
 

