@@ -97,14 +97,7 @@ def sweep(
     from mtpbench.sweep import run_sweep
 
     model, profile = model_or_profile(model, profile)
-    extra = None
-    if engine_arg:
-        extra = {}
-        for item in engine_arg:
-            key, eq, value = item.partition("=")
-            if not eq or not key:
-                fail(f"--engine-arg takes KEY=VALUE, got {item!r}")
-            extra[key] = parse_value(value)
+    extra = engine_args(engine_arg)
     try:
         cfg = resolve(dict(model=model, backend=backend, k=ints(k, "--k"), mtp_layers=ints(mtp_layers, "--mtp-layers"),
                            mode=strs(mode), prompts=prompts, num_prompts=num_prompts, max_tokens=max_tokens,
@@ -130,6 +123,68 @@ def parse_value(text: str):
         return json.loads(text)
     except json.JSONDecodeError:
         return text
+
+
+@app.command("trace-layers")
+def trace_layers(
+    model: Annotated[Optional[str], typer.Argument(help="Model directory, profile name or .toml (default: built-in tiny model).")] = None,
+    backend: Annotated[Optional[str], typer.Option(help="native or vllm.")] = None,
+    k: Annotated[int, typer.Option("--k", help="num_speculative_tokens (draft steps per proposal).")] = 3,
+    mtp_layers: Annotated[Optional[int], typer.Option(help="MTP layers to load (default: all the checkpoint has).")] = None,
+    mode: Annotated[str, typer.Option(help="Native drafting mode: reuse or chain.")] = "reuse",
+    force_spec_step_idx: Annotated[bool, typer.Option("--force-spec-step-idx", help="Pass spec_step_idx = draft step to the draft model (the vLLM PR's proposal).")] = False,
+    expect: Annotated[Optional[str], typer.Option(help="multi-module or layer-0-reuse: exit 1 if the verdict differs.")] = None,
+    prompts: Annotated[Optional[str], typer.Option(help="'builtin' or a JSONL file.")] = None,
+    num_prompts: Annotated[int, typer.Option(help="Number of prompts.")] = 2,
+    max_tokens: Annotated[int, typer.Option(help="Output tokens per prompt.")] = 32,
+    dtype: Annotated[Optional[str], typer.Option(help="float32, bfloat16, float16 or auto.")] = None,
+    max_model_len: Annotated[Optional[int], typer.Option(help="vLLM max_model_len.")] = None,
+    engine_arg: Annotated[Optional[list[str]], typer.Option(help="Extra vllm.LLM argument KEY=VALUE (repeatable).")] = None,
+    profile: Annotated[Optional[str], typer.Option(help="Profile name or .toml path.")] = None,
+    out: Annotated[str, typer.Option(help="Output directory for trace.csv, trace.json, layers.png.")] = "trace",
+) -> None:
+    """Record which MTP layer ran at every draft step, and say whether drafting is right."""
+    from tabulate import tabulate
+
+    from mtpbench.config import resolve
+    from mtpbench.trace import STEP_HEADERS, run_trace
+
+    expected = {"multi-module": "multi-module", "layer-0-reuse": "layer-0 reuse", None: None}
+    if expect not in expected:
+        fail(f"--expect takes multi-module or layer-0-reuse, got {expect!r}")
+    model, profile = model_or_profile(model, profile)
+    try:
+        cfg = resolve(dict(model=model, backend=backend, mtp_layers=None if mtp_layers is None else (mtp_layers,),
+                           mode=(mode,), prompts=prompts, num_prompts=num_prompts, max_tokens=max_tokens,
+                           dtype=dtype, max_model_len=max_model_len, engine_args=engine_args(engine_arg),
+                           force_spec_step_idx=force_spec_step_idx, out=out, k=(k,)), profile)
+        summary = run_trace(cfg, k, mode)
+    except MtpBenchError as e:
+        fail(str(e))
+    typer.echo(tabulate([list(r.values()) for r in summary["per_step"]], headers=STEP_HEADERS))
+    acc = summary["acceptance_by_layer"]
+    if acc and summary["num_drafts"]:
+        typer.echo("\nacceptance by position (vLLM's joint rate) and the layer that drafted it:")
+        typer.echo("  " + "   ".join(f"pos {a['position']}: {a['acceptance_rate']} (layer {a['layer']})" for a in acc))
+    typer.echo(f"\nverdict: {summary['verdict']}")
+    for line in summary["evidence"]:
+        typer.echo(f"  - {line}")
+    typer.echo(f"\nwrote {out}/trace.csv, trace.json, layers.png")
+    if expected[expect] and summary["verdict"] != expected[expect]:
+        typer.echo(f"expected {expected[expect]}, got {summary['verdict']}", err=True)
+        raise typer.Exit(1)
+
+
+def engine_args(items: Optional[list[str]]) -> Optional[dict]:
+    if not items:
+        return None
+    out = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            fail(f"--engine-arg takes KEY=VALUE, got {item!r}")
+        out[key] = parse_value(value)
+    return out
 
 
 @app.command()

@@ -182,18 +182,22 @@ class Generation:
             j = s % L  # the layer whose data flow this step follows
             start, end = frontier[j], n - 2 + s
             slots, tokens, prev = self._draft_inputs(X, Ht, O[(j - 1) % L], j, start, end, n)
-            idx = s if (self.mode == "chain" or self.force) else 0
-            if self.faults.loop_omits_spec_step_idx:
-                out = self.drafter(tokens, slots, prev, caches=dcache)
-            else:
+            # like vLLM's proposer, reuse never passes spec_step_idx; chain (and --force) pass the step
+            passes = (self.mode == "chain" or self.force) and not self.faults.loop_omits_spec_step_idx
+            idx = s if passes else 0
+            if passes:
                 out = self.drafter(tokens, slots, prev, spec_step_idx=idx, caches=dcache)
+            else:
+                out = self.drafter(tokens, slots, prev, caches=dcache)
             if B == 1:
                 O[j][:, int(slots[0, 0]): int(slots[0, -1]) + 1] = out
             else:
                 O[j][rows[:, None], slots] = out
             frontier[j] = end + 1
             last = out[rows, end - start]
-            d, probs = self._pick(self.drafter.compute_logits(last, spec_step_idx=idx))
+            logits = (self.drafter.compute_logits(last, spec_step_idx=idx) if passes
+                      else self.drafter.compute_logits(last))
+            d, probs = self._pick(logits)
             X[rows, n + s] = d
             drafts.append(d)
             qprobs.append(probs)

