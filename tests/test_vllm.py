@@ -100,3 +100,26 @@ def test_vllm_sweep_with_failing_point(tmp_path):
     assert len(ok) == 6 and all(x["startup_s"] > 0 for x in ok)
     assert all(1 <= x["acceptance_length"] <= x["k"] + 1 for x in ok)
     assert "vllm-L2-k3" in r.output and "must be divisible" in r.output
+
+
+def test_trace_vllm_shows_layer0_reuse(tmp_path):
+    """k = 2L on a 2-layer checkpoint: vLLM's proposer runs layer 0 at every step."""
+    from mtpbench.trace import run_trace
+
+    c = cfg(mtp_layers=(2,), num_prompts=2, max_tokens=24, out=str(tmp_path / "t"))
+    s = run_trace(c, 4)
+    assert s["verdict"] == "layer-0 reuse", s["evidence"]
+    assert s["structure"]["wrapper"] == "MiMoMTP" and s["structure"]["predictor"] == "MiMoMultiTokenPredictor"
+    assert [row["ran layer:count"].split(":")[0] for row in s["per_step"]] == ["0", "0", "0", "0"]
+    assert all(row["wrapper idx"] == "absent" for row in s["per_step"])
+    assert s["unused_layers"] == [1] and s["unused_layer_bytes"] > 0
+    assert s["num_drafts"] > 0 and s["acceptance_by_layer"][0]["layer"] == 0
+
+
+def test_trace_vllm_forced_index_crashes_mimo(tmp_path):
+    from mtpbench.trace import run_trace
+
+    c = cfg(mtp_layers=(2,), num_prompts=1, max_tokens=16, out=str(tmp_path / "f"), force_spec_step_idx=True)
+    s = run_trace(c, 4)
+    assert s["verdict"] == "crashed"
+    assert "mimo_mtp only support predict one token now" in s["evidence"][0]
