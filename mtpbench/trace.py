@@ -76,26 +76,50 @@ def discover(draft: nn.Module) -> Structure:
                         "no ModuleList/ModuleDict of MTP layers with attention found under it")
 
 
-def _read_idx(sig: inspect.Signature | None, args, kwargs):
-    """spec_step_idx as the callee received it: from the bound call, or ABSENT if it was not passed."""
-    for key in IDX_NAMES:
-        if key in kwargs:
-            return _as_int(kwargs[key])
-    if sig is None:
+class ArgReader:
+    """Reads named arguments of one forward's calls, positional or keyword, without binding each call."""
+
+    def __init__(self, fn):
+        try:
+            params = list(inspect.signature(fn).parameters.values())
+        except (TypeError, ValueError):
+            params = []
+        self.pos = {p.name: i for i, p in enumerate(params)
+                    if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)}
+        self.idx_name = next((n for n in IDX_NAMES if n in self.pos), None)
+
+    def get(self, args, kwargs, name):
+        if name in kwargs:
+            return kwargs[name]
+        i = self.pos.get(name)
+        return args[i] if i is not None and i < len(args) else None
+
+    def spec_step_idx(self, args, kwargs):
+        """As the callee received it; ABSENT when it was not passed (the default applies)."""
+        for key in IDX_NAMES:  # keyword, or swallowed into **kwargs
+            if key in kwargs:
+                return _as_int(kwargs[key])
+        if self.idx_name is not None:
+            i = self.pos[self.idx_name]
+            if i < len(args):
+                return _as_int(args[i])
         return ABSENT
-    try:
-        bound = sig.bind_partial(*args, **kwargs)
-    except TypeError:
-        return ABSENT
-    for key in IDX_NAMES:
-        if key in bound.arguments:
-            return _as_int(bound.arguments[key])
-    extra = next((v for p, v in bound.arguments.items()
-                  if sig.parameters[p].kind is inspect.Parameter.VAR_KEYWORD), {})
-    for key in IDX_NAMES:
-        if key in extra:
-            return _as_int(extra[key])
-    return ABSENT
+
+    def with_spec_step_idx(self, args, kwargs, value: int):
+        """The same call with spec_step_idx = value (in its positional slot if it was given there)."""
+        if self.idx_name is not None:
+            i = self.pos[self.idx_name]
+            if i < len(args):
+                return args[:i] + (value,) + args[i + 1:], kwargs
+            return args, {**kwargs, self.idx_name: value}
+        return args, {**kwargs, "spec_step_idx": value}
+
+    def num_tokens(self, args, kwargs) -> int:
+        for key in ("input_ids", "positions"):
+            t = self.get(args, kwargs, key)
+            if t is not None and hasattr(t, "numel"):
+                return int(t.numel()) if key == "input_ids" else int(t.shape[-1])
+        return 0
 
 
 def _as_int(v):
@@ -103,40 +127,6 @@ def _as_int(v):
         return int(v)
     except (TypeError, ValueError):
         return str(v)
-
-
-def _set_idx(sig: inspect.Signature | None, args, kwargs, value: int):
-    """The same call with spec_step_idx = value (positional slot if it was given positionally)."""
-    if sig is not None:
-        names = [p for p in sig.parameters]
-        for key in IDX_NAMES:
-            if key in names:
-                i = names.index(key)
-                if i < len(args):
-                    args = args[:i] + (value,) + args[i + 1:]
-                    return args, kwargs
-                return args, {**kwargs, key: value}
-    return args, {**kwargs, "spec_step_idx": value}
-
-
-def _num_tokens(sig, args, kwargs) -> int:
-    try:
-        bound = sig.bind_partial(*args, **kwargs).arguments if sig else kwargs
-    except TypeError:
-        bound = kwargs
-    for key in ("input_ids", "positions", "inputs_embeds"):
-        t = bound.get(key)
-        if t is not None and hasattr(t, "shape"):
-            return int(t.shape[0] * (t.shape[1] if key == "input_ids" and t.dim() > 1 else 1)
-                       if key != "inputs_embeds" else t.shape[0])
-    return 0
-
-
-def _signature(fn):
-    try:
-        return inspect.signature(fn)
-    except (TypeError, ValueError):
-        return None
 
 
 class LayerTracer:
@@ -161,7 +151,7 @@ class LayerTracer:
     def _patch(self, obj, attr: str, make):
         orig = getattr(obj, attr)
         self._undo.append((obj, attr, obj.__dict__.get(attr, _MISSING)))
-        setattr(obj, attr, make(orig, _signature(orig)))
+        setattr(obj, attr, make(orig, ArgReader(orig)))
 
     def install(self) -> "LayerTracer":
         s = self.structure
@@ -204,10 +194,10 @@ class LayerTracer:
                 return orig(*args, **kwargs)
             s = self.step
             self.step += 1
-            rec = CallRecord(self.batch, self.proposal, s, wrapper_spec_step_idx=_read_idx(sig, args, kwargs),
-                             expected_layer=s % self.num_layers, num_tokens=_num_tokens(sig, args, kwargs))
+            rec = CallRecord(self.batch, self.proposal, s, wrapper_spec_step_idx=sig.spec_step_idx(args, kwargs),
+                             expected_layer=s % self.num_layers, num_tokens=sig.num_tokens(args, kwargs))
             if self.force:
-                args, kwargs = _set_idx(sig, args, kwargs, s)
+                args, kwargs = sig.with_spec_step_idx(args, kwargs, s)
                 rec.wrapper_spec_step_idx, rec.forced = s, True
             self.current = rec
             self.records.append(rec)
@@ -217,16 +207,16 @@ class LayerTracer:
     def _logits_call(self, orig, sig):
         def call(*args, **kwargs):
             if self.enabled and self.current is not None:
-                self.current.logits_spec_step_idx = _read_idx(sig, args, kwargs)
-                if self.force and sig is not None and any(k in sig.parameters for k in IDX_NAMES):
-                    args, kwargs = _set_idx(sig, args, kwargs, self.current.draft_step)
+                self.current.logits_spec_step_idx = sig.spec_step_idx(args, kwargs)
+                if self.force and sig.idx_name is not None:
+                    args, kwargs = sig.with_spec_step_idx(args, kwargs, self.current.draft_step)
             return orig(*args, **kwargs)
         return call
 
     def _predictor_forward(self, orig, sig):
         def forward(*args, **kwargs):
             if self.enabled and self.current is not None:
-                self.current.predictor_spec_step_idx = _read_idx(sig, args, kwargs)
+                self.current.predictor_spec_step_idx = sig.spec_step_idx(args, kwargs)
             return orig(*args, **kwargs)
         return forward
 
@@ -236,7 +226,7 @@ class LayerTracer:
                 rec = self.current
                 if rec.executed_layer is None:
                     rec.executed_layer = j
-                    rec.layer_spec_step_idx = _read_idx(sig, args, kwargs)
+                    rec.layer_spec_step_idx = sig.spec_step_idx(args, kwargs)
                 elif rec.executed_layer != j:
                     rec.executed_layer = -1  # several layers in one call: reported as a mismatch
             return orig(*args, **kwargs)
