@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, NoReturn, Optional
 
 import typer
 
@@ -17,7 +17,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Benchmark and diagnose multi-token-prediction (MTP) speculative decoding.")
 
 
-def fail(msg: str) -> None:
+def fail(msg: str) -> NoReturn:
     typer.echo(f"error: {msg}", err=True)
     raise typer.Exit(2)
 
@@ -125,23 +125,26 @@ def parse_value(text: str):
         return text
 
 
+TRACE_DEFAULTS = {"k": (3,), "mode": ("reuse",), "num_prompts": 2, "max_tokens": 32, "out": "trace"}
+
+
 @app.command("trace-layers")
 def trace_layers(
     model: Annotated[Optional[str], typer.Argument(help="Model directory, profile name or .toml (default: built-in tiny model).")] = None,
     backend: Annotated[Optional[str], typer.Option(help="native or vllm.")] = None,
-    k: Annotated[int, typer.Option("--k", help="num_speculative_tokens (draft steps per proposal).")] = 3,
+    k: Annotated[Optional[int], typer.Option("--k", help="num_speculative_tokens (draft steps per proposal) [default: 3].")] = None,
     mtp_layers: Annotated[Optional[int], typer.Option(help="MTP layers to load (default: all the checkpoint has).")] = None,
-    mode: Annotated[str, typer.Option(help="Native drafting mode: reuse or chain.")] = "reuse",
-    force_spec_step_idx: Annotated[bool, typer.Option("--force-spec-step-idx", help="Pass spec_step_idx = draft step to the draft model (the vLLM PR's proposal).")] = False,
+    mode: Annotated[Optional[str], typer.Option(help="Native drafting mode: reuse or chain [default: reuse].")] = None,
+    force_spec_step_idx: Annotated[Optional[bool], typer.Option("--force-spec-step-idx", help="Pass spec_step_idx = draft step to the draft model (the vLLM PR's proposal).")] = None,
     expect: Annotated[Optional[str], typer.Option(help="multi-module or layer-0-reuse: exit 1 if the verdict differs.")] = None,
     prompts: Annotated[Optional[str], typer.Option(help="'builtin' or a JSONL file.")] = None,
-    num_prompts: Annotated[int, typer.Option(help="Number of prompts.")] = 2,
-    max_tokens: Annotated[int, typer.Option(help="Output tokens per prompt.")] = 32,
+    num_prompts: Annotated[Optional[int], typer.Option(help="Number of prompts [default: 2].")] = None,
+    max_tokens: Annotated[Optional[int], typer.Option(help="Output tokens per prompt [default: 32].")] = None,
     dtype: Annotated[Optional[str], typer.Option(help="float32, bfloat16, float16 or auto.")] = None,
     max_model_len: Annotated[Optional[int], typer.Option(help="vLLM max_model_len.")] = None,
     engine_arg: Annotated[Optional[list[str]], typer.Option(help="Extra vllm.LLM argument KEY=VALUE (repeatable).")] = None,
     profile: Annotated[Optional[str], typer.Option(help="Profile name or .toml path.")] = None,
-    out: Annotated[str, typer.Option(help="Output directory for trace.csv, trace.json, layers.png.")] = "trace",
+    out: Annotated[Optional[str], typer.Option(help="Output directory for trace.csv, trace.json, layers.png [default: trace].")] = None,
 ) -> None:
     """Record which MTP layer ran at every draft step, and say whether drafting is right."""
     from tabulate import tabulate
@@ -155,10 +158,12 @@ def trace_layers(
     model, profile = model_or_profile(model, profile)
     try:
         cfg = resolve(dict(model=model, backend=backend, mtp_layers=None if mtp_layers is None else (mtp_layers,),
-                           mode=(mode,), prompts=prompts, num_prompts=num_prompts, max_tokens=max_tokens,
-                           dtype=dtype, max_model_len=max_model_len, engine_args=engine_args(engine_arg),
-                           force_spec_step_idx=force_spec_step_idx, out=out, k=(k,)), profile)
-        summary = run_trace(cfg, k, mode)
+                           mode=None if mode is None else (mode,), prompts=prompts, num_prompts=num_prompts,
+                           max_tokens=max_tokens, dtype=dtype, max_model_len=max_model_len,
+                           engine_args=engine_args(engine_arg), force_spec_step_idx=force_spec_step_idx, out=out,
+                           k=None if k is None else (k,)), profile, defaults=TRACE_DEFAULTS)
+        # a profile may list several k and modes: trace the largest k, first mode
+        summary = run_trace(cfg, max(cfg.k), cfg.mode[0])
     except MtpBenchError as e:
         fail(str(e))
     typer.echo(tabulate([list(r.values()) for r in summary["per_step"]], headers=STEP_HEADERS))
@@ -169,7 +174,7 @@ def trace_layers(
     typer.echo(f"\nverdict: {summary['verdict']}")
     for line in summary["evidence"]:
         typer.echo(f"  - {line}")
-    typer.echo(f"\nwrote {out}/trace.csv, trace.json, layers.png")
+    typer.echo(f"\nwrote {cfg.out}/trace.csv, trace.json, layers.png")
     if expected[expect] and summary["verdict"] != expected[expect]:
         typer.echo(f"expected {expected[expect]}, got {summary['verdict']}", err=True)
         raise typer.Exit(1)
@@ -220,7 +225,7 @@ def profiles() -> None:
 @app.command("make-model")
 def make_model(
     out: Annotated[Path, typer.Option(help="Checkpoint directory to write.")] = Path("tiny-mtp"),
-    steps: Annotated[int, typer.Option(help="Training steps.")] = 450,
+    steps: Annotated[int, typer.Option(help="Training steps.")] = 900,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
     batch: Annotated[int, typer.Option(help="Sequences per step.")] = 16,
     seq_len: Annotated[int, typer.Option(help="Tokens per sequence.")] = 256,
@@ -228,7 +233,10 @@ def make_model(
     """Train the built-in tiny MTP model from this interpreter's standard library (no download)."""
     from mtpbench.train import make_model as train
 
-    info = train(out, steps=steps, batch=batch, seq_len=seq_len, seed=seed, log=typer.echo)
+    try:
+        info = train(out, steps=steps, batch=batch, seq_len=seq_len, seed=seed, log=typer.echo)
+    except MtpBenchError as e:
+        fail(str(e))
     typer.echo(f"wrote {out} in {info['train_seconds']} s")
 
 

@@ -6,6 +6,7 @@ and wrong types are errors that name the file and the key.
 
 from __future__ import annotations
 
+import json
 import os
 import tomllib
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -44,13 +45,58 @@ class SweepConfig:
 
     @property
     def model_dir(self) -> Path:
-        return BUILTIN_MODEL_DIR if self.model == "builtin" else Path(self.model)
+        return resolve_model_dir(self.model)
 
     def to_json(self) -> dict:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
 
 
 _TYPES = {f.name: f.type for f in fields(SweepConfig)}
+
+
+def resolve_model_dir(model: str) -> Path:
+    """'builtin', a local directory, or a hub id already in the local Hugging Face cache."""
+    if model == "builtin":
+        return BUILTIN_MODEL_DIR
+    path = Path(model)
+    if path.is_dir() or model.count("/") != 1 or path.exists():
+        return path
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(model, local_files_only=True))
+    except Exception:  # not cached, or huggingface_hub missing: say what to do
+        raise MtpBenchError(f"model {model!r} is not a local directory nor in the Hugging Face cache: "
+                            f"download it first (huggingface-cli download {model}) or give a local path") from None
+
+
+def read_config(model_dir: Path) -> dict:
+    """The checkpoint's config.json, as a dict."""
+    model_dir = Path(model_dir)
+    path = model_dir / "config.json"
+    if not model_dir.is_dir():
+        raise MtpBenchError(f"model directory not found: {model_dir}")
+    if not path.is_file():
+        raise MtpBenchError(f"{model_dir} has no config.json")
+    try:
+        cfg = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise MtpBenchError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(cfg, dict):
+        raise MtpBenchError(f"{path} is not a JSON object")
+    return cfg
+
+
+def num_mtp_layers(model_dir: Path) -> int:
+    """How many MTP layers the checkpoint declares (``num_nextn_predict_layers``)."""
+    value = read_config(model_dir).get("num_nextn_predict_layers") or 0
+    if not isinstance(value, int) or value < 0:
+        raise MtpBenchError(f"{model_dir}/config.json: num_nextn_predict_layers must be a non-negative integer")
+    return value
+
+
+def no_mtp_layers(model_dir: Path) -> MtpBenchError:
+    return MtpBenchError(f"{model_dir} has no MTP layers (num_nextn_predict_layers is 0 or missing)")
 
 
 def profile_dirs() -> list[Path]:
@@ -119,9 +165,10 @@ def load_profile(name_or_path: str) -> tuple[Path, dict]:
     return path, out
 
 
-def resolve(cli: dict, profile: str | None = None) -> SweepConfig:
-    """CLI values that are not None win over the profile, which wins over the defaults."""
-    cfg = SweepConfig()
+def resolve(cli: dict, profile: str | None = None, defaults: dict | None = None) -> SweepConfig:
+    """CLI values that are not None win over the profile, which wins over the defaults (``SweepConfig``'s,
+    updated by the command's own ``defaults``)."""
+    cfg = replace(SweepConfig(), **(defaults or {}))
     if profile:
         path, values = load_profile(profile)
         if "model" in values and not Path(values["model"]).is_absolute() and values["model"] != "builtin" \
@@ -154,7 +201,7 @@ def validate(cfg: SweepConfig, checkpoint_layers: int | None) -> None:
         raise MtpBenchError(f"--temperature must be >= 0, got {cfg.temperature}")
     if checkpoint_layers is not None:
         if checkpoint_layers < 1 and any(k > 0 for k in cfg.k):
-            raise MtpBenchError(f"{cfg.model_dir} has no MTP layers (num_nextn_predict_layers is 0 or missing)")
+            raise no_mtp_layers(cfg.model_dir)
         for L in cfg.mtp_layers:
             if not 1 <= L <= checkpoint_layers:
                 raise MtpBenchError(f"--mtp-layers {L}: the checkpoint has {checkpoint_layers} MTP layer(s)")

@@ -25,9 +25,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from mtpbench.config import MODES
 from mtpbench.model import KVCache, MiMoModel
-
-MODES = ("reuse", "chain")
 
 
 @dataclass
@@ -120,7 +119,8 @@ class Generation:
         yield [[t] for t in x.tolist()]
 
         dcache = self._caches(self.drafter.model.num_mtp_layers) if k else []
-        O = torch.zeros(max(self.L, 1), B, self.maxlen, a.hidden_size, device=dev, dtype=self.dtype)
+        # each active layer's output by slot: what the next layer (or step) reads at slot - 1
+        O = torch.zeros(self.L, B, self.maxlen, a.hidden_size, device=dev, dtype=self.dtype) if k else None
         committed = torch.zeros(B, dtype=torch.long, device=dev)  # drafter slots < this are final
         while True:
             active = torch.tensor([len(t) < self.max_tokens for t in self.tokens], device=dev)

@@ -11,7 +11,6 @@ with ``c`` = mean draft-call time / mean verify-call time, both measured in the 
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import asdict, dataclass, field, fields
 
 
@@ -22,8 +21,8 @@ class RequestRecord:
     category: str
     num_prompt_tokens: int
     output_token_ids: list[int]
-    ttft_s: float
-    latency_s: float
+    ttft_s: float | None  # None: the engine did not report it
+    latency_s: float | None
 
 
 @dataclass
@@ -88,10 +87,6 @@ class PointResult:
         return {k: ";".join("" if x is None else _fmt(x) for x in v) if isinstance(v, (tuple, list))
                 else ("" if v is None else _fmt(v)) for k, v in self.to_json().items()}
 
-    @classmethod
-    def from_json(cls, d: dict) -> "PointResult":
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in cls.columns()})
-
 
 def _fmt(x) -> str:
     return f"{x:.6g}" if isinstance(x, float) else str(x)
@@ -132,9 +127,9 @@ def summarize(backend: str, mode: str, k: int, mtp_layers: int, category: str,
     out_tokens = sum(len(r.output_token_ids) for r in requests)
     rep = [repetition(r.output_token_ids) for r in requests]
     ngrams = sum(t for _, t in rep)
-    tpot = [(r.latency_s - r.ttft_s) / (len(r.output_token_ids) - 1) * 1e3
-            for r in requests if len(r.output_token_ids) > 1]
-    ttft = [r.ttft_s * 1e3 for r in requests]
+    tpot = [(r.latency_s - r.ttft_s) / (len(r.output_token_ids) - 1) * 1e3 for r in requests
+            if len(r.output_token_ids) > 1 and r.latency_s is not None and r.ttft_s is not None]
+    ttft = [r.ttft_s * 1e3 for r in requests if r.ttft_s is not None]
 
     al = dar = alpha = tps = c = None
     joint: list[float] = []
@@ -169,7 +164,3 @@ def summarize(backend: str, mode: str, k: int, mtp_layers: int, category: str,
         decode_time_s=_round(wall), startup_s=_round(startup_s, 3),
         output_repetition=_round(sum(r for r, _ in rep) / ngrams) if ngrams else None,
     )
-
-
-def median(xs: list[float]) -> float | None:
-    return statistics.median(xs) if xs else None

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mtpbench.config import read_config
 from mtpbench.errors import MtpBenchError
 
 
@@ -321,28 +322,17 @@ class MiMoModel(nn.Module):
         return self
 
 
-def read_config(model_dir: Path) -> dict:
-    model_dir = Path(model_dir)
-    path = model_dir / "config.json"
-    if not model_dir.is_dir():
-        raise MtpBenchError(f"model directory not found: {model_dir}")
-    if not path.is_file():
-        raise MtpBenchError(f"{model_dir} has no config.json")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise MtpBenchError(f"{path} is not valid JSON: {e}") from None
-
-
 def load_model(model_dir: Path, device="cpu", dtype=torch.float32) -> MiMoModel:
+    """Load a MiMo-format checkpoint for inference (fused weights). A checkpoint without MTP layers
+    loads too: it can still run k = 0."""
     from safetensors.torch import load_file
 
-    cfg = read_config(model_dir)
-    if not cfg.get("num_nextn_predict_layers"):
-        raise MtpBenchError(f"{model_dir} has no MTP layers (num_nextn_predict_layers is 0 or missing)")
-    m = MiMoModel(ModelArgs.from_config(cfg))
-    state = load_file(str(Path(model_dir) / "model.safetensors"))
-    missing, unexpected = m.load_state_dict(state, strict=False)
+    m = MiMoModel(ModelArgs.from_config(read_config(model_dir)))
+    try:
+        state = load_file(str(Path(model_dir) / "model.safetensors"))
+        missing, unexpected = m.load_state_dict(state, strict=False)
+    except Exception as e:  # missing file, corrupt file, shapes that differ
+        raise MtpBenchError(f"{model_dir}: cannot load model.safetensors ({str(e).splitlines()[0][:200]})") from None
     if missing or unexpected:
         raise MtpBenchError(f"{model_dir}: checkpoint tensors do not match config "
                             f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")

@@ -23,8 +23,12 @@ def load_prompts(spec: str, num_prompts: int | None = None) -> list[Prompt]:
     path = BUILTIN_MODEL_DIR / "prompts.jsonl" if spec == "builtin" else Path(spec)
     if not path.is_file():
         raise MtpBenchError(f"prompts file not found: {path}")
+    try:
+        text_lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise MtpBenchError(f"{path}: not UTF-8 text") from None
     out = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for lineno, line in enumerate(text_lines, 1):
         if not line.strip():
             continue
         try:

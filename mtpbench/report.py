@@ -11,11 +11,37 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 
 from mtpbench.errors import MtpBenchError
 from mtpbench.metrics import BatchRecord, PointResult, RequestRecord, summarize
+
+# settings that change what a point measures; a saved point is reused only if these match
+FINGERPRINT_KEYS = ("model", "backend", "method", "prompts", "num_prompts", "max_tokens", "temperature",
+                    "batch_size", "seed", "device", "dtype", "force_spec_step_idx", "max_model_len",
+                    "tensor_parallel_size", "gpu_memory_utilization", "engine_args")
+
+
+def fingerprint(config: dict, versions: dict) -> dict:
+    return {**{key: config.get(key) for key in FINGERPRINT_KEYS}, "versions": versions}
+
+
+def point_name(mode: str, k: int, mtp_layers: int) -> str:
+    return "k0" if k == 0 else f"{mode}-L{mtp_layers}-k{k}"
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write atomically, so an interrupted run never leaves a half-written file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def write_json(path: Path, obj) -> None:
+    write_text(path, json.dumps(obj, indent=1) + "\n")
+
 
 TABLE_COLUMNS = [
     ("mode", "mode"), ("k", "k"), ("mtp_layers", "L"), ("category", "category"),
@@ -35,19 +61,24 @@ def load_run(out: Path) -> tuple[dict, list[dict], list[dict]]:
     run_path = out / "run.json"
     if not run_path.is_file():
         raise MtpBenchError(f"{out} holds no sweep (run.json missing)")
-    run = json.loads(run_path.read_text())
-    from mtpbench.sweep import FINGERPRINT_KEYS
-
-    fingerprint = {key: run["config"].get(key) for key in FINGERPRINT_KEYS}
+    run = _read_json(run_path)
+    want = fingerprint(run["config"], run["provenance"]["versions"])
     points, failures = [], []
     for path in sorted(out.glob("*.json")):
         if path.name in ("run.json", "summary.json"):
             continue
-        data = json.loads(path.read_text())
-        if data.get("fingerprint") != fingerprint:
-            continue  # left over from a sweep with other settings
+        data = _read_json(path)
+        if not isinstance(data, dict) or data.get("fingerprint") != want:
+            continue  # left over from a sweep with other settings or versions, or not ours
         (failures if path.name.endswith(".failure.json") else points).append(data)
     return run, points, failures
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError, OSError) as e:
+        raise MtpBenchError(f"{path}: unreadable ({e})") from None
 
 
 def rows_from_points(points: list[dict], failures: list[dict]) -> list[PointResult]:
@@ -92,7 +123,7 @@ def table(rows: list[PointResult]) -> str:
 
     body = [[cell(getattr(r, name)) for name, _ in TABLE_COLUMNS] for r in rows]
     text = tabulate(body, headers=[h for _, h in TABLE_COLUMNS], floatfmt=".3g")
-    errors = [f"{r.mode}-L{r.mtp_layers}-k{r.k}: {r.error}" for r in rows if r.error]
+    errors = [f"{point_name(r.mode, r.k, r.mtp_layers)}: {r.error}" for r in rows if r.error]
     return text + ("\n\nfailed points:\n" + "\n".join(errors) if errors else "")
 
 
@@ -158,20 +189,20 @@ def plots(out: Path, rows: list[PointResult]) -> list[Path]:
 
 
 def _save(fig, path: Path, plt) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+    finally:
+        plt.close(fig)
     return path
 
 
 def build(out: Path) -> list[PointResult]:
     """Rebuild every summary file of a sweep directory from its point files; returns the rows."""
-    from mtpbench.sweep import write_json
-
     out = Path(out)
     run, points, failures = load_run(out)
     rows = rows_from_points(points, failures)
-    (out / "summary.csv").write_text(csv_text(rows))
+    write_text(out / "summary.csv", csv_text(rows))
     write_json(out / "summary.json", {**run, "rows": [r.to_json() for r in rows]})
     plots(out, rows)
     return rows

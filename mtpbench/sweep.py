@@ -26,17 +26,11 @@ from pathlib import Path
 from typing import Callable
 
 from mtpbench.backends import get_backend
-from mtpbench.config import SweepConfig, validate
+from mtpbench.config import SweepConfig, num_mtp_layers, validate
 from mtpbench.errors import MtpBenchError
 from mtpbench.metrics import PointResult
-from mtpbench.model import read_config
 from mtpbench.prompts import load_prompts
-
-# settings that change what a point measures; a saved point is reused only if these match
-FINGERPRINT_KEYS = ("model", "backend", "method", "prompts", "num_prompts", "max_tokens", "temperature",
-                    "batch_size", "seed", "device", "dtype", "force_spec_step_idx", "max_model_len",
-                    "tensor_parallel_size", "gpu_memory_utilization", "engine_args")
-
+from mtpbench.report import build, fingerprint, point_name, write_json
 
 def grid(cfg: SweepConfig, checkpoint_layers: int) -> list[tuple[str, int, int]]:
     layers = cfg.mtp_layers or (checkpoint_layers,)
@@ -46,17 +40,6 @@ def grid(cfg: SweepConfig, checkpoint_layers: int) -> list[tuple[str, int, int]]
     for k in sorted(set(cfg.k) - {0}):
         points += [(mode, k, L) for L in layers for mode in modes]
     return points
-
-
-def point_name(mode: str, k: int, mtp_layers: int) -> str:
-    return "k0" if k == 0 else f"{mode}-L{mtp_layers}-k{k}"
-
-
-def write_json(path: Path, obj) -> None:
-    """Write atomically, so an interrupted run never leaves a half-written file."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1) + "\n")
-    os.replace(tmp, path)
 
 
 def _version(dist: str) -> str | None:
@@ -80,6 +63,7 @@ def provenance() -> dict:
         pynvml.nvmlInit()
         gpus = [pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
                 for i in range(pynvml.nvmlDeviceGetCount())]
+        pynvml.nvmlShutdown()
     except Exception:  # no NVIDIA driver here: not an error, just no GPUs to list
         pass
     sha = None
@@ -96,14 +80,8 @@ def provenance() -> dict:
             "git_sha": sha, "argv": sys.argv}
 
 
-def checkpoint_layers(cfg: SweepConfig) -> int:
-    return int(read_config(cfg.model_dir).get("num_nextn_predict_layers") or 0)
-
-
 def run_sweep(cfg: SweepConfig, on_point: Callable[[int, int, str], None] | None = None) -> list[PointResult]:
-    from mtpbench.report import build
-
-    n_layers = checkpoint_layers(cfg)
+    n_layers = num_mtp_layers(cfg.model_dir)
     validate(cfg, n_layers)
     prompts = load_prompts(cfg.prompts, cfg.num_prompts)
     backend = get_backend(cfg.backend)
@@ -114,8 +92,9 @@ def run_sweep(cfg: SweepConfig, on_point: Callable[[int, int, str], None] | None
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise MtpBenchError(f"output directory is not writable: {out} ({e.strerror})") from None
-    fingerprint = {key: cfg.to_json()[key] for key in FINGERPRINT_KEYS}
-    write_json(out / "run.json", {"config": cfg.to_json(), "provenance": provenance(), "engine": engine})
+    prov = provenance()
+    fp = fingerprint(cfg.to_json(), prov["versions"])
+    write_json(out / "run.json", {"config": cfg.to_json(), "provenance": prov, "engine": engine})
     for i, (mode, k, L) in enumerate(points):
         name = point_name(mode, k, L)
         if on_point:
@@ -123,7 +102,7 @@ def run_sweep(cfg: SweepConfig, on_point: Callable[[int, int, str], None] | None
         path, failure = out / f"{name}.json", out / f"{name}.failure.json"
         if path.exists():
             try:
-                if json.loads(path.read_text()).get("fingerprint") == fingerprint:
+                if json.loads(path.read_text()).get("fingerprint") == fp:
                     continue
             except json.JSONDecodeError:
                 pass
@@ -134,11 +113,11 @@ def run_sweep(cfg: SweepConfig, on_point: Callable[[int, int, str], None] | None
         except MtpBenchError:
             raise
         except Exception as e:  # one broken point must not end the sweep
-            write_json(failure, {"point": point, "fingerprint": fingerprint,
+            write_json(failure, {"point": point, "fingerprint": fp,
                                  "error": f"{type(e).__name__}: {e}".strip()[:2000]})
             continue
         failure.unlink(missing_ok=True)
-        write_json(path, {"point": point, "fingerprint": fingerprint,
+        write_json(path, {"point": point, "fingerprint": fp,
                           "wall_s": round(time.perf_counter() - t0, 3), "startup_s": run.startup_s,
                           "engine": run.engine,
                           "requests": [asdict(r) for r in run.requests],

@@ -26,7 +26,6 @@ from mtpbench.errors import MtpBenchError
 
 ABSENT = "absent"
 IDX_NAMES = ("spec_step_idx", "spec_step_index")
-VERDICTS = ("multi-module", "layer-0 reuse", "swallowed", "mismatch", "crashed")
 
 
 @dataclass
@@ -52,6 +51,10 @@ class Structure:
     predictor: nn.Module
     layers: list[nn.Module]
     path: str  # where the layers sit, e.g. "model.mtp_layers"
+
+    def describe(self) -> dict:
+        return {"wrapper": type(self.wrapper).__name__, "predictor": type(self.predictor).__name__,
+                "layers": f"{self.path} ({type(self.layers[0]).__name__} x{len(self.layers)})"}
 
     @property
     def layer_bytes(self) -> list[int]:
@@ -199,6 +202,8 @@ class LayerTracer:
             if self.force:
                 args, kwargs = sig.with_spec_step_idx(args, kwargs, s)
                 rec.wrapper_spec_step_idx, rec.forced = s, True
+            if self.structure.predictor is self.structure.wrapper:  # layers sit right under the wrapper
+                rec.predictor_spec_step_idx = rec.wrapper_spec_step_idx
             self.current = rec
             self.records.append(rec)
             return orig(*args, **kwargs)
@@ -285,7 +290,7 @@ def judge(records: list[CallRecord], num_layers: int, k: int, layer_bytes: list[
         if unused:
             ev.append(f"layers never run: {unused}, holding {unused_bytes} bytes of weights")
         return Verdict("layer-0 reuse", ev, unused, unused_bytes)
-    bad = next(r for r in records if r.executed_layer != r.expected_layer or r.executed_layer != 0)
+    bad = next(r for r in records if r.executed_layer != r.expected_layer)
     return Verdict("mismatch", [
         f"proposal {bad.proposal}, step {bad.draft_step} ran layer {bad.executed_layer}, expected "
         f"{bad.expected_layer}", f"layers run per step: {steps}"], unused, unused_bytes)
@@ -364,13 +369,13 @@ def run_trace(cfg, k: int, mode: str = "reuse", backend=None) -> dict:
     from mtpbench.backends import get_backend
     from mtpbench.config import validate
     from mtpbench.prompts import load_prompts
-    from mtpbench.sweep import checkpoint_layers, provenance, write_json
+    from mtpbench.config import num_mtp_layers
+    from mtpbench.report import write_json, write_text
+    from mtpbench.sweep import provenance
 
-    n_layers = checkpoint_layers(cfg)
+    n_layers = num_mtp_layers(cfg.model_dir)
     if k < 1:
         raise MtpBenchError(f"--k must be >= 1 to trace drafting, got {k}")
-    if n_layers < 1:
-        raise MtpBenchError(f"{cfg.model_dir} has no MTP layers (num_nextn_predict_layers is 0 or missing)")
     validate(cfg, n_layers)
     L = cfg.mtp_layers[0] if cfg.mtp_layers else n_layers
     prompts = load_prompts(cfg.prompts, cfg.num_prompts)
@@ -379,7 +384,10 @@ def run_trace(cfg, k: int, mode: str = "reuse", backend=None) -> dict:
         backend.start(cfg)
     if cfg.backend == "vllm":
         mode = "vllm"
-    data = backend.trace_point(cfg, mode, k, L, prompts)
+    try:
+        data = backend.trace_point(cfg, mode, k, L, prompts)
+    except RuntimeError as e:  # the engine did not start (a crash while drafting is a verdict instead)
+        raise MtpBenchError(f"the {cfg.backend} engine could not run the trace: {e}") from None
     records: list[CallRecord] = data["records"]
     v = judge(records, data["num_layers"], k, data["layer_bytes"], data["crash"])
     drafts = data["num_drafts"]
@@ -389,7 +397,7 @@ def run_trace(cfg, k: int, mode: str = "reuse", backend=None) -> dict:
                    for i, n in enumerate(data["num_accepted_tokens_per_pos"])]
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "trace.csv").write_text(trace_csv(records))
+    write_text(out / "trace.csv", trace_csv(records))
     summary = {"verdict": v.verdict, "evidence": v.evidence, "backend": cfg.backend, "mode": mode, "k": k,
                "num_mtp_layers": data["num_layers"], "structure": data["structure"],
                "force_spec_step_idx": cfg.force_spec_step_idx, "num_draft_calls": len(records),

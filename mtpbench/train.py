@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import platform
 import sys
 import sysconfig
@@ -22,6 +23,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from mtpbench.config import check_writable
+from mtpbench.errors import MtpBenchError
 from mtpbench.model import PRESETS, MiMoModel, ModelArgs, save_model
 
 EOS = "<|endoftext|>"
@@ -102,8 +105,17 @@ def mtp_losses(m: MiMoModel, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.
     return main, losses
 
 
-def make_model(out_dir: Path, steps: int = 400, batch: int = 16, seq_len: int = 256, seed: int = 0,
+def make_model(out_dir: Path, steps: int = 900, batch: int = 16, seq_len: int = 256, seed: int = 0,
                lr: float = 3e-3, preset: str = "tiny", log=print) -> dict:
+    """Train and write the checkpoint; the directory appears only once complete (written aside, renamed)."""
+    final = Path(out_dir)
+    if final.exists() and any(final.iterdir()):
+        raise MtpBenchError(f"output directory already exists and is not empty: {final}")
+    check_writable(final)
+    for name, value, low in (("steps", steps, 1), ("batch", batch, 1), ("seq_len", seq_len, 8)):
+        if value < low:
+            raise MtpBenchError(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
+    out_dir = final.with_name(final.name + ".partial")
     torch.manual_seed(seed)
     t0 = time.time()
     train_files, held = stdlib_files()
@@ -142,7 +154,6 @@ def make_model(out_dir: Path, steps: int = 400, batch: int = 16, seq_len: int = 
             history.append(row)
             log(json.dumps(row))
 
-    out_dir = Path(out_dir)
     save_model(m, out_dir)
     tok.save(str(out_dir / "tokenizer.json"))
     (out_dir / "tokenizer_config.json").write_text(json.dumps({
@@ -161,4 +172,7 @@ def make_model(out_dir: Path, steps: int = 400, batch: int = 16, seq_len: int = 
             "torch": torch.__version__, "machine": platform.machine(),
             "train_seconds": round(time.time() - t0, 1), "history": history}
     (out_dir / "train_log.json").write_text(json.dumps(info, indent=2) + "\n")
+    if final.exists():
+        final.rmdir()  # empty, checked above
+    os.replace(out_dir, final)
     return info

@@ -1,4 +1,5 @@
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -28,3 +29,14 @@ def prompt_ids(tokenizer):
     # three prompts of different lengths, so batched rows sit at different positions
     texts = [json.loads(line)["prompt"] for line in lines[:3]]
     return [tokenizer.encode(t[: 80 + 60 * i]).ids for i, t in enumerate(texts)]
+
+
+@pytest.fixture
+def no_mtp_model(tmp_path):
+    """A copy of the built-in checkpoint whose config declares no MTP layers."""
+    d = tmp_path / "no-mtp"
+    shutil.copytree(BUILTIN_MODEL_DIR, d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["num_nextn_predict_layers"] = 0
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d

@@ -1,11 +1,10 @@
 import json
-import shutil
 
 import pytest
 from typer.testing import CliRunner
 
 from mtpbench.cli import app
-from mtpbench.prompts import BUILTIN_MODEL_DIR, load_prompts
+from mtpbench.prompts import load_prompts
 from conftest import SHARED
 
 runner = CliRunner()
@@ -14,16 +13,6 @@ SMALL = ["--num-prompts", "2", "--max-tokens", "12"]
 
 def run(*args):
     return runner.invoke(app, [str(a) for a in args])
-
-
-@pytest.fixture
-def no_mtp_model(tmp_path):
-    d = tmp_path / "no-mtp"
-    shutil.copytree(BUILTIN_MODEL_DIR, d)
-    cfg = json.loads((d / "config.json").read_text())
-    cfg["num_nextn_predict_layers"] = 0
-    (d / "config.json").write_text(json.dumps(cfg))
-    return d
 
 
 def bad_inputs(tmp_path, no_mtp_model):

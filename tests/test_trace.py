@@ -80,16 +80,8 @@ def test_cli_expect_sets_exit_code(tmp_path):
     assert json.loads((tmp_path / "b" / "trace.json").read_text())["verdict"] == "multi-module"
 
 
-def test_cli_model_without_mtp_layers(tmp_path):
-    from mtpbench.prompts import BUILTIN_MODEL_DIR
-    import shutil
-
-    d = tmp_path / "plain"
-    shutil.copytree(BUILTIN_MODEL_DIR, d)
-    cfg = json.loads((d / "config.json").read_text())
-    cfg["num_nextn_predict_layers"] = 0
-    (d / "config.json").write_text(json.dumps(cfg))
-    r = runner.invoke(app, ["trace-layers", str(d), "--out", str(tmp_path / "t")])
+def test_cli_model_without_mtp_layers(tmp_path, no_mtp_model):
+    r = runner.invoke(app, ["trace-layers", str(no_mtp_model), "--out", str(tmp_path / "t")])
     assert r.exit_code == 2
     assert r.output.strip().count("\n") == 0 and "has no MTP layers" in r.output
     assert not (tmp_path / "t").exists()

