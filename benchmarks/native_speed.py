@@ -17,7 +17,7 @@ import torch
 
 from mtpbench.backends.native import NativeBackend
 from mtpbench.config import SweepConfig
-from mtpbench.metrics import summarize
+from mtpbench.metrics import mean_call_s, summarize
 from mtpbench.prompts import BUILTIN_MODEL_DIR, load_prompts
 
 
@@ -31,9 +31,9 @@ def transformers_tps(hf, ids_list, max_tokens):
     return n / (time.perf_counter() - t0)
 
 
-def native_point(backend, cfg, prompts, mode, k, L):
+def native_point(backend, cfg, prompts, mode, k, L, target_step_s=None):
     run = backend.run_point(cfg, mode, k, L, prompts)
-    return summarize("native", mode, k, L, "all", run.requests, run.batches, None)
+    return summarize("native", mode, k, L, "all", run.requests, run.batches, None, target_step_s)
 
 
 def main():
@@ -73,8 +73,11 @@ def main():
         for k in (1, 2, 3, 4):
             speed, theory = [], []
             for _ in range(args.repeats):
-                base = native_point(backend, cfg, prompts, "plain", 0, 0).output_tokens_per_sec
-                r = native_point(backend, cfg, prompts, mode, k, 3)
+                plain = backend.run_point(cfg, "plain", 0, 0, prompts)
+                base = summarize("native", "plain", 0, 0, "all", plain.requests, plain.batches, None)
+                step = mean_call_s(plain.batches, "target")  # c = draft call / target decode step
+                r = native_point(backend, cfg, prompts, mode, k, 3, step)
+                base = base.output_tokens_per_sec
                 speed.append(r.output_tokens_per_sec / base)
                 theory.append(r.theoretical_speedup)
             s, t = statistics.median(speed), statistics.median(theory)

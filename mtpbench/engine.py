@@ -76,9 +76,10 @@ class Generation:
         self.counts = [Counts(num_accepted_tokens_per_pos=[0] * k) for _ in range(B)]
         self.dev, self.dtype = dev, next(model.parameters()).dtype
         self.maxlen = max(map(len, prompts)) + max_tokens + 4 * k + 8
-        # summed wall time of draft-model calls and of verify forwards, for the cost ratio c
-        self.draft_time_s = self.verify_time_s = 0.0
-        self.num_draft_calls = self.num_verify_calls = 0
+        # summed wall time of draft-model calls and of target calls (verify forwards; decode steps at
+        # k = 0), for the cost ratio c
+        self.draft_time_s = self.target_time_s = 0.0
+        self.num_draft_calls = self.num_target_calls = 0
 
     def _clock(self) -> float:
         if self.dev.type == "cuda":
@@ -127,9 +128,12 @@ class Generation:
             if not bool(active.any()):
                 return
             if k == 0:
+                t0 = self._clock()
                 q = (n - 1)[:, None]
                 h = self.target(X[rows[:, None], q], q, tcache)
                 x, _ = self._pick(self.target.compute_logits(h[:, 0]))
+                self.target_time_s += self._clock() - t0
+                self.num_target_calls += 1
                 X[rows, n] = torch.where(active, x, X[rows, n])
                 n = n + active.long()
                 new = [[t] if act else [] for t, act in zip(x.tolist(), active.tolist())]
@@ -146,8 +150,8 @@ class Generation:
             Ht[rows[:, None], vpos] = h
             logits = self.target.compute_logits(h)
             accepted, bonus = self._verify(logits, drafts, qprobs)
-            self.verify_time_s += self._clock() - t0
-            self.num_verify_calls += 1
+            self.target_time_s += self._clock() - t0
+            self.num_target_calls += 1
             new = []
             for b in range(B):
                 if not active[b]:

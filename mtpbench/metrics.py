@@ -6,7 +6,9 @@ num_accepted_tokens / num_draft_tokens``, and the per-position rate ``num_accept
 num_drafts``, which is *joint* (positions 0..i all accepted). The *conditional* rate at i is
 ``per_pos[i] / per_pos[i-1]``. ``alpha`` is the per-token acceptance probability fitted to the counts
 (accepted / (accepted + rejections)); the theoretical speedup is ``(1-alpha^(k+1)) / ((1-alpha)(k*c+1))``
-with ``c`` = mean draft-call time / mean verify-call time, both measured in the same run.
+(Leviathan et al.) with ``c`` = mean draft-model call time / mean target decode-step time. The target
+step is timed at the k = 0 point of the same sweep; without one, the point's own verify calls stand in
+(they cost more than a decode step, so c comes out lower).
 """
 
 from __future__ import annotations
@@ -37,8 +39,9 @@ class BatchRecord:
     num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
     draft_time_s: float | None = None  # summed draft-model call time (native backend only)
     num_draft_calls: int = 0
-    verify_time_s: float | None = None
-    num_verify_calls: int = 0
+    # summed target call time: verify forwards, or decode steps at k = 0
+    target_time_s: float | None = None
+    num_target_calls: int = 0
 
 
 @dataclass(frozen=True)
@@ -115,9 +118,20 @@ def _round(x: float | None, nd: int = 4) -> float | None:
     return None if x is None else round(x, nd)
 
 
+def mean_call_s(batches: list[BatchRecord], kind: str) -> float | None:
+    """Mean seconds per draft call (kind='draft') or target call (kind='target')."""
+    timed = [b for b in batches if getattr(b, f"{kind}_time_s") is not None and getattr(b, f"num_{kind}_calls")]
+    if not timed:
+        return None
+    return sum(getattr(b, f"{kind}_time_s") for b in timed) / sum(getattr(b, f"num_{kind}_calls") for b in timed)
+
+
 def summarize(backend: str, mode: str, k: int, mtp_layers: int, category: str,
-              requests: list[RequestRecord], batches: list[BatchRecord], startup_s: float | None) -> PointResult:
-    """Aggregate the records of one category (or all of them) into a result row."""
+              requests: list[RequestRecord], batches: list[BatchRecord], startup_s: float | None,
+              target_step_s: float | None = None) -> PointResult:
+    """Aggregate the records of one category (or all of them) into a result row.
+
+    ``target_step_s``: the target's decode-step time from the k = 0 point, if the sweep has one."""
     drafts = sum(b.num_drafts for b in batches)
     drafted = sum(b.num_draft_tokens for b in batches)
     accepted = sum(b.num_accepted_tokens for b in batches)
@@ -143,10 +157,9 @@ def summarize(backend: str, mode: str, k: int, mtp_layers: int, category: str,
         alpha = accepted / (accepted + rejections) if accepted + rejections else None
         if alpha is not None:
             tps = float(k + 1) if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
-        dt = [b for b in batches if b.draft_time_s is not None and b.num_draft_calls and b.num_verify_calls]
-        if dt:
-            c = ((sum(b.draft_time_s for b in dt) / sum(b.num_draft_calls for b in dt))
-                 / (sum(b.verify_time_s for b in dt) / sum(b.num_verify_calls for b in dt)))
+        draft_s, step_s = mean_call_s(batches, "draft"), target_step_s or mean_call_s(batches, "target")
+        if draft_s is not None and step_s:
+            c = draft_s / step_s
     theo = tps / (k * c + 1) if (tps is not None and c is not None) else (1.0 if k == 0 else None)
     return PointResult(
         backend=backend, mode=mode, k=k, mtp_layers=mtp_layers, category=category, status="ok",

@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from mtpbench.errors import MtpBenchError
-from mtpbench.metrics import BatchRecord, PointResult, RequestRecord, summarize
+from mtpbench.metrics import BatchRecord, PointResult, RequestRecord, mean_call_s, summarize
 
 # settings that change what a point measures; a saved point is reused only if these match
 FINGERPRINT_KEYS = ("model", "backend", "method", "prompts", "num_prompts", "max_tokens", "temperature",
@@ -83,10 +83,17 @@ def _read_json(path: Path):
 
 def rows_from_points(points: list[dict], failures: list[dict]) -> list[PointResult]:
     rows: list[PointResult] = []
-    for data in sorted(points, key=lambda d: _sort_key(d["point"])):
+    loaded = [(d, [RequestRecord(**r) for r in d["requests"]], [BatchRecord(**b) for b in d["batches"]])
+              for d in sorted(points, key=lambda d: _sort_key(d["point"]))]
+    # the target's decode-step time at k = 0, per category: the unit of the draft cost ratio c
+    step_s = {}
+    for d, _, batches in loaded:
+        if d["point"]["k"] == 0:
+            step_s["all"] = mean_call_s(batches, "target")
+            for b in batches:
+                step_s.setdefault(b.category, mean_call_s([x for x in batches if x.category == b.category], "target"))
+    for data, requests, batches in loaded:
         p = data["point"]
-        requests = [RequestRecord(**r) for r in data["requests"]]
-        batches = [BatchRecord(**b) for b in data["batches"]]
         cats = sorted({r.category for r in requests})
         groups = [("all", requests, batches)]
         if len(cats) > 1:
@@ -94,7 +101,7 @@ def rows_from_points(points: list[dict], failures: list[dict]) -> list[PointResu
                        for c in cats]
         for cat, reqs, bats in groups:
             rows.append(summarize(p["backend"], p["mode"], p["k"], p["mtp_layers"], cat, reqs, bats,
-                                  data.get("startup_s")))
+                                  data.get("startup_s"), step_s.get(cat)))
     for f in sorted(failures, key=lambda d: _sort_key(d["point"])):
         p = f["point"]
         rows.append(PointResult(p["backend"], p["mode"], p["k"], p["mtp_layers"], "all", "failed",

@@ -139,5 +139,5 @@ class NativeBackend:
                 num_accepted_tokens=sum(x.num_accepted_tokens for x in c),
                 num_accepted_tokens_per_pos=[sum(x.num_accepted_tokens_per_pos[i] for x in c) for i in range(k)],
                 draft_time_s=g.draft_time_s, num_draft_calls=g.num_draft_calls,
-                verify_time_s=g.verify_time_s, num_verify_calls=g.num_verify_calls))
+                target_time_s=g.target_time_s, num_target_calls=g.num_target_calls))
         return run
