@@ -56,11 +56,6 @@ class Structure:
         return {"wrapper": type(self.wrapper).__name__, "predictor": type(self.predictor).__name__,
                 "layers": f"{self.path} ({type(self.layers[0]).__name__} x{len(self.layers)})"}
 
-    @property
-    def layer_bytes(self) -> list[int]:
-        # buffers too: vLLM's CPU build may keep prepacked weights as buffers
-        return [sum(t.numel() * t.element_size() for t in (*m.parameters(), *m.buffers())) for m in self.layers]
-
 
 def discover(draft: nn.Module) -> Structure:
     """Find the predictor and its MTP layers: the shallowest container of same-class blocks."""
@@ -288,7 +283,7 @@ def judge(records: list[CallRecord], num_layers: int, k: int, layer_bytes: list[
         ev = [f"every draft step ran layer 0: {steps}",
               f"spec_step_idx never reached the model (wrapper received: {', '.join(wrapper_seen)})"]
         if unused:
-            ev.append(f"layers never run: {unused}, holding {unused_bytes} bytes of weights")
+            ev.append(f"layers never run: {unused}, holding {unused_bytes} bytes of weights in the checkpoint")
         return Verdict("layer-0 reuse", ev, unused, unused_bytes)
     bad = next(r for r in records if r.executed_layer != r.expected_layer)
     return Verdict("mismatch", [
@@ -389,7 +384,12 @@ def run_trace(cfg, k: int, mode: str = "reuse", backend=None) -> dict:
     except RuntimeError as e:  # the engine did not start (a crash while drafting is a verdict instead)
         raise MtpBenchError(f"the {cfg.backend} engine could not run the trace: {e}") from None
     records: list[CallRecord] = data["records"]
-    v = judge(records, data["num_layers"], k, data["layer_bytes"], data["crash"])
+    from mtpbench.backends.vllm import mtp_layer_bytes  # reads safetensors headers only; no vLLM import
+
+    # weight bytes per layer as stored in the checkpoint: the same figure for every backend, whatever
+    # form (dtype, prepacked) the engine keeps them in
+    layer_bytes = (mtp_layer_bytes(cfg.model_dir) + [0] * data["num_layers"])[: data["num_layers"]]
+    v = judge(records, data["num_layers"], k, layer_bytes, data["crash"])
     drafts = data["num_drafts"]
     steps = layer_per_step(records)
     attribution = [{"position": i, "layer": steps.get(i), "num_accepted_tokens": n,

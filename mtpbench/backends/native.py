@@ -105,8 +105,8 @@ class NativeBackend:
             if crash:
                 break
         st = tracer.structure
-        return {"records": records, "crash": crash, "num_layers": len(st.layers), "layer_bytes": st.layer_bytes,
-                "structure": st.describe(), **totals}
+        return {"records": records, "crash": crash, "num_layers": len(st.layers), "structure": st.describe(),
+                **totals}
 
     def run_point(self, cfg: SweepConfig, mode: str, k: int, mtp_layers: int, prompts: list[Prompt]) -> NativeRun:
         groups = batches(prompts, cfg.batch_size)

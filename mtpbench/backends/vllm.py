@@ -73,6 +73,31 @@ def mtp_layer_of(name: str, num_hidden_layers: int) -> int | None:
     return None
 
 
+def checkpoint_shards(model_dir: Path) -> list[Path]:
+    index = model_dir / "model.safetensors.index.json"
+    if not index.exists():
+        return [model_dir / "model.safetensors"]
+    return sorted({model_dir / f for f in json.loads(index.read_text())["weight_map"].values()})
+
+
+def mtp_layer_bytes(model_dir: Path) -> list[int]:
+    """Bytes each MTP layer's tensors take in the checkpoint files (read from the safetensors headers)."""
+    import struct
+
+    model_dir = Path(model_dir)
+    cfg = json.loads((model_dir / "config.json").read_text())
+    sizes = [0] * int(cfg.get("num_nextn_predict_layers") or 0)
+    for shard in checkpoint_shards(model_dir):
+        with open(shard, "rb") as f:
+            header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+        for name, meta in header.items():
+            j = mtp_layer_of(name, int(cfg["num_hidden_layers"])) if name != "__metadata__" else None
+            if j is not None and j < len(sizes):
+                start, end = meta["data_offsets"]
+                sizes[j] += end - start
+    return sizes
+
+
 def derived_checkpoint(model_dir: Path, layers: int, cache: Path | None = None) -> Path:
     """A checkpoint directory that vLLM reads as having ``layers`` MTP layers (see module docstring)."""
     from safetensors import safe_open
@@ -98,8 +123,7 @@ def derived_checkpoint(model_dir: Path, layers: int, cache: Path | None = None) 
     n_hidden = int(cfg["num_hidden_layers"])
     drop = lambda name: (j := mtp_layer_of(name, n_hidden)) is not None and j >= layers  # noqa: E731
     index_path = model_dir / "model.safetensors.index.json"
-    shards = ([model_dir / "model.safetensors"] if not index_path.exists()
-              else sorted({model_dir / f for f in json.loads(index_path.read_text())["weight_map"].values()}))
+    shards = checkpoint_shards(model_dir)
     for shard in shards:
         with safe_open(str(shard), framework="pt") as f:
             names = list(f.keys())
@@ -288,7 +312,7 @@ def trace(llm, cfg: dict, k: int, prompts: list[Prompt], force: bool) -> dict:
     st = tracer.structure
     delta = counter_delta(before, after, k)
     return {"records": [asdict(r) for r in tracer.records], "crash": crash, "num_layers": len(st.layers),
-            "layer_bytes": st.layer_bytes, "num_drafts": delta["num_drafts"],
+            "num_drafts": delta["num_drafts"],
             "num_accepted_tokens_per_pos": delta["num_accepted_tokens_per_pos"], "structure": st.describe()}
 
 
