@@ -161,7 +161,8 @@ def plots(out: Path, rows: list[PointResult]) -> list[Path]:
         ax.plot([r.k for r in pts], [r.acceptance_length for r in pts], marker="o", label=f"{mode}, L={L}")
     ks = sorted({r.k for pts in lines.values() for r in pts})
     ax.plot(ks, [k + 1 for k in ks], ":", color="grey", label="upper bound k+1")
-    ax.set(xlabel="num_speculative_tokens k", ylabel="acceptance length", title="Acceptance length vs k")
+    ax.set(xlabel="num_speculative_tokens k", ylabel="acceptance length", title="Acceptance length vs k",
+           xticks=ks)
     ax.legend()
     ax.grid(alpha=0.3)
     paths.append(_save(fig, out / "acceptance_length.png", plt))
@@ -177,6 +178,7 @@ def plots(out: Path, rows: list[PointResult]) -> list[Path]:
     a1.set(xlabel="k", ylabel="output tokens/sec", title="Throughput")
     a2.set(xlabel="k", ylabel="speedup vs k=0", title="Speedup (dashed: (1-a^(k+1))/((1-a)(kc+1)))")
     for a in (a1, a2):
+        a.set_xticks(ks)
         a.grid(alpha=0.3)
         a.legend(fontsize=7)
     paths.append(_save(fig, out / "throughput.png", plt))
@@ -187,8 +189,10 @@ def plots(out: Path, rows: list[PointResult]) -> list[Path]:
     for i, r in enumerate(sorted(tops, key=lambda r: (r.mode, r.mtp_layers))):
         xs = [p + i * width for p in range(len(r.acceptance_rate_per_pos))]
         ax.bar(xs, r.acceptance_rate_per_pos, width=width, label=f"{r.mode}, L={r.mtp_layers}, k={r.k}")
+    npos = max(len(r.acceptance_rate_per_pos) for r in tops)
     ax.set(xlabel="draft position", ylabel="acceptance rate (joint: positions 0..i accepted)",
-           title="Per-position acceptance", ylim=(0, 1))
+           title="Per-position acceptance", ylim=(0, 1), xticks=[p + width * (len(tops) - 1) / 2 for p in range(npos)],
+           xticklabels=range(npos))
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3, axis="y")
     paths.append(_save(fig, out / "per_position.png", plt))
