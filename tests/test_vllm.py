@@ -127,3 +127,15 @@ def test_trace_vllm_forced_index_crashes_mimo(tmp_path):
     s = run_trace(c, 4)
     assert s["verdict"] == "crashed"
     assert "mimo_mtp only support predict one token now" in s["evidence"][0]
+
+
+def test_vllm_sweep_records_a_crash_inside_vllm_and_goes_on(tmp_path):
+    """--force-spec-step-idx makes MiMo's draft model assert at step 1: that point fails, k = 0 completes."""
+    out = tmp_path / "forced"
+    r = CliRunner().invoke(app, ["sweep", "--backend", "vllm", "--k", "0,2", "--mtp-layers", "2",
+                                 "--num-prompts", "1", "--max-tokens", "16", "--max-model-len", "1024",
+                                 "--force-spec-step-idx", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    failure = json.loads((out / "vllm-L2-k2.failure.json").read_text())
+    assert "AssertionError: mimo_mtp only support predict one token now" in failure["error"]
+    assert json.loads((out / "k0.json").read_text())["requests"][0]["output_token_ids"]
