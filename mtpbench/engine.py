@@ -13,6 +13,11 @@ tokens), reading token x[q+1] and the previous hidden state, and predicts x[q+2]
   (DeepSeek-V3's chained MTP). Layer j at slot q reads layer j-1's output at slot q-1, so at step s the
   layer first catches up the slots it has not seen with final inputs, then the provisional ones.
 
+``force_spec_step_idx`` (the vLLM pull request's proposal) keeps reuse's data flow but passes
+``spec_step_idx = s``, so step s runs layer s mod L on its own KV cache, which holds only the positions
+that layer wrote at its own steps: the same gap vLLM's per-layer caches would have. It is an experiment
+to measure, not a drafting mode to recommend.
+
 Every row keeps its own counters in vLLM's words (``num_drafts``, ``num_draft_tokens``,
 ``num_accepted_tokens``, ``num_accepted_tokens_per_pos``). ``Generation`` is iterated once per round,
 so a benchmark can time around each step.
