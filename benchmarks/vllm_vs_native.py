@@ -3,8 +3,9 @@
 Runs the same sweep twice (k = 0..3 over all 3 MTP layers, same prompts, batch 1, greedy): once with the
 native backend (reuse mode, what vLLM does) and once with the vLLM backend. Prints
   * native tokens/sec / vLLM tokens/sec at k = 0 and at each backend's best k
-  * the tool's own overhead: sweep wall time minus the time spent inside the points' engine runs
-    (for vLLM: each point's whole worker process, start-up included), as a fraction of the sweep.
+  * the tool's own overhead: sweep wall time minus the time spent in the engine (the backend's import
+    and start in the sweep process, plus every point's run; for vLLM each point's whole worker process,
+    start-up included), as a fraction of the sweep.
 Usage: python benchmarks/vllm_vs_native.py [--prompts 4] [--max-tokens 128] [--eager] [--out DIR]
 """
 
@@ -25,6 +26,7 @@ def sweep(cfg: SweepConfig):
     wall = time.perf_counter() - t0
     engine = sum(json.loads(p.read_text())["wall_s"] for p in Path(cfg.out).glob("*.json")
                  if p.name not in ("run.json", "summary.json") and not p.name.endswith(".failure.json"))
+    engine += json.loads((Path(cfg.out) / "run.json").read_text())["engine"]["engine_start_s"]
     return {(r.k): r for r in rows if r.category == "all" and r.status == "ok"}, wall, engine
 
 

@@ -84,10 +84,12 @@ def run_sweep(cfg: SweepConfig, on_point: Callable[[int, int, str], None] | None
     n_layers = num_mtp_layers(cfg.model_dir)
     validate(cfg, n_layers)
     prompts = load_prompts(cfg.prompts, cfg.num_prompts)
-    backend = get_backend(cfg.backend)
     points = grid(cfg, n_layers)
     out = Path(cfg.out)
+    t0 = time.perf_counter()
+    backend = get_backend(cfg.backend)  # imports the engine (torch for native)
     engine = backend.start(cfg)  # may raise MtpBenchError (e.g. vLLM not installed) before any write
+    engine["engine_start_s"] = round(time.perf_counter() - t0, 3)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
