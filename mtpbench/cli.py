@@ -64,9 +64,13 @@ def progress_callback():
             state["task"] = bar.add_task("sweep", total=n)
         bar.update(state["task"], completed=i, description=f"sweep: {name}")
         if i >= n:
+            stop()
+
+    def stop() -> None:
+        if state.pop("task", None) is not None:  # a bar never started must not print anything
             bar.stop()
 
-    return on_point, bar
+    return on_point, stop
 
 
 @app.command()
@@ -106,11 +110,11 @@ def sweep(
                            max_model_len=max_model_len, tensor_parallel_size=tensor_parallel_size,
                            gpu_memory_utilization=gpu_memory_utilization, engine_args=extra,
                            force_spec_step_idx=force_spec_step_idx, out=out), profile)
-        on_point, bar = progress_callback()
+        on_point, stop_bar = progress_callback()
         try:
             rows = run_sweep(cfg, on_point)
         finally:
-            bar.stop()
+            stop_bar()
     except MtpBenchError as e:
         fail(str(e))
     typer.echo(table(rows))
