@@ -234,10 +234,15 @@ def make_model(
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
     batch: Annotated[int, typer.Option(help="Sequences per step.")] = 16,
     seq_len: Annotated[int, typer.Option(help="Tokens per sequence.")] = 256,
+    threads: Annotated[Optional[int], typer.Option(help="torch threads (the built-in model used 1; results differ with the count).")] = None,
 ) -> None:
     """Train the built-in tiny MTP model from this interpreter's standard library (no download)."""
+    import torch
+
     from mtpbench.train import make_model as train
 
+    if threads:
+        torch.set_num_threads(threads)
     try:
         info = train(out, steps=steps, batch=batch, seq_len=seq_len, seed=seed, log=typer.echo)
     except MtpBenchError as e:

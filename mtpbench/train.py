@@ -169,7 +169,7 @@ def make_model(out_dir: Path, steps: int = 900, batch: int = 16, seq_len: int = 
                        "train_files": len(train_files), "heldout_files": len(held),
                        "heldout_rule": f"md5(relative path) % {HELDOUT_BUCKETS} == 0",
                        "train_tokens": len(data)},
-            "torch": torch.__version__, "machine": platform.machine(),
+            "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "machine": platform.machine(),
             "train_seconds": round(time.time() - t0, 1), "history": history}
     (out_dir / "train_log.json").write_text(json.dumps(info, indent=2) + "\n")
     if final.exists():
