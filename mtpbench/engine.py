@@ -126,7 +126,8 @@ class Generation:
 
         dcache = self._caches(self.drafter.model.num_mtp_layers) if k else []
         # each active layer's output by slot: what the next layer (or step) reads at slot - 1
-        O = torch.zeros(self.L, B, self.maxlen, a.hidden_size, device=dev, dtype=self.dtype) if k else None
+        layer_out = (torch.zeros(self.L, B, self.maxlen, a.hidden_size, device=dev, dtype=self.dtype)
+                     if k else None)
         committed = torch.zeros(B, dtype=torch.long, device=dev)  # drafter slots < this are final
         while True:
             active = torch.tensor([len(t) < self.max_tokens for t in self.tokens], device=dev)
@@ -146,7 +147,7 @@ class Generation:
                 yield new
                 continue
 
-            drafts, qprobs = self._draft(X, Ht, O, dcache, n, committed)
+            drafts, qprobs = self._draft(X, Ht, layer_out, dcache, n, committed)
             committed = n - 1
             t0 = self._clock()
             # verify: x[n-1], d_1..d_k at positions n-1 .. n-1+k
@@ -179,7 +180,7 @@ class Generation:
         for b, t in enumerate(new):
             self.tokens[b].extend(t[: self.max_tokens - len(self.tokens[b])])
 
-    def _draft(self, X, Ht, O, dcache, n, committed):
+    def _draft(self, X, Ht, layer_out, dcache, n, committed):
         """k draft-model calls; returns drafts [B, k] and (when sampling) their probabilities."""
         B, k, L, dev = X.shape[0], self.k, self.L, X.device
         rows = torch.arange(B, device=dev)
@@ -190,7 +191,7 @@ class Generation:
             t0 = self._clock()
             j = s % L  # the layer whose data flow this step follows
             start, end = frontier[j], n - 2 + s
-            slots, tokens, prev = self._draft_inputs(X, Ht, O[(j - 1) % L], j, start, end, n)
+            slots, tokens, prev = self._draft_inputs(X, Ht, layer_out[(j - 1) % L], j, start, end, n)
             # like vLLM's proposer, reuse never passes spec_step_idx; chain (and --force) pass the step
             passes = (self.mode == "chain" or self.force) and not self.faults.loop_omits_spec_step_idx
             idx = s if passes else 0
@@ -199,9 +200,9 @@ class Generation:
             else:
                 out = self.drafter(tokens, slots, prev, caches=dcache)
             if B == 1:
-                O[j][:, int(slots[0, 0]): int(slots[0, -1]) + 1] = out
+                layer_out[j][:, int(slots[0, 0]): int(slots[0, -1]) + 1] = out
             else:
-                O[j][rows[:, None], slots] = out
+                layer_out[j][rows[:, None], slots] = out
             frontier[j] = end + 1
             last = out[rows, end - start]
             logits = (self.drafter.compute_logits(last, spec_step_idx=idx) if passes

@@ -315,11 +315,10 @@ def step_table(records: list[CallRecord], num_layers: int) -> list[list]:
     for s in sorted({r.draft_step for r in records}):
         rs = [r for r in records if r.draft_step == s]
         ran = Counter(r.executed_layer for r in rs)
-
-        def seen(attr):
-            return ",".join(sorted({str(getattr(r, attr)) for r in rs}))
+        seen = [",".join(sorted({str(getattr(r, attr)) for r in rs}))
+                for attr in ("wrapper_spec_step_idx", "predictor_spec_step_idx", "layer_spec_step_idx")]
         rows.append([s, len(rs), s % num_layers, " ".join(f"{j}:{n}" for j, n in sorted(ran.items(), key=str)),
-                     seen("wrapper_spec_step_idx"), seen("predictor_spec_step_idx"), seen("layer_spec_step_idx"),
+                     *seen,
                      round(sum(r.num_tokens for r in rs) / len(rs), 1)])
     return rows
 
