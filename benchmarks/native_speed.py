@@ -25,7 +25,8 @@ def transformers_tps(hf, ids_list, max_tokens):
     n, t0 = 0, time.perf_counter()
     for ids in ids_list:
         with torch.inference_mode():
-            out = hf.generate(torch.tensor([ids]), max_new_tokens=max_tokens, min_new_tokens=max_tokens,
+            out = hf.generate(torch.tensor([ids], device=hf.device), max_new_tokens=max_tokens,
+                              min_new_tokens=max_tokens,
                               do_sample=False, pad_token_id=0)
         n += out.shape[1] - len(ids)
     return n / (time.perf_counter() - t0)
