@@ -121,8 +121,9 @@ class Generation:
         x, _ = self._pick(self.target.compute_logits(h[rows, P - 1]))
         X[rows, P] = x
         n = P + 1
-        self._emit([[t] for t in x.tolist()])
-        yield [[t] for t in x.tolist()]
+        first = [[t] for t in x.tolist()]
+        self._emit(first)
+        yield first
 
         dcache = self._caches(self.drafter.model.num_mtp_layers) if k else []
         # each active layer's output by slot: what the next layer (or step) reads at slot - 1

@@ -44,6 +44,21 @@ class BatchRecord:
     num_target_calls: int = 0
 
 
+@dataclass
+class PointRun:
+    """What a backend measured at one grid point: the raw records a point file keeps."""
+
+    requests: list[RequestRecord] = field(default_factory=list)
+    batches: list[BatchRecord] = field(default_factory=list)
+    startup_s: float | None = None
+    engine: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "PointRun":
+        return cls([RequestRecord(**r) for r in d["requests"]], [BatchRecord(**b) for b in d["batches"]],
+                   d.get("startup_s"), d.get("engine") or {})
+
+
 @dataclass(frozen=True)
 class PointResult:
     """One row: a grid point (mode, k, mtp_layers) over one category of prompts, or 'all'."""

@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from mtpbench.errors import MtpBenchError
-from mtpbench.metrics import BatchRecord, PointResult, RequestRecord, mean_call_s, summarize
+from mtpbench.metrics import PointResult, PointRun, mean_call_s, summarize
 
 # settings that change what a point measures; a saved point is reused only if these match
 FINGERPRINT_KEYS = ("model", "backend", "method", "prompts", "num_prompts", "max_tokens", "temperature",
@@ -83,16 +83,17 @@ def _read_json(path: Path):
 
 def rows_from_points(points: list[dict], failures: list[dict]) -> list[PointResult]:
     rows: list[PointResult] = []
-    loaded = [(d, [RequestRecord(**r) for r in d["requests"]], [BatchRecord(**b) for b in d["batches"]])
-              for d in sorted(points, key=lambda d: _sort_key(d["point"]))]
+    loaded = [(d, PointRun.from_json(d)) for d in sorted(points, key=lambda d: _sort_key(d["point"]))]
     # the target's decode-step time at k = 0, per category: the unit of the draft cost ratio c
     step_s = {}
-    for d, _, batches in loaded:
+    for d, run in loaded:
+        batches = run.batches
         if d["point"]["k"] == 0:
             step_s["all"] = mean_call_s(batches, "target")
             for b in batches:
                 step_s.setdefault(b.category, mean_call_s([x for x in batches if x.category == b.category], "target"))
-    for data, requests, batches in loaded:
+    for data, run in loaded:
+        requests, batches = run.requests, run.batches
         p = data["point"]
         cats = sorted({r.category for r in requests})
         groups = [("all", requests, batches)]

@@ -14,15 +14,8 @@ from mtpbench.errors import MtpBenchError
 
 if TYPE_CHECKING:
     from mtpbench.config import SweepConfig
-    from mtpbench.metrics import BatchRecord, RequestRecord
+    from mtpbench.metrics import PointRun
     from mtpbench.prompts import Prompt
-
-
-class PointRun(Protocol):
-    requests: list["RequestRecord"]
-    batches: list["BatchRecord"]
-    startup_s: float | None
-    engine: dict
 
 
 class Backend(Protocol):
@@ -32,7 +25,7 @@ class Backend(Protocol):
         """Load what the sweep needs once; return engine facts for provenance."""
 
     def run_point(self, cfg: "SweepConfig", mode: str, k: int, mtp_layers: int,
-                  prompts: list["Prompt"]) -> PointRun:
+                  prompts: list["Prompt"]) -> "PointRun":
         """Warm up, then measure one grid point."""
 
 

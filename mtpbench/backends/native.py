@@ -7,25 +7,16 @@ around the engine's per-round iterator (device synchronized before each clock re
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 import torch
 
 from mtpbench.config import SweepConfig
 from mtpbench.engine import Faults, Generation
 from mtpbench.errors import MtpBenchError
-from mtpbench.metrics import BatchRecord, RequestRecord
+from mtpbench.metrics import BatchRecord, PointRun, RequestRecord
 from mtpbench.prompts import Prompt, batches
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": torch.float32}
-
-
-@dataclass
-class NativeRun:
-    requests: list[RequestRecord] = field(default_factory=list)
-    batches: list[BatchRecord] = field(default_factory=list)
-    startup_s: float | None = None
-    engine: dict = field(default_factory=dict)
 
 
 def load_tokenizer(model_dir):
@@ -110,12 +101,12 @@ class NativeBackend:
         return {"records": records, "crash": crash, "num_layers": len(st.layers), "structure": st.describe(),
                 **totals}
 
-    def run_point(self, cfg: SweepConfig, mode: str, k: int, mtp_layers: int, prompts: list[Prompt]) -> NativeRun:
+    def run_point(self, cfg: SweepConfig, mode: str, k: int, mtp_layers: int, prompts: list[Prompt]) -> PointRun:
         groups = batches(prompts, cfg.batch_size)
         warm = self.encode(groups[0])
         for _ in self.generation(cfg, warm, k, mode, mtp_layers, min(16, cfg.max_tokens)):
             pass
-        run = NativeRun(startup_s=self.startup_s, engine={"engine": "mtpbench-native"})
+        run = PointRun(startup_s=self.startup_s, engine={"engine": "mtpbench-native"})
         for group in groups:
             ids = self.encode(group)
             g = self.generation(cfg, ids, k, mode, mtp_layers, cfg.max_tokens)

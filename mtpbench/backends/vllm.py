@@ -24,9 +24,9 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from mtpbench.config import SweepConfig, mtp_layer_field, num_hidden_layers
+from mtpbench.config import SweepConfig, mtp_layer_field, num_hidden_layers, read_config
 from mtpbench.errors import MtpBenchError
-from mtpbench.metrics import BatchRecord, RequestRecord
+from mtpbench.metrics import BatchRecord, PointRun, RequestRecord
 from mtpbench.prompts import Prompt, batches
 
 INSTALL_HINT = ("the vllm backend needs vLLM: pip install 'mtpbench[vllm]' (GPU), or on CPU: "
@@ -85,7 +85,7 @@ def mtp_layer_bytes(model_dir: Path) -> list[int]:
     import struct
 
     model_dir = Path(model_dir)
-    cfg = json.loads((model_dir / "config.json").read_text())
+    cfg = read_config(model_dir)
     holder, key = mtp_layer_field(cfg)
     sizes = [0] * int(holder.get(key) or 0)
     for shard in checkpoint_shards(model_dir):
@@ -107,7 +107,7 @@ def derived_checkpoint(model_dir: Path, layers: int, cache: Path | None = None) 
     from safetensors.torch import save_file
 
     model_dir = Path(model_dir).resolve()
-    cfg = json.loads((model_dir / "config.json").read_text())
+    cfg = read_config(model_dir)
     holder, count_key = mtp_layer_field(cfg)
     have = int(holder.get(count_key) or 0)
     if layers == have:
@@ -170,22 +170,14 @@ def worker_env() -> dict:
     return env
 
 
-class VllmRun:
-    def __init__(self, data: dict):
-        self.requests = [RequestRecord(**r) for r in data["requests"]]
-        self.batches = [BatchRecord(**b) for b in data["batches"]]
-        self.startup_s = data["startup_s"]
-        self.engine = data["engine"]
-
-
 class VllmBackend:
     name = "vllm"
 
     def start(self, cfg: SweepConfig) -> dict:
         return {"engine": "vllm", "vllm": require_vllm()}
 
-    def run_point(self, cfg: SweepConfig, mode: str, k: int, mtp_layers: int, prompts: list[Prompt]) -> VllmRun:
-        return VllmRun(self._run_worker(cfg, k, mtp_layers, prompts, trace=False))
+    def run_point(self, cfg: SweepConfig, mode: str, k: int, mtp_layers: int, prompts: list[Prompt]) -> PointRun:
+        return PointRun.from_json(self._run_worker(cfg, k, mtp_layers, prompts, trace=False))
 
     def trace_point(self, cfg: SweepConfig, mode: str, k: int, mtp_layers: int, prompts: list[Prompt]) -> dict:
         from mtpbench.trace import CallRecord
