@@ -17,7 +17,7 @@ import torch
 
 from mtpbench.backends.native import NativeBackend
 from mtpbench.config import SweepConfig
-from mtpbench.metrics import mean_call_s, summarize
+from mtpbench.metrics import GridPoint, mean_call_s, summarize
 from mtpbench.prompts import BUILTIN_MODEL_DIR, load_prompts
 
 
@@ -33,8 +33,9 @@ def transformers_tps(hf, ids_list, max_tokens):
 
 
 def native_point(backend, cfg, prompts, mode, k, L, target_step_s=None):
-    run = backend.run_point(cfg, mode, k, L, prompts)
-    return summarize("native", mode, k, L, "all", run.requests, run.batches, None, target_step_s)
+    point = GridPoint(mode, k, L)
+    run = backend.run_point(cfg, point, prompts)
+    return summarize("native", point, "all", run.requests, run.batches, None, target_step_s)
 
 
 def main():
@@ -74,8 +75,8 @@ def main():
         for k in (1, 2, 3, 4):
             speed, theory = [], []
             for _ in range(args.repeats):
-                plain = backend.run_point(cfg, "plain", 0, 0, prompts)
-                base = summarize("native", "plain", 0, 0, "all", plain.requests, plain.batches, None)
+                plain = backend.run_point(cfg, GridPoint("plain", 0, 0), prompts)
+                base = summarize("native", GridPoint("plain", 0, 0), "all", plain.requests, plain.batches, None)
                 step = mean_call_s(plain.batches, "target")  # c = draft call / target decode step
                 r = native_point(backend, cfg, prompts, mode, k, 3, step)
                 base = base.output_tokens_per_sec

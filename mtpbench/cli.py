@@ -31,6 +31,17 @@ def ints(text: Optional[str], name: str) -> Optional[tuple[int, ...]]:
         fail(f"{name} takes comma-separated integers, got {text!r}")
 
 
+def rates(text: Optional[str]) -> Optional[tuple[float, ...]]:
+    from mtpbench.config import parse_rate
+
+    if text is None:
+        return None
+    try:
+        return tuple(parse_rate(x.strip()) for x in text.split(",") if x.strip())
+    except (TypeError, ValueError):
+        fail(f"--request-rate takes comma-separated numbers or inf, got {text!r}")
+
+
 def strs(text: Optional[str]) -> Optional[tuple[str, ...]]:
     return None if text is None else tuple(x.strip() for x in text.split(",") if x.strip())
 
@@ -76,8 +87,8 @@ def progress_callback():
 @app.command()
 def sweep(
     model: Annotated[Optional[str], typer.Argument(help="Model directory, profile name or .toml (default: built-in tiny model).")] = None,
-    backend: Annotated[Optional[str], typer.Option(help="native or vllm.")] = None,
-    k: Annotated[Optional[str], typer.Option("--k", help="num_speculative_tokens values, e.g. 0,1,2,3 (0 = plain decoding baseline).")] = None,
+    backend: Annotated[Optional[str], typer.Option(help="native, vllm (offline engine) or vllm-server (served, under load).")] = None,
+    k: Annotated[Optional[str], typer.Option("--k", help="num_speculative_tokens values, e.g. 0,1,2,3 (0 = plain decoding baseline; with --server: the server's).")] = None,
     mtp_layers: Annotated[Optional[str], typer.Option(help="MTP layer counts, e.g. 1,2,3 (default: all the checkpoint has).")] = None,
     mode: Annotated[Optional[str], typer.Option(help="Drafting modes: reuse (layer 0 every step), chain (step s runs layer s mod L).")] = None,
     prompts: Annotated[Optional[str], typer.Option(help="'builtin' or a JSONL file (MT-Bench/Spec-Bench 'turns', or 'prompt').")] = None,
@@ -90,26 +101,42 @@ def sweep(
     dtype: Annotated[Optional[str], typer.Option(help="float32, bfloat16, float16 or auto.")] = None,
     max_model_len: Annotated[Optional[int], typer.Option(help="vLLM max_model_len.")] = None,
     tensor_parallel_size: Annotated[Optional[int], typer.Option(help="vLLM tensor_parallel_size.")] = None,
+    pipeline_parallel_size: Annotated[Optional[int], typer.Option(help="vLLM pipeline_parallel_size.")] = None,
+    data_parallel_size: Annotated[Optional[int], typer.Option(help="vLLM data_parallel_size.")] = None,
+    distributed_executor_backend: Annotated[Optional[str], typer.Option(help="vLLM distributed_executor_backend: mp, ray, uni or external_launcher.")] = None,
     gpu_memory_utilization: Annotated[Optional[float], typer.Option(help="vLLM gpu_memory_utilization.")] = None,
-    engine_arg: Annotated[Optional[list[str]], typer.Option(help="Extra vllm.LLM argument KEY=VALUE (repeatable).")] = None,
+    engine_arg: Annotated[Optional[list[str]], typer.Option(help="Extra vLLM engine argument KEY=VALUE (repeatable; vllm.LLM's, or vllm serve's as --key value).")] = None,
     force_spec_step_idx: Annotated[Optional[bool], typer.Option("--force-spec-step-idx", help="Pass spec_step_idx = draft step to the draft model (the vLLM PR's proposal).")] = None,
+    server: Annotated[Optional[str], typer.Option(help="URL of a running vLLM server to measure (implies --backend vllm-server; mtpbench neither starts nor stops it).")] = None,
+    api: Annotated[Optional[str], typer.Option(help="Served runs: completions (/v1/completions) or chat (/v1/chat/completions).")] = None,
+    concurrency: Annotated[Optional[str], typer.Option(help="Served runs: requests in flight at most, e.g. 1,4,16 (closed loop).")] = None,
+    request_rate: Annotated[Optional[str], typer.Option(help="Served runs: Poisson arrivals per second, e.g. 2,8,inf (inf = all at once).")] = None,
+    port: Annotated[Optional[int], typer.Option(help="Served runs: port of the launched server on 127.0.0.1 (default: a free one).")] = None,
     profile: Annotated[Optional[str], typer.Option(help="Profile name (see `mtpbench profiles`) or .toml path.")] = None,
     out: Annotated[Optional[str], typer.Option(help="Output directory for point files, summary and plots.")] = None,
 ) -> None:
-    """Sweep k x MTP layers x drafting mode; write point JSONs, summary.csv/json and PNG plots."""
+    """Sweep k x MTP layers x drafting mode (x load, served); write point JSONs, summary.csv/json and PNG plots."""
     from mtpbench.config import resolve
-    from mtpbench.report import table
+    from mtpbench.report import table, telemetry_notice
     from mtpbench.sweep import run_sweep
 
     model, profile = model_or_profile(model, profile)
     extra = engine_args(engine_arg)
+    if server and backend not in (None, "vllm-server"):
+        fail(f"--server measures a running vLLM server: it takes --backend vllm-server, not {backend}")
     try:
-        cfg = resolve(dict(model=model, backend=backend, k=ints(k, "--k"), mtp_layers=ints(mtp_layers, "--mtp-layers"),
+        cfg = resolve(dict(model=model, backend="vllm-server" if server else backend, k=ints(k, "--k"),
+                           mtp_layers=ints(mtp_layers, "--mtp-layers"),
                            mode=strs(mode), prompts=prompts, num_prompts=num_prompts, max_tokens=max_tokens,
                            temperature=temperature, batch_size=batch_size, seed=seed, device=device, dtype=dtype,
                            max_model_len=max_model_len, tensor_parallel_size=tensor_parallel_size,
+                           pipeline_parallel_size=pipeline_parallel_size, data_parallel_size=data_parallel_size,
+                           distributed_executor_backend=distributed_executor_backend,
                            gpu_memory_utilization=gpu_memory_utilization, engine_args=extra,
-                           force_spec_step_idx=force_spec_step_idx, out=out), profile)
+                           force_spec_step_idx=force_spec_step_idx, server=server, api=api,
+                           concurrency=ints(concurrency, "--concurrency"), request_rate=rates(request_rate),
+                           server_port=port, out=out), profile,
+                      defaults={"k": ()} if server else None)  # an attached server's k is its own
         on_point, stop_bar = progress_callback()
         try:
             rows = run_sweep(cfg, on_point)
@@ -118,6 +145,9 @@ def sweep(
     except MtpBenchError as e:
         fail(str(e))
     typer.echo(table(rows))
+    notice = telemetry_notice(cfg.out)
+    if notice:
+        typer.echo(f"\n{notice}")
     typer.echo(f"\nwrote {cfg.out}/summary.csv, summary.json and plots")
 
 
@@ -225,6 +255,39 @@ def profiles() -> None:
     except MtpBenchError as e:
         fail(str(e))
     typer.echo(tabulate(body, headers=["profile", "backend", "model", "k", "description"]))
+
+
+@app.command("env")
+def env(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+    """What mtpbench sees: Python, torch, vLLM, CPU threads and load, CUDA devices, NVML (kept in every run's provenance)."""
+    import json
+
+    from mtpbench.environment import environment
+
+    facts = environment()
+    if as_json:
+        typer.echo(json.dumps(facts, indent=1))
+        return
+    v, hw, cuda, nvml = facts["versions"], facts["hardware"], facts["cuda"], facts["nvml"]
+    lines = [("mtpbench", v["mtpbench"]), ("python", v["python"]), ("torch", v["torch"]),
+             ("vllm", v["vllm"] or "not installed"), ("platform", hw["platform"]), ("cpu", hw["cpu"]),
+             ("cpu cores", f"{hw['cpu_count']} ({hw['cpus_usable']} usable by this process)"),
+             ("torch threads", hw["torch_threads"]),
+             ("load average", " ".join(map(str, facts["load_average"] or [])) or None),
+             ("cuda", "available, torch built for CUDA " + str(cuda["torch_cuda"]) if cuda["available"]
+              else cuda.get("reason") or f"not available (torch built for CUDA {cuda['torch_cuda']})")]
+    lines += [(f"cuda:{d['index']}", f"{d['name']}, compute {d['capability']}, {d['memory_bytes'] / 2**30:.1f} GiB")
+              for d in cuda.get("devices", [])]
+    if nvml["status"] == "ok":
+        lines.append(("nvml", f"driver {nvml['driver']}"))
+        lines += [(f"gpu {g['index']}", f"{g['name']}, {g['memory_total_bytes'] / 2**30:.1f} GiB, power limit "
+                   f"{g['power_limit_w']} W, energy counter {'yes' if g['energy_counter'] else 'no'}")
+                  for g in nvml["gpus"]]
+    else:
+        lines.append(("nvml", nvml["status"]))
+    width = max(len(k) for k, _ in lines)
+    for key, value in lines:
+        typer.echo(f"{key:<{width}}  {'-' if value is None else value}")
 
 
 @app.command("make-model")

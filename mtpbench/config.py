@@ -7,6 +7,7 @@ and wrong types are errors that name the file and the key.
 from __future__ import annotations
 
 import json
+import math
 import os
 import tomllib
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -17,6 +18,8 @@ from mtpbench.prompts import BUILTIN_MODEL_DIR
 
 MODES = ("reuse", "chain")
 DTYPES = ("float32", "bfloat16", "float16", "auto")
+APIS = ("completions", "chat")
+EXECUTOR_BACKENDS = ("mp", "ray", "uni", "external_launcher")
 
 
 @dataclass(frozen=True)
@@ -39,8 +42,18 @@ class SweepConfig:
     force_spec_step_idx: bool = False
     max_model_len: int | None = None
     tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
+    distributed_executor_backend: str | None = None
     gpu_memory_utilization: float | None = None
     engine_args: dict = field(default_factory=dict)
+    # served runs (backend vllm-server)
+    server: str | None = None  # URL of a running server to measure; None: mtpbench launches one per (k, L)
+    api: str = "completions"  # or chat
+    concurrency: tuple[int, ...] = (1,)  # requests in flight at most
+    request_rate: tuple[float, ...] = (math.inf,)  # Poisson arrivals per second; inf: all at once
+    server_port: int = 0  # 0: any free port
+    server_start_timeout_s: float = 600.0
     description: str = ""
 
     @property
@@ -48,7 +61,10 @@ class SweepConfig:
         return resolve_model_dir(self.model)
 
     def to_json(self) -> dict:
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+        """JSON-safe: tuples as lists, an infinite request rate as the string "inf"."""
+        def safe(v):
+            return "inf" if isinstance(v, float) and math.isinf(v) else v
+        return {k: [safe(x) for x in v] if isinstance(v, tuple) else safe(v) for k, v in asdict(self).items()}
 
 
 _TYPES = {f.name: f.type for f in fields(SweepConfig)}
@@ -144,6 +160,13 @@ def _check(path: Path, key: str, value, typ: str):
         if not (isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)):
             raise bad("a list of integers")
         return tuple(value)
+    if typ.startswith("tuple[float"):
+        if isinstance(value, (int, float, str)) and not isinstance(value, bool):
+            value = [value]
+        try:
+            return tuple(parse_rate(v) for v in value)
+        except (TypeError, ValueError):
+            raise bad("a list of numbers (or \"inf\")") from None
     if typ.startswith("tuple[str"):
         if isinstance(value, str):
             value = [value]
@@ -160,12 +183,22 @@ def _check(path: Path, key: str, value, typ: str):
     elif typ == "bool":
         if not isinstance(value, bool):
             raise bad("true or false")
-    elif typ == "str":
+    elif typ.startswith("str"):
         if not isinstance(value, str):
             raise bad("a string")
     elif typ == "dict" and not isinstance(value, dict):
         raise bad("a table")
     return value
+
+
+def parse_rate(v) -> float:
+    """A request rate: a positive number, or inf ("inf" in text)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        raise TypeError(v)
+    x = float(v)
+    if math.isnan(x):
+        raise ValueError(v)
+    return x
 
 
 def load_profile(name_or_path: str) -> tuple[Path, dict]:
@@ -206,7 +239,7 @@ def resolve(cli: dict, profile: str | None = None, defaults: dict | None = None)
 
 def validate(cfg: SweepConfig, checkpoint_layers: int | None) -> None:
     """Everything that can be checked before a model is loaded or a file is written."""
-    if not cfg.k:
+    if not cfg.k and not cfg.server:  # an attached server's k is read from the server
         raise MtpBenchError("--k needs at least one value")
     for k in cfg.k:
         if k < 0:
@@ -230,7 +263,40 @@ def validate(cfg: SweepConfig, checkpoint_layers: int | None) -> None:
     if cfg.backend == "vllm" and cfg.force_spec_step_idx and cfg.tensor_parallel_size > 1:
         raise MtpBenchError("--force-spec-step-idx needs the vLLM engine in one process: "
                             f"use tensor_parallel_size 1 (got {cfg.tensor_parallel_size})")
+    validate_serving(cfg)
     check_writable(Path(cfg.out))
+
+
+def validate_serving(cfg: SweepConfig) -> None:
+    """The served-run options: only with the server backend, and each in range."""
+    for name in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+        if getattr(cfg, name) < 1:
+            raise MtpBenchError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")
+    if cfg.distributed_executor_backend not in (None, *EXECUTOR_BACKENDS):
+        raise MtpBenchError(f"unknown --distributed-executor-backend {cfg.distributed_executor_backend!r} "
+                            f"(choose from {', '.join(EXECUTOR_BACKENDS)})")
+    served = cfg.backend == "vllm-server"
+    if not served:
+        loads = [name for name, default in (("--server", None), ("--concurrency", (1,)),
+                                            ("--request-rate", (math.inf,)), ("--api", "completions"))
+                 if getattr(cfg, name[2:].replace("-", "_")) != default]
+        if loads:
+            raise MtpBenchError(f"{', '.join(loads)} apply to served runs (--backend vllm-server); "
+                                f"the {cfg.backend} backend batches with --batch-size")
+        return
+    if cfg.force_spec_step_idx:
+        raise MtpBenchError("--force-spec-step-idx patches the draft model in mtpbench's own process: "
+                            "not possible with --backend vllm-server (use --backend vllm)")
+    if cfg.api not in APIS:
+        raise MtpBenchError(f"unknown --api {cfg.api!r} (choose from {', '.join(APIS)})")
+    if not cfg.concurrency or any(c < 1 for c in cfg.concurrency):
+        raise MtpBenchError(f"--concurrency takes integers >= 1, got {','.join(map(str, cfg.concurrency))}")
+    if not cfg.request_rate or any(not r > 0 for r in cfg.request_rate):
+        raise MtpBenchError("--request-rate takes numbers > 0 or inf")
+    if cfg.server and not cfg.server.startswith(("http://", "https://")):
+        raise MtpBenchError(f"--server takes an http:// or https:// URL, got {cfg.server!r}")
+    if not 0 <= cfg.server_port < 65536:
+        raise MtpBenchError(f"--port must be 0..65535, got {cfg.server_port}")
 
 
 def check_writable(out: Path) -> None:

@@ -13,18 +13,60 @@ step is timed at the k = 0 point of the same sweep; without one, the point's own
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, fields
+
+from mtpbench.telemetry import summarize_samples
+
+
+@dataclass(frozen=True)
+class GridPoint:
+    """One point of a sweep's grid. ``concurrency`` and ``request_rate`` are the load of a served run
+    (``None`` for the offline backends, which batch with ``--batch-size``); ``request_rate`` ``inf``
+    sends every request at once."""
+
+    mode: str
+    k: int
+    mtp_layers: int | None
+    concurrency: int | None = None
+    request_rate: float | None = None
+
+    @property
+    def name(self) -> str:
+        base = "k0" if self.k == 0 else f"{self.mode}-L{self.mtp_layers}-k{self.k}"
+        if self.concurrency is not None:
+            base += f"-c{self.concurrency}"
+        if self.request_rate is not None and math.isfinite(self.request_rate):
+            base += f"-r{self.request_rate:g}"
+        return base
+
+    def to_json(self, backend: str) -> dict:
+        rate = self.request_rate
+        return {"backend": backend, "mode": self.mode, "k": self.k, "mtp_layers": self.mtp_layers,
+                "concurrency": self.concurrency,
+                "request_rate": None if rate is None or math.isinf(rate) else rate}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "GridPoint":
+        rate = d.get("request_rate")
+        if rate is None and d.get("concurrency") is not None:
+            rate = math.inf  # a served point's null rate is "all at once"
+        return cls(d["mode"], d["k"], d["mtp_layers"], d.get("concurrency"), rate)
 
 
 @dataclass
 class RequestRecord:
-    """One prompt's outcome; times are seconds from the start of its batch."""
+    """One prompt's outcome. Times are seconds from when the request was sent (the offline backends
+    send a batch at once: from the start of its batch)."""
 
     category: str
     num_prompt_tokens: int
     output_token_ids: list[int]
     ttft_s: float | None  # None: the engine did not report it
     latency_s: float | None
+    # gaps between successive deliveries of tokens (a streamed chunk, or a decode round: with drafting
+    # one delivery carries up to k+1 tokens), as ``vllm bench serve`` measures ITL; None: not observed
+    itl_s: list[float] | None = None
 
 
 @dataclass
@@ -42,6 +84,10 @@ class BatchRecord:
     # summed target call time: verify forwards, or decode steps at k = 0
     target_time_s: float | None = None
     num_target_calls: int = 0
+    # served runs: requests the server finished in this window beyond ours (None: not known), and the
+    # CPU seconds the load generator's process spent in the window
+    foreign_requests: int | None = None
+    client_cpu_s: float | None = None
 
 
 @dataclass
@@ -52,23 +98,29 @@ class PointRun:
     batches: list[BatchRecord] = field(default_factory=list)
     startup_s: float | None = None
     engine: dict = field(default_factory=dict)
+    telemetry: dict | None = None  # GPU samples of the measured window (mtpbench.telemetry)
+    mtp_weight_bytes: int | None = None  # bytes of MTP-layer weights the engine holds
+    notes: list[str] = field(default_factory=list)  # what a reader must know about this point's numbers
 
     @classmethod
     def from_json(cls, d: dict) -> "PointRun":
         return cls([RequestRecord(**r) for r in d["requests"]], [BatchRecord(**b) for b in d["batches"]],
-                   d.get("startup_s"), d.get("engine") or {})
+                   d.get("startup_s"), d.get("engine") or {}, d.get("telemetry"), d.get("mtp_weight_bytes"),
+                   d.get("notes") or [])
 
 
 @dataclass(frozen=True)
 class PointResult:
-    """One row: a grid point (mode, k, mtp_layers) over one category of prompts, or 'all'."""
+    """One row: a grid point (mode, k, mtp_layers, load) over one category of prompts, or 'all'."""
 
     backend: str
     mode: str
     k: int
-    mtp_layers: int
+    mtp_layers: int | None  # None: a server's layer count that it does not expose
     category: str
     status: str
+    concurrency: int | None = None  # served runs: requests in flight at most
+    request_rate: float | None = None  # served runs: Poisson arrivals per second; null = all at once
     num_prompts: int | None = None
     num_output_tokens: int | None = None
     num_drafts: int | None = None
@@ -84,14 +136,28 @@ class PointResult:
     theoretical_tokens_per_step: float | None = None
     theoretical_speedup: float | None = None
     output_tokens_per_sec: float | None = None
+    request_throughput_per_sec: float | None = None
     speedup: float | None = None
-    ttft_ms_median: float | None = None
+    ttft_ms_p50: float | None = None
     ttft_ms_p90: float | None = None
-    tpot_ms_median: float | None = None
+    ttft_ms_p99: float | None = None
+    tpot_ms_p50: float | None = None
     tpot_ms_p90: float | None = None
+    tpot_ms_p99: float | None = None
+    itl_ms_p50: float | None = None
+    itl_ms_p90: float | None = None
+    itl_ms_p99: float | None = None
     decode_time_s: float | None = None
     startup_s: float | None = None
     output_repetition: float | None = None
+    energy_j_per_token: float | None = None
+    energy_method: str | None = None  # nvml_energy_counter or integrated_power
+    avg_power_w: float | None = None
+    peak_gpu_mem_bytes: int | None = None
+    mtp_weight_bytes: int | None = None
+    foreign_requests: int | None = None
+    client_cpu_ms_per_request: float | None = None
+    notes: str | None = None
     error: str | None = None
 
     @classmethod
@@ -141,12 +207,25 @@ def mean_call_s(batches: list[BatchRecord], kind: str) -> float | None:
     return sum(getattr(b, f"{kind}_time_s") for b in timed) / sum(getattr(b, f"num_{kind}_calls") for b in timed)
 
 
-def summarize(backend: str, mode: str, k: int, mtp_layers: int, category: str,
-              requests: list[RequestRecord], batches: list[BatchRecord], startup_s: float | None,
-              target_step_s: float | None = None) -> PointResult:
+def latency_ms(requests: list[RequestRecord]) -> dict[str, list[float]]:
+    """Per-request TTFT and TPOT, and every inter-token gap, in ms (vllm bench serve's definitions:
+    TPOT = (latency - TTFT) / (output tokens - 1); ITL = gap between successive token deliveries)."""
+    ttft = [r.ttft_s * 1e3 for r in requests if r.ttft_s is not None]
+    tpot = [(r.latency_s - r.ttft_s) / (len(r.output_token_ids) - 1) * 1e3 for r in requests
+            if len(r.output_token_ids) > 1 and r.latency_s is not None and r.ttft_s is not None]
+    itl = [x * 1e3 for r in requests for x in (r.itl_s or [])]
+    return {"ttft": ttft, "tpot": tpot, "itl": itl}
+
+
+def summarize(backend: str, point: GridPoint, category: str, requests: list[RequestRecord],
+              batches: list[BatchRecord], startup_s: float | None, target_step_s: float | None = None,
+              telemetry: dict | None = None, mtp_weight_bytes: int | None = None,
+              notes: list[str] = ()) -> PointResult:
     """Aggregate the records of one category (or all of them) into a result row.
 
-    ``target_step_s``: the target's decode-step time from the k = 0 point, if the sweep has one."""
+    ``target_step_s``: the target's decode-step time from the k = 0 point, if the sweep has one.
+    ``telemetry``: the energy/power/memory summary of the measured window (whole point only)."""
+    k = point.k
     drafts = sum(b.num_drafts for b in batches)
     drafted = sum(b.num_draft_tokens for b in batches)
     accepted = sum(b.num_accepted_tokens for b in batches)
@@ -156,9 +235,8 @@ def summarize(backend: str, mode: str, k: int, mtp_layers: int, category: str,
     out_tokens = sum(len(r.output_token_ids) for r in requests)
     rep = [repetition(r.output_token_ids) for r in requests]
     ngrams = sum(t for _, t in rep)
-    tpot = [(r.latency_s - r.ttft_s) / (len(r.output_token_ids) - 1) * 1e3 for r in requests
-            if len(r.output_token_ids) > 1 and r.latency_s is not None and r.ttft_s is not None]
-    ttft = [r.ttft_s * 1e3 for r in requests if r.ttft_s is not None]
+    lat = latency_ms(requests)
+    q = {name: [_round(percentile(xs, p), 3) for p in (0.5, 0.9, 0.99)] for name, xs in lat.items()}
 
     al = dar = alpha = tps = c = None
     joint: list[float] = []
@@ -176,8 +254,14 @@ def summarize(backend: str, mode: str, k: int, mtp_layers: int, category: str,
         if draft_s is not None and step_s:
             c = draft_s / step_s
     theo = tps / (k * c + 1) if (tps is not None and c is not None) else (1.0 if k == 0 else None)
+    tel = summarize_samples(telemetry) if telemetry else {}
+    energy = tel.get("energy_j")
+    foreign = [b.foreign_requests for b in batches if b.foreign_requests is not None]
+    cpu = [b.client_cpu_s for b in batches if b.client_cpu_s is not None]
     return PointResult(
-        backend=backend, mode=mode, k=k, mtp_layers=mtp_layers, category=category, status="ok",
+        backend=backend, mode=point.mode, k=k, mtp_layers=point.mtp_layers, category=category, status="ok",
+        concurrency=point.concurrency,
+        request_rate=None if point.request_rate is None or math.isinf(point.request_rate) else point.request_rate,
         num_prompts=len(requests), num_output_tokens=out_tokens,
         num_drafts=drafts, num_draft_tokens=drafted, num_accepted_tokens=accepted,
         num_accepted_tokens_per_pos=tuple(per_pos),
@@ -187,8 +271,17 @@ def summarize(backend: str, mode: str, k: int, mtp_layers: int, category: str,
         alpha=_round(alpha), draft_cost_ratio=_round(c),
         theoretical_tokens_per_step=_round(tps) if k else 1.0, theoretical_speedup=_round(theo),
         output_tokens_per_sec=_round(out_tokens / wall, 2) if wall > 0 else None,
-        ttft_ms_median=_round(percentile(ttft, 0.5), 3), ttft_ms_p90=_round(percentile(ttft, 0.9), 3),
-        tpot_ms_median=_round(percentile(tpot, 0.5), 3), tpot_ms_p90=_round(percentile(tpot, 0.9), 3),
+        request_throughput_per_sec=_round(len(requests) / wall) if wall > 0 else None,
+        ttft_ms_p50=q["ttft"][0], ttft_ms_p90=q["ttft"][1], ttft_ms_p99=q["ttft"][2],
+        tpot_ms_p50=q["tpot"][0], tpot_ms_p90=q["tpot"][1], tpot_ms_p99=q["tpot"][2],
+        itl_ms_p50=q["itl"][0], itl_ms_p90=q["itl"][1], itl_ms_p99=q["itl"][2],
         decode_time_s=_round(wall), startup_s=_round(startup_s, 3),
         output_repetition=_round(sum(r for r, _ in rep) / ngrams) if ngrams else None,
+        energy_j_per_token=_round(energy / out_tokens, 6) if energy is not None and out_tokens else None,
+        energy_method=tel.get("energy_method") if energy is not None and out_tokens else None,
+        avg_power_w=_round(tel.get("avg_power_w"), 2), peak_gpu_mem_bytes=tel.get("peak_gpu_mem_bytes"),
+        mtp_weight_bytes=mtp_weight_bytes,
+        foreign_requests=sum(foreign) if foreign else None,
+        client_cpu_ms_per_request=_round(sum(cpu) / len(requests) * 1e3, 3) if cpu and requests else None,
+        notes="; ".join(notes) or None,
     )

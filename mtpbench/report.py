@@ -1,9 +1,10 @@
 """``mtpbench report DIR``: rebuild the table, ``summary.csv``, ``summary.json`` and the PNG plots from
 the saved point files alone (no model, no GPU).
 
-Plots: ``acceptance_length.png`` (AL vs k, one line per mode x MTP-layer count), ``throughput.png``
-(tokens/sec and speedup vs k, with the theoretical speedup dashed), ``per_position.png`` (vLLM's joint
-per-position acceptance at the largest k of each line).
+Plots: ``acceptance_length.png`` (AL vs k, one line per mode x MTP-layer count [x load]),
+``throughput.png`` (tokens/sec and speedup vs k, with the theoretical speedup dashed),
+``per_position.png`` (vLLM's joint per-position acceptance at the largest k of each line), and for
+served runs ``serving.png`` (tokens/sec vs k, one line per concurrency, best k marked; AL vs concurrency).
 """
 
 from __future__ import annotations
@@ -16,20 +17,17 @@ from dataclasses import replace
 from pathlib import Path
 
 from mtpbench.errors import MtpBenchError
-from mtpbench.metrics import PointResult, PointRun, mean_call_s, summarize
+from mtpbench.metrics import GridPoint, PointResult, PointRun, mean_call_s, summarize
 
 # settings that change what a point measures; a saved point is reused only if these match
 FINGERPRINT_KEYS = ("model", "backend", "method", "prompts", "num_prompts", "max_tokens", "temperature",
                     "batch_size", "seed", "device", "dtype", "force_spec_step_idx", "max_model_len",
-                    "tensor_parallel_size", "gpu_memory_utilization", "engine_args")
+                    "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
+                    "distributed_executor_backend", "gpu_memory_utilization", "engine_args", "server", "api")
 
 
 def fingerprint(config: dict, versions: dict) -> dict:
     return {**{key: config.get(key) for key in FINGERPRINT_KEYS}, "versions": versions}
-
-
-def point_name(mode: str, k: int, mtp_layers: int) -> str:
-    return "k0" if k == 0 else f"{mode}-L{mtp_layers}-k{k}"
 
 
 def write_text(path: Path, text: str) -> None:
@@ -47,13 +45,19 @@ TABLE_COLUMNS = [
     ("mode", "mode"), ("k", "k"), ("mtp_layers", "L"), ("category", "category"),
     ("acceptance_length", "AL"), ("acceptance_rate_per_pos", "accept/pos (joint)"), ("alpha", "alpha"),
     ("output_tokens_per_sec", "tok/s"), ("speedup", "speedup"), ("theoretical_speedup", "theory"),
-    ("ttft_ms_median", "TTFT p50 ms"), ("tpot_ms_median", "TPOT p50 ms"),
+    ("ttft_ms_p50", "TTFT p50 ms"), ("tpot_ms_p50", "TPOT p50 ms"),
     ("output_repetition", "rep4"), ("startup_s", "startup s"), ("status", "status"),
 ]
+# shown only when some row has them: the load of served runs, GPU telemetry
+SERVED_COLUMNS = [("concurrency", "conc"), ("request_rate", "rate/s"), ("request_throughput_per_sec", "req/s"),
+                  ("itl_ms_p50", "ITL p50 ms"), ("tpot_ms_p99", "TPOT p99 ms")]
+TELEMETRY_COLUMNS = [("energy_j_per_token", "J/tok"), ("avg_power_w", "W"), ("peak_gpu_mem_bytes", "peak mem B")]
 
 
 def _sort_key(p: dict) -> tuple:
-    return (p["k"] != 0, p["mode"], p["mtp_layers"], p["k"])
+    rate = p.get("request_rate")
+    return (p["k"] != 0, p["mode"], p["mtp_layers"] or 0, p["k"], p.get("concurrency") or 0,
+            float("inf") if rate is None else rate)
 
 
 def load_run(out: Path) -> tuple[dict, list[dict], list[dict]]:
@@ -88,28 +92,37 @@ def rows_from_points(points: list[dict], failures: list[dict]) -> list[PointResu
     step_s = {}
     for d, run in loaded:
         batches = run.batches
-        if d["point"]["k"] == 0:
+        if d["point"]["k"] == 0 and "all" not in step_s:
             step_s["all"] = mean_call_s(batches, "target")
             for b in batches:
                 step_s.setdefault(b.category, mean_call_s([x for x in batches if x.category == b.category], "target"))
     for data, run in loaded:
         requests, batches = run.requests, run.batches
-        p = data["point"]
+        point = GridPoint.from_json(data["point"])
+        backend = data["point"]["backend"]
         cats = sorted({r.category for r in requests})
-        groups = [("all", requests, batches)]
-        if len(cats) > 1:
-            groups += [(c, [r for r in requests if r.category == c], [b for b in batches if b.category == c])
-                       for c in cats]
-        for cat, reqs, bats in groups:
-            rows.append(summarize(p["backend"], p["mode"], p["k"], p["mtp_layers"], cat, reqs, bats,
-                                  data.get("startup_s"), step_s.get(cat)))
+        rows.append(summarize(backend, point, "all", requests, batches, data.get("startup_s"), step_s.get("all"),
+                              run.telemetry, run.mtp_weight_bytes, run.notes))
+        if len(cats) < 2:
+            continue
+        for c in cats:
+            bats = [b for b in batches if b.category == c]
+            # a served window mixes categories in flight: its counters cannot be split by category
+            note = [] if bats else ["acceptance and tokens/s of a concurrent window are not split by category"]
+            rows.append(summarize(backend, point, c, [r for r in requests if r.category == c], bats,
+                                  data.get("startup_s"), step_s.get(c), notes=note))
     for f in sorted(failures, key=lambda d: _sort_key(d["point"])):
-        p = f["point"]
-        rows.append(PointResult(p["backend"], p["mode"], p["k"], p["mtp_layers"], "all", "failed",
+        p = GridPoint.from_json(f["point"])
+        rows.append(PointResult(f["point"]["backend"], p.mode, p.k, p.mtp_layers, "all", "failed",
+                                concurrency=p.concurrency, request_rate=f["point"].get("request_rate"),
                                 error=f["error"]))
-    base = {(r.backend, r.category): r.output_tokens_per_sec for r in rows if r.k == 0 and r.status == "ok"}
-    return [replace(r, speedup=round(r.output_tokens_per_sec / base[(r.backend, r.category)], 4))
-            if r.output_tokens_per_sec and base.get((r.backend, r.category)) else r for r in rows]
+
+    def load(r: PointResult) -> tuple:
+        return r.backend, r.category, r.concurrency, r.request_rate
+
+    base = {load(r): r.output_tokens_per_sec for r in rows if r.k == 0 and r.status == "ok"}
+    return [replace(r, speedup=round(r.output_tokens_per_sec / base[load(r)], 4))
+            if r.output_tokens_per_sec and base.get(load(r)) else r for r in rows]
 
 
 def csv_text(rows: list[PointResult]) -> str:
@@ -124,25 +137,60 @@ def csv_text(rows: list[PointResult]) -> str:
 def table(rows: list[PointResult]) -> str:
     from tabulate import tabulate
 
-    def cell(v):
+    def cell(name, v, r):
+        if name == "request_rate" and v is None and r.concurrency is not None:
+            return "inf"
         if isinstance(v, tuple):
             return " ".join("-" if x is None else f"{x:.2f}" for x in v)
         return "-" if v is None else v
 
-    body = [[cell(getattr(r, name)) for name, _ in TABLE_COLUMNS] for r in rows]
-    text = tabulate(body, headers=[h for _, h in TABLE_COLUMNS], floatfmt=".3g")
-    errors = [f"{point_name(r.mode, r.k, r.mtp_layers)}: {r.error}" for r in rows if r.error]
-    return text + ("\n\nfailed points:\n" + "\n".join(errors) if errors else "")
+    cols = list(TABLE_COLUMNS)
+    if any(r.concurrency is not None for r in rows):
+        cols[4:4] = SERVED_COLUMNS[:2]
+        cols[-3:-3] = SERVED_COLUMNS[2:]
+    if any(getattr(r, name) is not None for r in rows for name, _ in TELEMETRY_COLUMNS):
+        cols[-1:-1] = TELEMETRY_COLUMNS
+    body = [[cell(name, getattr(r, name), r) for name, _ in cols] for r in rows]
+    text = tabulate(body, headers=[h for _, h in cols], floatfmt=".3g")
+    errors = [f"{_label(r)}: {r.error}" for r in rows if r.error]
+    notes = sorted({f"{_label(r)}: {r.notes}" for r in rows if r.notes and r.category == "all"})
+    return text + ("\n\nnotes:\n" + "\n".join(notes) if notes else "") + \
+        ("\n\nfailed points:\n" + "\n".join(errors) if errors else "")
 
 
-def _lines(rows: list[PointResult]) -> dict[tuple[str, int], list[PointResult]]:
-    """One line per (mode, layers); the k = 0 baseline starts every line."""
+def _label(r: PointResult) -> str:
+    return GridPoint(r.mode, r.k, r.mtp_layers, r.concurrency,
+                     float("inf") if r.request_rate is None else r.request_rate).name
+
+
+def telemetry_notice(out: Path) -> str | None:
+    """One line when no point of the sweep has GPU telemetry, saying why (from the point files)."""
+    reasons = set()
+    for path in Path(out).glob("*.json"):
+        if path.name in ("run.json", "summary.json") or path.name.endswith(".failure.json"):
+            continue
+        tel = (_read_json(path) or {}).get("telemetry") or {}
+        if not tel.get("unavailable"):
+            return None
+        reasons.add(tel["unavailable"])
+    return f"GPU telemetry: none ({'; '.join(sorted(reasons))})" if reasons else None
+
+
+def _line_label(mode: str, L, c, rate) -> str:
+    label = f"{mode}, L={'?' if L is None else L}"
+    if c is not None:
+        label += f", c={c}" + ("" if rate is None else f", {rate:g}/s")
+    return label
+
+
+def _lines(rows: list[PointResult]) -> dict[tuple, list[PointResult]]:
+    """One line per (mode, layers, load); the k = 0 baseline of the same load starts every line."""
     ok = [r for r in rows if r.status == "ok" and r.category == "all"]
-    base = [r for r in ok if r.k == 0]
-    lines: dict[tuple[str, int], list[PointResult]] = {}
+    lines: dict[tuple, list[PointResult]] = {}
     for r in ok:
         if r.k > 0:
-            lines.setdefault((r.mode, r.mtp_layers), list(base)).append(r)
+            base = [b for b in ok if b.k == 0 and (b.concurrency, b.request_rate) == (r.concurrency, r.request_rate)]
+            lines.setdefault((r.mode, r.mtp_layers, r.concurrency, r.request_rate), base).append(r)
     return lines
 
 
@@ -156,26 +204,29 @@ def plots(out: Path, rows: list[PointResult]) -> list[Path]:
     if not lines:
         return []
     paths = []
+    order = sorted(lines, key=lambda key: tuple(-1 if x is None else x for x in key[1:]) + (key[0],))
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for (mode, L), pts in sorted(lines.items()):
-        ax.plot([r.k for r in pts], [r.acceptance_length for r in pts], marker="o", label=f"{mode}, L={L}")
+    for key in order:
+        pts = lines[key]
+        ax.plot([r.k for r in pts], [r.acceptance_length for r in pts], marker="o", label=_line_label(*key))
     ks = sorted({r.k for pts in lines.values() for r in pts})
     ax.plot(ks, [k + 1 for k in ks], ":", color="grey", label="upper bound k+1")
     ax.set(xlabel="num_speculative_tokens k", ylabel="acceptance length", title="Acceptance length vs k",
            xticks=ks)
-    ax.legend()
+    ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     paths.append(_save(fig, out / "acceptance_length.png", plt))
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
-    for (mode, L), pts in sorted(lines.items()):
-        (line,) = a1.plot([r.k for r in pts], [r.output_tokens_per_sec for r in pts], marker="o",
-                          label=f"{mode}, L={L}")
+    for key in order:
+        pts, label = lines[key], _line_label(*key)
+        (line,) = a1.plot([r.k for r in pts], [r.output_tokens_per_sec for r in pts], marker="o", label=label)
         a2.plot([r.k for r in pts], [r.speedup for r in pts], marker="o", color=line.get_color(),
-                label=f"{mode}, L={L} measured")
-        a2.plot([r.k for r in pts], [r.theoretical_speedup for r in pts], "--", color=line.get_color(),
-                label=f"{mode}, L={L} theoretical")
+                label=f"{label} measured")
+        if any(r.theoretical_speedup is not None for r in pts if r.k):
+            a2.plot([r.k for r in pts], [r.theoretical_speedup for r in pts], "--", color=line.get_color(),
+                    label=f"{label} theoretical")
     a1.set(xlabel="k", ylabel="output tokens/sec", title="Throughput")
     a2.set(xlabel="k", ylabel="speedup vs k=0", title="Speedup (dashed: (1-a^(k+1))/((1-a)(kc+1)))")
     for a in (a1, a2):
@@ -185,11 +236,12 @@ def plots(out: Path, rows: list[PointResult]) -> list[Path]:
     paths.append(_save(fig, out / "throughput.png", plt))
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    tops = [max((r for r in pts if r.k > 0), key=lambda r: r.k) for pts in lines.values()]
+    tops = [max((r for r in lines[key] if r.k > 0), key=lambda r: r.k) for key in order]
     width = 0.8 / len(tops)
-    for i, r in enumerate(sorted(tops, key=lambda r: (r.mode, r.mtp_layers))):
+    for i, r in enumerate(tops):
         xs = [p + i * width for p in range(len(r.acceptance_rate_per_pos))]
-        ax.bar(xs, r.acceptance_rate_per_pos, width=width, label=f"{r.mode}, L={r.mtp_layers}, k={r.k}")
+        ax.bar(xs, r.acceptance_rate_per_pos, width=width,
+               label=_line_label(r.mode, r.mtp_layers, r.concurrency, r.request_rate) + f", k={r.k}")
     npos = max(len(r.acceptance_rate_per_pos) for r in tops)
     ax.set(xlabel="draft position", ylabel="acceptance rate (joint: positions 0..i accepted)",
            title="Per-position acceptance", ylim=(0, 1), xticks=[p + width * (len(tops) - 1) / 2 for p in range(npos)],
@@ -197,7 +249,41 @@ def plots(out: Path, rows: list[PointResult]) -> list[Path]:
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3, axis="y")
     paths.append(_save(fig, out / "per_position.png", plt))
+    if any(key[2] is not None for key in lines):
+        paths.append(serving_plot(out, rows, plt))
     return paths
+
+
+def serving_plot(out: Path, rows: list[PointResult], plt) -> Path:
+    """Served runs: tokens/s vs k, one line per load (best k starred); AL vs concurrency, one line per k."""
+    ok = [r for r in rows if r.status == "ok" and r.category == "all" and r.concurrency is not None]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    loads = sorted({(r.concurrency, r.request_rate, r.mtp_layers) for r in ok if r.k > 0},
+                   key=lambda x: tuple(-1 if v is None else v for v in x))
+    for c, rate, L in loads:
+        pts = sorted((r for r in ok if (r.concurrency, r.request_rate) == (c, rate) and r.mtp_layers in (L, 0)),
+                     key=lambda r: r.k)
+        label = f"c={c}" + ("" if rate is None else f", {rate:g}/s") + (f", L={L}" if len(loads) > 1 else "")
+        (line,) = a1.plot([r.k for r in pts], [r.output_tokens_per_sec for r in pts], marker="o", label=label)
+        best = max(pts, key=lambda r: r.output_tokens_per_sec or 0)
+        a1.plot([best.k], [best.output_tokens_per_sec], marker="*", markersize=16, color=line.get_color(),
+                linestyle="none")
+    for k, L in sorted({(r.k, r.mtp_layers) for r in ok if r.k > 0}):
+        pts = sorted((r for r in ok if (r.k, r.mtp_layers) == (k, L) and r.request_rate is None),
+                     key=lambda r: r.concurrency)
+        if pts:
+            a2.plot([r.concurrency for r in pts], [r.acceptance_length for r in pts], marker="o",
+                    label=f"k={k}, L={'?' if L is None else L}")
+    ks = sorted({r.k for r in ok})
+    conc = sorted({r.concurrency for r in ok})
+    a1.set(xlabel="num_speculative_tokens k", ylabel="output tokens/sec (window)", xticks=ks,
+           title="Served throughput vs k (star: best k)")
+    a2.set(xlabel="concurrency", ylabel="acceptance length", xscale="log", xticks=conc, xticklabels=conc,
+           title="Acceptance length vs concurrency")
+    for a in (a1, a2):
+        a.grid(alpha=0.3)
+        a.legend(fontsize=7)
+    return _save(fig, out / "serving.png", plt)
 
 
 def _save(fig, path: Path, plt) -> Path:

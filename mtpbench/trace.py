@@ -366,7 +366,7 @@ def run_trace(cfg, k: int, mode: str = "reuse", backend=None) -> dict:
     from mtpbench.prompts import load_prompts
     from mtpbench.config import num_mtp_layers
     from mtpbench.report import write_json, write_text
-    from mtpbench.sweep import provenance
+    from mtpbench.environment import provenance
 
     n_layers = num_mtp_layers(cfg.model_dir)
     if k < 1:

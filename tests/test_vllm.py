@@ -13,7 +13,7 @@ from mtpbench.backends.native import NativeBackend
 from mtpbench.backends.vllm import VllmBackend, check_num_speculative_tokens
 from mtpbench.cli import app
 from mtpbench.config import SweepConfig
-from mtpbench.metrics import summarize
+from mtpbench.metrics import GridPoint, summarize
 from mtpbench.prompts import load_prompts
 
 pytestmark = pytest.mark.vllm
@@ -36,11 +36,11 @@ def vllm_runs():
     prompts = load_prompts("builtin", c.num_prompts)
     b = VllmBackend()
     b.start(c)
-    return prompts, b.run_point(c, "vllm", 0, 0, prompts), b.run_point(c, "vllm", 2, 3, prompts)
+    return prompts, b.run_point(c, GridPoint("plain", 0, 0), prompts), b.run_point(c, GridPoint("vllm", 2, 3), prompts)
 
 
 def totals(run, k):
-    r = summarize("x", "x", k, 3, "all", run.requests, run.batches, None)
+    r = summarize("x", GridPoint("x", k, 3), "all", run.requests, run.batches, None)
     return r.acceptance_length, list(r.num_accepted_tokens_per_pos), r.num_drafts
 
 
@@ -52,7 +52,7 @@ def test_vllm_mtp_is_lossless_and_matches_native(vllm_runs):
     native = NativeBackend()
     c = cfg(backend="native")
     native.start(c)
-    run = native.run_point(c, "reuse", 2, 3, prompts)
+    run = native.run_point(c, GridPoint("reuse", 2, 3), prompts)
     assert [r.output_token_ids for r in run.requests] == plain_tokens
 
 
@@ -61,7 +61,7 @@ def test_vllm_acceptance_agrees_with_native_reuse(vllm_runs):
     native = NativeBackend()
     c = cfg(backend="native")
     native.start(c)
-    al_n, pos_n, drafts_n = totals(native.run_point(c, "reuse", 2, 3, prompts), 2)
+    al_n, pos_n, drafts_n = totals(native.run_point(c, GridPoint("reuse", 2, 3), prompts), 2)
     al_v, pos_v, drafts_v = totals(spec, 2)
     assert drafts_v > 0 and pos_v[0] > 0
     assert abs(al_v - al_n) / al_n <= 0.02, (al_v, al_n)

@@ -13,7 +13,7 @@ import torch
 from mtpbench.config import SweepConfig
 from mtpbench.engine import Faults, Generation
 from mtpbench.errors import MtpBenchError
-from mtpbench.metrics import BatchRecord, PointRun, RequestRecord
+from mtpbench.metrics import BatchRecord, GridPoint, PointRun, RequestRecord
 from mtpbench.prompts import Prompt, batches
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": torch.float32}
@@ -101,36 +101,56 @@ class NativeBackend:
         return {"records": records, "crash": crash, "num_layers": len(st.layers), "structure": st.describe(),
                 **totals}
 
-    def run_point(self, cfg: SweepConfig, mode: str, k: int, mtp_layers: int, prompts: list[Prompt]) -> PointRun:
+    def run_point(self, cfg: SweepConfig, point: GridPoint, prompts: list[Prompt]) -> PointRun:
+        from mtpbench.telemetry import GpuSampler
+
+        mode, k, mtp_layers = point.mode, point.k, point.mtp_layers
         groups = batches(prompts, cfg.batch_size)
         warm = self.encode(groups[0])
         for _ in self.generation(cfg, warm, k, mode, mtp_layers, min(16, cfg.max_tokens)):
             pass
-        run = PointRun(startup_s=self.startup_s, engine={"engine": "mtpbench-native"})
-        for group in groups:
-            ids = self.encode(group)
-            g = self.generation(cfg, ids, k, mode, mtp_layers, cfg.max_tokens)
-            ttft = [None] * len(ids)
-            done = [None] * len(ids)
-            clock = g._clock
-            t0 = clock()
-            for _ in g:
-                now = clock()
-                for b, toks in enumerate(g.tokens):
-                    if ttft[b] is None and toks:
-                        ttft[b] = now - t0
-                    if done[b] is None and len(toks) >= cfg.max_tokens:
-                        done[b] = now - t0
-            wall = clock() - t0
-            for b, p in enumerate(group):
-                run.requests.append(RequestRecord(p.category, len(ids[b]), g.tokens[b], ttft[b],
-                                                  done[b] if done[b] is not None else wall))
-            c = g.counts
-            run.batches.append(BatchRecord(
-                group[0].category, wall,
-                num_drafts=sum(x.num_drafts for x in c), num_draft_tokens=sum(x.num_draft_tokens for x in c),
-                num_accepted_tokens=sum(x.num_accepted_tokens for x in c),
-                num_accepted_tokens_per_pos=[sum(x.num_accepted_tokens_per_pos[i] for x in c) for i in range(k)],
-                draft_time_s=g.draft_time_s, num_draft_calls=g.num_draft_calls,
-                target_time_s=g.target_time_s, num_target_calls=g.num_target_calls))
+        layers = self.model.model.mtp_layers[:mtp_layers] if k else []
+        run = PointRun(startup_s=self.startup_s, engine={"engine": "mtpbench-native"},
+                       mtp_weight_bytes=sum(t.numel() * t.element_size() for m in layers for t in m.parameters()))
+        off = None if self.device.type == "cuda" else f"the native engine runs on the {self.device.type}"
+        with GpuSampler(off=off) as tel:
+            for group in groups:
+                run.requests += self._run_batch(cfg, run, group, k, mode, mtp_layers)
+        run.telemetry = tel.record
         return run
+
+    def _run_batch(self, cfg: SweepConfig, run: PointRun, group: list[Prompt], k: int, mode: str,
+                   mtp_layers: int) -> list[RequestRecord]:
+        """Time one batch round by round: first token, token deliveries (ITL) and last token per row."""
+        ids = self.encode(group)
+        g = self.generation(cfg, ids, k, mode, mtp_layers, cfg.max_tokens)
+        ttft, done = [None] * len(ids), [None] * len(ids)
+        last, itl = [None] * len(ids), [[] for _ in ids]
+        seen = [0] * len(ids)
+        clock = g._clock
+        t0 = clock()
+        for _ in g:
+            now = clock()
+            for b, toks in enumerate(g.tokens):
+                if len(toks) > seen[b] and done[b] is None:
+                    if last[b] is None:
+                        ttft[b] = now - t0
+                    else:
+                        itl[b].append(now - last[b])
+                    last[b], seen[b] = now, len(toks)
+                if done[b] is None and len(toks) >= cfg.max_tokens:
+                    done[b] = now - t0
+        wall = clock() - t0
+        c = g.counts
+        run.batches.append(BatchRecord(
+            group[0].category, wall,
+            num_drafts=sum(x.num_drafts for x in c), num_draft_tokens=sum(x.num_draft_tokens for x in c),
+            num_accepted_tokens=sum(x.num_accepted_tokens for x in c),
+            num_accepted_tokens_per_pos=[sum(x.num_accepted_tokens_per_pos[i] for x in c) for i in range(k)],
+            draft_time_s=g.draft_time_s, num_draft_calls=g.num_draft_calls,
+            target_time_s=g.target_time_s, num_target_calls=g.num_target_calls))
+        return [RequestRecord(p.category, len(ids[b]), g.tokens[b], ttft[b],
+                              done[b] if done[b] is not None else wall, itl[b]) for b, p in enumerate(group)]
+
+    def close(self) -> None:
+        pass

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from mtpbench.config import SweepConfig, mtp_layer_field, num_hidden_layers, read_config
 from mtpbench.errors import MtpBenchError
-from mtpbench.metrics import BatchRecord, PointRun, RequestRecord
+from mtpbench.metrics import BatchRecord, GridPoint, PointRun, RequestRecord
 from mtpbench.prompts import Prompt, batches
 
 INSTALL_HINT = ("the vllm backend needs vLLM: pip install 'mtpbench[vllm]' (GPU), or on CPU: "
@@ -153,10 +153,12 @@ def derived_checkpoint(model_dir: Path, layers: int, cache: Path | None = None) 
 def engine_kwargs(cfg: SweepConfig, model: str, k: int) -> dict:
     kw = {"model": model, "dtype": cfg.dtype, "seed": cfg.seed, "disable_log_stats": False,
           "tensor_parallel_size": cfg.tensor_parallel_size, "max_num_seqs": cfg.batch_size}
-    if cfg.max_model_len:
-        kw["max_model_len"] = cfg.max_model_len
-    if cfg.gpu_memory_utilization:
-        kw["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+    for name in ("pipeline_parallel_size", "data_parallel_size"):
+        if getattr(cfg, name) != 1:
+            kw[name] = getattr(cfg, name)
+    for name in ("max_model_len", "gpu_memory_utilization", "distributed_executor_backend"):
+        if getattr(cfg, name):
+            kw[name] = getattr(cfg, name)
     if k > 0:
         kw["speculative_config"] = {"method": cfg.method, "num_speculative_tokens": k}
     kw.update(cfg.engine_args)
@@ -176,8 +178,14 @@ class VllmBackend:
     def start(self, cfg: SweepConfig) -> dict:
         return {"engine": "vllm", "vllm": require_vllm()}
 
-    def run_point(self, cfg: SweepConfig, mode: str, k: int, mtp_layers: int, prompts: list[Prompt]) -> PointRun:
-        return PointRun.from_json(self._run_worker(cfg, k, mtp_layers, prompts, trace=False))
+    def run_point(self, cfg: SweepConfig, point: GridPoint, prompts: list[Prompt]) -> PointRun:
+        run = PointRun.from_json(self._run_worker(cfg, point.k, point.mtp_layers, prompts, trace=False))
+        if run.mtp_weight_bytes is None:  # the engine was out of reach (several workers): the checkpoint's
+            run.mtp_weight_bytes = sum(mtp_layer_bytes(cfg.model_dir)[: point.mtp_layers]) if point.k else 0
+        return run
+
+    def close(self) -> None:
+        pass  # every engine lives and ends in its own worker process
 
     def trace_point(self, cfg: SweepConfig, mode: str, k: int, mtp_layers: int, prompts: list[Prompt]) -> dict:
         from mtpbench.trace import CallRecord
@@ -246,8 +254,10 @@ def counter_delta(before: dict, after: dict, k: int) -> dict:
             "num_accepted_tokens_per_pos": (per_pos + [0] * k)[:k]}
 
 
-def measure(llm, cfg: dict, k: int, prompts: list[Prompt]) -> tuple[list[RequestRecord], list[BatchRecord]]:
+def measure(llm, cfg: dict, k: int, prompts: list[Prompt]) -> tuple[list[RequestRecord], list[BatchRecord], dict]:
     from vllm import SamplingParams
+
+    from mtpbench.telemetry import GpuSampler
 
     params = SamplingParams(temperature=cfg["temperature"], max_tokens=cfg["max_tokens"], ignore_eos=True,
                             seed=cfg["seed"] if cfg["temperature"] > 0 else None)
@@ -255,19 +265,32 @@ def measure(llm, cfg: dict, k: int, prompts: list[Prompt]) -> tuple[list[Request
     llm.generate([groups[0][0].text], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True),
                  use_tqdm=False)  # warm-up
     requests, records = [], []
-    for group in groups:
-        before = read_spec_counters(llm)
-        t0 = time.monotonic()
-        outs = llm.generate([p.text for p in group], params, use_tqdm=False)
-        wall = time.monotonic() - t0
-        records.append(BatchRecord(group[0].category, wall, **counter_delta(before, read_spec_counters(llm), k)))
-        for p, o in zip(group, outs):
-            m = o.metrics  # engine-core timestamps, same monotonic clock as t0 (engine in-process)
-            ttft = (m.first_token_ts - t0) if m and m.first_token_ts else None
-            last = (m.last_token_ts - t0) if m and m.last_token_ts else None
-            requests.append(RequestRecord(p.category, len(o.prompt_token_ids or []),
-                                          list(o.outputs[0].token_ids), ttft, last))
-    return requests, records
+    with GpuSampler() as tel:
+        for group in groups:
+            before = read_spec_counters(llm)
+            t0 = time.monotonic()
+            outs = llm.generate([p.text for p in group], params, use_tqdm=False)
+            wall = time.monotonic() - t0
+            records.append(BatchRecord(group[0].category, wall, **counter_delta(before, read_spec_counters(llm), k)))
+            for p, o in zip(group, outs):
+                m = o.metrics  # engine-core timestamps, same monotonic clock as t0 (engine in-process)
+                ttft = (m.first_token_ts - t0) if m and m.first_token_ts else None
+                last = (m.last_token_ts - t0) if m and m.last_token_ts else None
+                requests.append(RequestRecord(p.category, len(o.prompt_token_ids or []),
+                                              list(o.outputs[0].token_ids), ttft, last))
+    return requests, records, tel.record
+
+
+def held_mtp_bytes(llm) -> int | None:
+    """Bytes of the MTP layers' parameters in the engine's draft model (None: out of reach)."""
+    from mtpbench.trace import discover
+
+    try:
+        draft, _ = engine_models(llm)
+        layers = discover(draft).layers
+    except MtpBenchError:
+        return None
+    return sum(t.numel() * t.element_size() for m in layers for t in m.parameters())
 
 
 def engine_models(llm):
@@ -332,8 +355,9 @@ def worker(spec_path: str, result_path: str) -> None:
                 draft, target = engine_models(llm)
                 tracer = LayerTracer(draft, target, force_spec_step_idx=True).install()
                 tracer.enabled = True
-            requests, records = measure(llm, spec["config"], spec["k"], prompts)
-            data = {"requests": [asdict(r) for r in requests], "batches": [asdict(b) for b in records]}
+            requests, records, telemetry = measure(llm, spec["config"], spec["k"], prompts)
+            data = {"requests": [asdict(r) for r in requests], "batches": [asdict(b) for b in records],
+                    "telemetry": telemetry, "mtp_weight_bytes": held_mtp_bytes(llm) if spec["k"] > 0 else 0}
         data.update({"startup_s": round(startup, 3), "engine": {"engine": "vllm", "engine_kwargs": spec["engine_kwargs"]}})
     except Exception as e:  # reported as a failed point by the parent
         data = {"error": f"{type(e).__name__}: {e}".strip()[:2000]}

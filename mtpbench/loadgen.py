@@ -1,0 +1,135 @@
+"""The load generator for served runs: an asyncio/aiohttp client streaming from a vLLM OpenAI server.
+
+``run_load`` sends every prompt once to ``/v1/completions`` (or ``/v1/chat/completions`` with
+``api="chat"``), streaming, and records per request what ``vllm bench serve`` records: TTFT (send to
+first token), the gaps between token deliveries (ITL; with drafting a delivery carries up to k+1 tokens),
+latency (send to last token) and the output tokens (their ids, which vLLM returns with
+``return_token_ids``; the count from the final ``usage`` block). Load is ``vllm bench serve``'s:
+``concurrency`` requests in flight at most (closed loop) and arrivals spaced by a Poisson process of
+``request_rate`` per second (``inf``: all at once), drawn from a seeded generator.
+
+The window runs from the first send to the last completion. The client's own cost is measured in the
+same window as the CPU seconds of this process (``client_cpu_s``), so a reader can see whether the
+client could have been the bottleneck.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from urllib.parse import urlparse
+
+import aiohttp
+
+from mtpbench.metrics import RequestRecord
+from mtpbench.prompts import Prompt
+
+APIS = ("completions", "chat")
+REQUEST_TIMEOUT_S = 6 * 3600
+
+
+@dataclass
+class LoadResult:
+    requests: list[RequestRecord]  # in prompt order
+    wall_s: float
+    client_cpu_s: float
+    errors: list[str] = field(default_factory=list)
+
+
+def payload(api: str, model: str, text: str, max_tokens: int, temperature: float, seed: int | None) -> dict:
+    body = {"model": model, "max_tokens": max_tokens, "temperature": temperature, "stream": True,
+            "stream_options": {"include_usage": True}, "ignore_eos": True, "return_token_ids": True}
+    if seed is not None and temperature > 0:
+        body["seed"] = seed
+    if api == "chat":
+        body["messages"] = [{"role": "user", "content": text}]
+    else:
+        body["prompt"] = text
+    return body
+
+
+def is_loopback(url: str) -> bool:
+    host = urlparse(url).hostname or ""
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+async def _request(session, url: str, body: dict, prompt: Prompt) -> tuple[RequestRecord | None, str | None]:
+    tokens: list[int] = []
+    usage_tokens = prompt_tokens = None
+    ttft = last = None
+    itl: list[float] = []
+    st = time.perf_counter()
+    try:
+        async with session.post(url, json=body) as resp:
+            if resp.status != 200:
+                return None, f"HTTP {resp.status}: {(await resp.text())[:300]}"
+            async for raw in resp.content:  # one SSE line at a time
+                line = raw.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    break
+                chunk = json.loads(data)
+                if chunk.get("usage"):
+                    usage_tokens = chunk["usage"].get("completion_tokens")
+                    prompt_tokens = chunk["usage"].get("prompt_tokens")
+                for choice in chunk.get("choices") or []:
+                    ids = choice.get("token_ids") or []
+                    text = choice.get("text") or (choice.get("delta") or {}).get("content")
+                    if not ids and not text:
+                        continue  # role-only or empty deltas carry no token
+                    now = time.perf_counter()
+                    if ttft is None:
+                        ttft = now - st
+                    else:
+                        itl.append(now - last)
+                    last = now
+                    tokens.extend(ids)
+    except (aiohttp.ClientError, OSError, ValueError, asyncio.TimeoutError) as e:  # ValueError: bad JSON, oversized line
+        return None, f"{type(e).__name__}: {e}"
+    if usage_tokens is not None and len(tokens) != usage_tokens:
+        return None, (f"the server returned {len(tokens)} token ids for {usage_tokens} completion tokens: "
+                      "is this a vLLM server (return_token_ids)?")
+    return RequestRecord(prompt.category, prompt_tokens or 0, tokens, ttft,
+                         (last - st) if last is not None else None, itl), None
+
+
+async def _run(base_url, api, model, prompts, max_tokens, temperature, seed, concurrency, request_rate):
+    url = base_url.rstrip("/") + ("/v1/chat/completions" if api == "chat" else "/v1/completions")
+    rng = random.Random(seed)
+    gate = asyncio.Semaphore(concurrency)
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
+    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
+    # proxies from the environment apply to remote servers only, as for any HTTP client
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, read_bufsize=2 ** 22,
+                                     trust_env=not is_loopback(base_url)) as session:
+        async def one(p: Prompt):
+            async with gate:
+                return await _request(session, url, payload(api, model, p.text, max_tokens, temperature, seed), p)
+
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        tasks = []
+        for i, p in enumerate(prompts):
+            tasks.append(asyncio.create_task(one(p)))
+            if math.isfinite(request_rate) and i < len(prompts) - 1:
+                await asyncio.sleep(rng.expovariate(request_rate))
+        results = await asyncio.gather(*tasks)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    records = [r for r, _ in results]
+    errors = [e for _, e in results if e]
+    return LoadResult(records, wall, cpu, errors)
+
+
+def run_load(base_url: str, model: str, prompts: list[Prompt], *, api: str = "completions", max_tokens: int,
+             temperature: float = 0.0, seed: int = 0, concurrency: int = 1,
+             request_rate: float = math.inf) -> LoadResult:
+    """Send every prompt once under the given load; see the module docstring."""
+    if api not in APIS:
+        raise ValueError(f"unknown api {api!r}")
+    return asyncio.run(_run(base_url, api, model, prompts, max_tokens, temperature, seed, max(1, concurrency),
+                            request_rate))

@@ -1,0 +1,165 @@
+"""Run a server so that no process of it outlives mtpbench, however mtpbench ends.
+
+``Guarded(cmd, log)`` starts a small guard process (``python -m mtpbench.procguard``) in a session of its
+own, so a Ctrl-C at the terminal reaches mtpbench and not the server. The guard starts the server in a
+new process group and then waits on its stdin, a pipe whose only writer is mtpbench. The pipe reaches
+end-of-file when mtpbench closes it (``stop``), when mtpbench exits, and when mtpbench is killed (even by
+SIGKILL: the kernel closes its descriptors), which is what Linux's ``PR_SET_PDEATHSIG`` would give, for
+the whole process group rather than one child. On end-of-file the guard stops the group: SIGINT to the
+server (vLLM shuts down cleanly on it), SIGTERM to the group after ``INT_GRACE_S``, SIGKILL after
+``TERM_GRACE_S``. When the server exits on its own, the guard takes down what it left in its group too.
+
+The server's stdout and stderr go to the log file, which starts with one header line naming the
+command and the process group.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+INT_GRACE_S = 20.0
+TERM_GRACE_S = 10.0
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _wait_group(server: subprocess.Popen, timeout: float) -> bool:
+    """Wait until the server exited and its whole group is gone; True if so within ``timeout``."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        server.poll()  # reap our own child, so it does not linger as a zombie of the group
+        if server.returncode is not None and not group_alive(server.pid):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def stop_group(server: subprocess.Popen, int_grace_s: float = INT_GRACE_S,
+               term_grace_s: float = TERM_GRACE_S) -> None:
+    """SIGINT to the server, SIGTERM to its group, SIGKILL to its group, each after a grace period."""
+    pgid = server.pid  # the server leads its own group (start_new_session)
+    if server.poll() is None:
+        try:
+            server.send_signal(signal.SIGINT)
+        except ProcessLookupError:
+            pass
+    if _wait_group(server, int_grace_s):
+        return
+    _signal_group(pgid, signal.SIGTERM)
+    if _wait_group(server, term_grace_s):
+        return
+    _signal_group(pgid, signal.SIGKILL)
+    _wait_group(server, 5.0)
+
+
+def _server_preexec() -> None:
+    """In the server, before exec: default signal handling (ignored signals survive exec), and SIGTERM
+    should the guard itself die (Linux ``PR_SET_PDEATHSIG``; vLLM shuts down cleanly on SIGTERM)."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+        except (OSError, AttributeError):
+            pass
+
+
+def guard_main(log_path: str, cmd: list[str]) -> int:
+    """The guard process: start ``cmd``, print its pid, stop its group at stdin EOF or when it exits."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)  # only the pipe tells us when to stop
+    with open(log_path, "ab", buffering=0) as log:
+        server = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                  start_new_session=True, preexec_fn=_server_preexec)
+        log.write(f"# mtpbench: server pid {server.pid}, process group {server.pid}: {' '.join(cmd)}\n".encode())
+        print(server.pid, flush=True)
+        eof = threading.Event()
+
+        def watch() -> None:
+            try:
+                while sys.stdin.buffer.read(4096):
+                    pass
+            finally:
+                eof.set()
+
+        threading.Thread(target=watch, daemon=True).start()
+        while not eof.is_set() and server.poll() is None:
+            eof.wait(0.2)
+        stop_group(server)
+    return server.returncode if server.returncode is not None else -9
+
+
+class Guarded:
+    """A command running under a guard; ``pgid`` is the server's process group."""
+
+    def __init__(self, cmd: list[str], log_path: Path, env: dict | None = None):
+        self.log_path = Path(log_path)
+        self.log_path.write_text("")
+        self.guard = subprocess.Popen([sys.executable, "-m", "mtpbench.procguard", str(self.log_path), "--", *cmd],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+                                      start_new_session=True)
+        line = self.guard.stdout.readline().strip()
+        self.pgid = int(line) if line.isdigit() else None
+
+    def running(self) -> bool:
+        """The server is up: the guard returns as soon as the server exits."""
+        return self.guard.poll() is None
+
+    def stop(self) -> None:
+        """Close the pipe; the guard stops the group. If the guard itself hangs, kill everything."""
+        if self.guard.stdin and not self.guard.stdin.closed:
+            try:
+                self.guard.stdin.close()
+            except OSError:
+                pass
+        try:
+            self.guard.wait(INT_GRACE_S + TERM_GRACE_S + 15)
+        except subprocess.TimeoutExpired:
+            self.guard.kill()
+            self.guard.wait()
+        if self.pgid is not None:
+            _signal_group(self.pgid, signal.SIGKILL)
+        if self.guard.stdout:
+            self.guard.stdout.close()
+
+    def log_tail(self, max_chars: int = 1200) -> str:
+        """The last lines of the server log (where the error is), joined on one line."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        tail: list[str] = []
+        for line in reversed([ln.strip() for ln in text.splitlines()
+                              if ln.strip() and not ln.startswith("# mtpbench:")]):
+            if tail and sum(len(x) + 3 for x in tail) + len(line) > max_chars:
+                break
+            tail.insert(0, line[-max_chars:])
+        return " | ".join(tail)
+
+
+if __name__ == "__main__":
+    # python -m mtpbench.procguard LOG -- CMD...
+    sys.exit(guard_main(sys.argv[1], sys.argv[3:]))
