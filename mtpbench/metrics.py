@@ -33,7 +33,8 @@ class GridPoint:
 
     @property
     def name(self) -> str:
-        base = "k0" if self.k == 0 else f"{self.mode}-L{self.mtp_layers}-k{self.k}"
+        layers = "" if self.mtp_layers is None else f"-L{self.mtp_layers}"  # None: a server's, unknown
+        base = "k0" if self.k == 0 else f"{self.mode}{layers}-k{self.k}"
         if self.concurrency is not None:
             base += f"-c{self.concurrency}"
         if self.request_rate is not None and math.isfinite(self.request_rate):

@@ -18,8 +18,8 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import select
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -87,7 +87,8 @@ def _server_preexec() -> None:
             pass
 
 
-def guard_main(log_path: str, cmd: list[str]) -> int:
+def guard_main(log_path: str, cmd: list[str], int_grace_s: float = INT_GRACE_S,
+               term_grace_s: float = TERM_GRACE_S) -> int:
     """The guard process: start ``cmd``, print its pid, stop its group at stdin EOF or when it exits."""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)  # only the pipe tells us when to stop
@@ -96,29 +97,25 @@ def guard_main(log_path: str, cmd: list[str]) -> int:
                                   start_new_session=True, preexec_fn=_server_preexec)
         log.write(f"# mtpbench: server pid {server.pid}, process group {server.pid}: {' '.join(cmd)}\n".encode())
         print(server.pid, flush=True)
-        eof = threading.Event()
-
-        def watch() -> None:
-            try:
-                while sys.stdin.buffer.read(4096):
-                    pass
-            finally:
-                eof.set()
-
-        threading.Thread(target=watch, daemon=True).start()
-        while not eof.is_set() and server.poll() is None:
-            eof.wait(0.2)
-        stop_group(server)
+        fd = sys.stdin.fileno()
+        while server.poll() is None:
+            readable, _, _ = select.select([fd], [], [], 0.2)
+            if readable and not os.read(fd, 4096):  # end-of-file: mtpbench closed the pipe or is gone
+                break
+        stop_group(server, int_grace_s, term_grace_s)
     return server.returncode if server.returncode is not None else -9
 
 
 class Guarded:
     """A command running under a guard; ``pgid`` is the server's process group."""
 
-    def __init__(self, cmd: list[str], log_path: Path, env: dict | None = None):
+    def __init__(self, cmd: list[str], log_path: Path, env: dict | None = None,
+                 int_grace_s: float = INT_GRACE_S, term_grace_s: float = TERM_GRACE_S):
         self.log_path = Path(log_path)
         self.log_path.write_text("")
-        self.guard = subprocess.Popen([sys.executable, "-m", "mtpbench.procguard", str(self.log_path), "--", *cmd],
+        self.grace_s = int_grace_s + term_grace_s
+        self.guard = subprocess.Popen([sys.executable, "-m", "mtpbench.procguard", str(self.log_path),
+                                       str(int_grace_s), str(term_grace_s), "--", *cmd],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
                                       start_new_session=True)
         line = self.guard.stdout.readline().strip()
@@ -136,7 +133,7 @@ class Guarded:
             except OSError:
                 pass
         try:
-            self.guard.wait(INT_GRACE_S + TERM_GRACE_S + 15)
+            self.guard.wait(self.grace_s + 15)
         except subprocess.TimeoutExpired:
             self.guard.kill()
             self.guard.wait()
@@ -161,5 +158,5 @@ class Guarded:
 
 
 if __name__ == "__main__":
-    # python -m mtpbench.procguard LOG -- CMD...
-    sys.exit(guard_main(sys.argv[1], sys.argv[3:]))
+    # python -m mtpbench.procguard LOG INT_GRACE_S TERM_GRACE_S -- CMD...
+    sys.exit(guard_main(sys.argv[1], sys.argv[5:], float(sys.argv[2]), float(sys.argv[3])))

