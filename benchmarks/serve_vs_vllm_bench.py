@@ -1,0 +1,157 @@
+"""mtpbench's served measurement vs ``vllm bench serve``, side by side against one server in one run.
+
+Starts one vLLM server (the CPU build here; MTP with k drafts over L layers of the built-in checkpoint),
+then alternates, ``--repeats`` times each: mtpbench's load generator (``--server URL``) and vLLM's own
+``vllm bench serve`` (``vllm.benchmarks.serve.main``, the code behind the command) on the same prompts,
+output length, concurrency and request rate. Prints per side the median output tokens/s over the window
+and the acceptance length from /metrics, then the ratios mtpbench / vllm bench serve (target: AL equal,
+tokens/s within 5 %), and the load generator's own cost:
+
+* client CPU per request, from the process CPU time of each side's measured call;
+* the client's ceiling: mtpbench's load generator against a null server (a local aiohttp app that streams
+  the same number of chunks at once), in requests/s and tokens/s at the same concurrency.
+
+Needs pandas (vLLM's ``bench`` extra, for its custom dataset): pip install pandas
+Usage: python benchmarks/serve_vs_vllm_bench.py [--prompts 16] [--max-tokens 128] [--concurrency 4]
+       [--k 2] [--mtp-layers 2] [--repeats 3] [--eager]
+"""
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from mtpbench.backends.vllm import derived_checkpoint
+from mtpbench.backends.vllm_server import (VllmServerBackend, free_port, probe, server_args, server_command,
+                                           server_env, wait_healthy)
+from mtpbench.config import SweepConfig
+from mtpbench.loadgen import run_load
+from mtpbench.metrics import GridPoint, summarize
+from mtpbench.procguard import Guarded
+from mtpbench.prompts import BUILTIN_MODEL_DIR, Prompt, load_prompts
+
+NULL_SERVER = r"""
+import asyncio, json, sys
+from aiohttp import web
+chunks = int(sys.argv[2])
+async def completions(request):
+    body = await request.json()
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    for i in range(chunks):
+        c = {"choices": [{"index": 0, "text": "x", "token_ids": [7]}]}
+        await resp.write(b"data: " + json.dumps(c).encode() + b"\n\n")
+    u = {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": chunks}}
+    await resp.write(b"data: " + json.dumps(u).encode() + b"\n\ndata: [DONE]\n\n")
+    return resp
+app = web.Application()
+app.router.add_post("/v1/completions", completions)
+web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None)
+"""
+
+
+def vllm_bench(url: str, model: str, tokenizer: str, dataset: Path, args) -> tuple[dict, float]:
+    from vllm.benchmarks.serve import add_cli_args, main
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser()
+    add_cli_args(parser)
+    ns = parser.parse_args(["--backend", "vllm", "--base-url", url, "--model", model, "--tokenizer", tokenizer,
+                            "--dataset-name", "custom", "--dataset-path", str(dataset), "--disable-shuffle",
+                            "--skip-chat-template", "--custom-output-len", str(args.max_tokens),
+                            "--num-prompts", str(args.prompts), "--max-concurrency", str(args.concurrency),
+                            "--request-rate", "inf", "--ignore-eos", "--temperature", "0",
+                            "--disable-tqdm", "--seed", "0"])
+    cpu0 = time.process_time()
+    with contextlib.redirect_stdout(io.StringIO()):
+        result = main(ns)
+    return result, time.process_time() - cpu0
+
+
+def null_ceiling(prompts: list[Prompt], args) -> tuple[float, float, float]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-c", NULL_SERVER, str(port), str(args.max_tokens)])
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(100):  # until the null server answers
+            if not run_load(url, "null", prompts[:1], max_tokens=args.max_tokens).errors:
+                break
+            time.sleep(0.1)
+        many = (prompts * 8)[: 8 * len(prompts)]
+        r = run_load(url, "null", many, max_tokens=args.max_tokens, concurrency=args.concurrency)
+        return len(many) / r.wall_s, sum(len(q.output_token_ids) for q in r.requests) / r.wall_s, \
+            r.client_cpu_s / len(many)
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--k", type=int, default=2)
+    ap.add_argument("--mtp-layers", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--eager", action="store_true", help="enforce_eager (no torch.compile at start)")
+    args = ap.parse_args()
+
+    prompts = load_prompts("builtin", args.prompts)
+    tmp = Path(tempfile.mkdtemp(prefix="mtpbench-serve-bench-"))
+    dataset = tmp / "prompts.jsonl"
+    dataset.write_text("".join(json.dumps({"prompt": p.text}) + "\n" for p in prompts))
+    cfg = SweepConfig(backend="vllm-server", max_model_len=1024, num_prompts=args.prompts,
+                      max_tokens=args.max_tokens, concurrency=(args.concurrency,),
+                      engine_args={"enforce_eager": True} if args.eager else {})
+    model = derived_checkpoint(BUILTIN_MODEL_DIR, args.mtp_layers)
+    port = free_port()
+    guard = Guarded(server_command(server_args(cfg, str(model), args.k), port), tmp / "server.log",
+                    env=server_env())
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, guard.running, 600)
+        served_model = probe(url)["model"]
+        attached = replace(cfg, server=url, k=())
+        backend = VllmServerBackend()
+        backend.start(attached)
+        point = GridPoint("vllm", args.k, None, args.concurrency)
+        ours, theirs = [], []
+        for _ in range(args.repeats):  # alternate, so drift on this shared machine hits both sides alike
+            run = backend.run_point(attached, point, prompts)
+            row = summarize("vllm-server", point, "all", run.requests, run.batches, None)
+            ours.append((row.output_tokens_per_sec, row.acceptance_length, run.batches[0].client_cpu_s / len(prompts)))
+            result, cpu = vllm_bench(url, served_model, str(model), dataset, args)
+            theirs.append((result["output_throughput"], result.get("spec_decode_acceptance_length"),
+                           cpu / result["completed"]))
+    finally:
+        guard.stop()
+    ceiling = null_ceiling(prompts, args)
+
+    med = lambda rows, i: statistics.median(r[i] for r in rows)  # noqa: E731
+    print(f"built-in model, L={args.mtp_layers} MTP layers, k={args.k}, {args.prompts} prompts x {args.max_tokens} "
+          f"tokens, concurrency {args.concurrency}, greedy, {args.repeats} alternating repeats; "
+          f"VLLM_CPU_KVCACHE_SPACE={os.environ.get('VLLM_CPU_KVCACHE_SPACE', '1 (set by mtpbench)')}, "
+          f"eager={args.eager}")
+    print(f"{'':22}{'tok/s runs':>34}{'median tok/s':>14}{'AL':>8}{'client CPU ms/req':>19}")
+    for name, rows in (("mtpbench", ours), ("vllm bench serve", theirs)):
+        print(f"{name:22}{' '.join(f'{r[0]:.1f}' for r in rows):>34}{med(rows, 0):>14.1f}"
+              f"{med(rows, 1):>8.3f}{med(rows, 2) * 1e3:>19.2f}")
+    print(f"RATIO mtpbench / vllm bench serve, output tokens/s (median): {med(ours, 0) / med(theirs, 0):.3f}")
+    print(f"RATIO mtpbench / vllm bench serve, acceptance length: {med(ours, 1) / med(theirs, 1):.4f}")
+    print(f"load generator overhead: {med(ours, 2) * 1e3:.2f} ms CPU per request "
+          f"({med(ours, 2) * 1e3 / args.max_tokens:.3f} ms per output token); ceiling against a null server at "
+          f"concurrency {args.concurrency}: {ceiling[0]:.0f} requests/s, {ceiling[1]:.0f} tokens/s "
+          f"({ceiling[2] * 1e3:.2f} ms CPU per request)")
+
+
+if __name__ == "__main__":
+    main()
