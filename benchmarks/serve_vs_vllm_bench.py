@@ -1,7 +1,7 @@
 """mtpbench's served measurement vs ``vllm bench serve``, side by side against one server in one run.
 
 Starts one vLLM server (the CPU build here; MTP with k drafts over L layers of the built-in checkpoint),
-then alternates, ``--repeats`` times each: mtpbench's load generator (``--server URL``) and vLLM's own
+then alternates (ABBA order), ``--repeats`` times each: mtpbench's load generator (``--server URL``) and vLLM's own
 ``vllm bench serve`` (``vllm.benchmarks.serve.main``, the code behind the command) on the same prompts,
 output length, concurrency and request rate. Prints per side the median output tokens/s over the window
 and the acceptance length from /metrics, then the ratios mtpbench / vllm bench serve (target: AL equal,
@@ -125,20 +125,27 @@ def main():
         backend.start(attached)
         point = GridPoint("vllm", args.k, None, args.concurrency)
         ours, theirs = [], []
-        for _ in range(args.repeats):  # alternate, so drift on this shared machine hits both sides alike
+        def mtpbench_once():
             run = backend.run_point(attached, point, prompts)
             row = summarize("vllm-server", point, "all", run.requests, run.batches, None)
             ours.append((row.output_tokens_per_sec, row.acceptance_length, run.batches[0].client_cpu_s / len(prompts)))
+
+        def vllm_bench_once():
             result, cpu = vllm_bench(url, served_model, str(model), dataset, args)
             theirs.append((result["output_throughput"], result.get("spec_decode_acceptance_length"),
                            cpu / result["completed"]))
+
+        # alternate in ABBA order, so drift on this shared machine and going first hit both sides alike
+        for i in range(args.repeats):
+            for once in ((mtpbench_once, vllm_bench_once) if i % 2 == 0 else (vllm_bench_once, mtpbench_once)):
+                once()
     finally:
         guard.stop()
     ceiling = null_ceiling(prompts, args)
 
     med = lambda rows, i: statistics.median(r[i] for r in rows)  # noqa: E731
     print(f"built-in model, L={args.mtp_layers} MTP layers, k={args.k}, {args.prompts} prompts x {args.max_tokens} "
-          f"tokens, concurrency {args.concurrency}, greedy, {args.repeats} alternating repeats; "
+          f"tokens, concurrency {args.concurrency}, greedy, {args.repeats} ABBA-alternated repeats; "
           f"VLLM_CPU_KVCACHE_SPACE={os.environ.get('VLLM_CPU_KVCACHE_SPACE', '1 (set by mtpbench)')}, "
           f"eager={args.eager}")
     print(f"{'':22}{'tok/s runs':>34}{'median tok/s':>14}{'AL':>8}{'client CPU ms/req':>19}")

@@ -117,7 +117,6 @@ def sweep(
 ) -> None:
     """Sweep k x MTP layers x drafting mode (x load, served); write point JSONs, summary.csv/json and PNG plots."""
     from mtpbench.config import resolve
-    from mtpbench.report import table, telemetry_notice
     from mtpbench.sweep import run_sweep
 
     model, profile = model_or_profile(model, profile)
@@ -144,11 +143,18 @@ def sweep(
             stop_bar()
     except MtpBenchError as e:
         fail(str(e))
+    show(rows, cfg.out)
+    typer.echo(f"\nwrote {cfg.out}/summary.csv, summary.json and plots")
+
+
+def show(rows, out) -> None:
+    """The sweep's table, and one line when it has no GPU telemetry, saying why."""
+    from mtpbench.report import table, telemetry_notice
+
     typer.echo(table(rows))
-    notice = telemetry_notice(cfg.out)
+    notice = telemetry_notice(out)
     if notice:
         typer.echo(f"\n{notice}")
-    typer.echo(f"\nwrote {cfg.out}/summary.csv, summary.json and plots")
 
 
 def parse_value(text: str):
@@ -230,13 +236,13 @@ def engine_args(items: Optional[list[str]]) -> Optional[dict]:
 @app.command()
 def report(out: Annotated[Path, typer.Argument(help="A sweep output directory.")]) -> None:
     """Rebuild the table, summary.csv/json and plots from a sweep's saved JSON files."""
-    from mtpbench.report import build, table
+    from mtpbench.report import build
 
     try:
         rows = build(out)
     except MtpBenchError as e:
         fail(str(e))
-    typer.echo(table(rows))
+    show(rows, out)
 
 
 @app.command()

@@ -151,7 +151,9 @@ def table(rows: list[PointResult]) -> str:
     if any(getattr(r, name) is not None for r in rows for name, _ in TELEMETRY_COLUMNS):
         cols[-1:-1] = TELEMETRY_COLUMNS
     body = [[cell(name, getattr(r, name), r) for name, _ in cols] for r in rows]
-    text = tabulate(body, headers=[h for _, h in cols], floatfmt=".3g")
+    # 3 significant digits, but tokens/s in full (1823.4, not 1.82e+03)
+    fmt = [".1f" if name == "output_tokens_per_sec" else ".3g" for name, _ in cols]
+    text = tabulate(body, headers=[h for _, h in cols], floatfmt=fmt)
     errors = [f"{_label(r)}: {r.error}" for r in rows if r.error]
     notes = sorted({f"{_label(r)}: {r.notes}" for r in rows if r.notes and r.category == "all"})
     return text + ("\n\nnotes:\n" + "\n".join(notes) if notes else "") + \
