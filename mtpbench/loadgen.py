@@ -57,7 +57,7 @@ def is_loopback(url: str) -> bool:
     return host in ("localhost", "::1") or host.startswith("127.")
 
 
-async def _request(session, url: str, body: dict, prompt: Prompt) -> tuple[RequestRecord | None, str | None]:
+async def _request(session, url: str, body: dict, prompt: Prompt, t0: float) -> tuple[RequestRecord | None, str | None]:
     tokens: list[int] = []
     usage_tokens = prompt_tokens = None
     ttft = last = None
@@ -96,7 +96,7 @@ async def _request(session, url: str, body: dict, prompt: Prompt) -> tuple[Reque
         return None, (f"the server returned {len(tokens)} token ids for {usage_tokens} completion tokens: "
                       "is this a vLLM server (return_token_ids)?")
     return RequestRecord(prompt.category, prompt_tokens or 0, tokens, ttft,
-                         (last - st) if last is not None else None, itl), None
+                         (last - st) if last is not None else None, itl, st - t0), None
 
 
 async def _run(base_url, api, model, prompts, max_tokens, temperature, seed, concurrency, request_rate):
@@ -110,7 +110,7 @@ async def _run(base_url, api, model, prompts, max_tokens, temperature, seed, con
                                      trust_env=not is_loopback(base_url)) as session:
         async def one(p: Prompt):
             async with gate:
-                return await _request(session, url, payload(api, model, p.text, max_tokens, temperature, seed), p)
+                return await _request(session, url, payload(api, model, p.text, max_tokens, temperature, seed), p, t0)
 
         cpu0, t0 = time.process_time(), time.perf_counter()
         tasks = []

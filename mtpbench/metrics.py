@@ -68,6 +68,7 @@ class RequestRecord:
     # gaps between successive deliveries of tokens (a streamed chunk, or a decode round: with drafting
     # one delivery carries up to k+1 tokens), as ``vllm bench serve`` measures ITL; None: not observed
     itl_s: list[float] | None = None
+    sent_s: float | None = None  # served runs: when the request was sent, from the start of the window
 
 
 @dataclass

@@ -270,12 +270,12 @@ def serving_plot(out: Path, rows: list[PointResult], plt) -> Path:
         best = max(pts, key=lambda r: r.output_tokens_per_sec or 0)
         a1.plot([best.k], [best.output_tokens_per_sec], marker="*", markersize=16, color=line.get_color(),
                 linestyle="none")
-    for k, L in sorted({(r.k, r.mtp_layers) for r in ok if r.k > 0}):
-        pts = sorted((r for r in ok if (r.k, r.mtp_layers) == (k, L) and r.request_rate is None),
+    for k, L, rate in sorted({(r.k, r.mtp_layers, r.request_rate) for r in ok if r.k > 0},
+                             key=lambda x: tuple(-1 if v is None else v for v in x)):
+        pts = sorted((r for r in ok if (r.k, r.mtp_layers, r.request_rate) == (k, L, rate)),
                      key=lambda r: r.concurrency)
-        if pts:
-            a2.plot([r.concurrency for r in pts], [r.acceptance_length for r in pts], marker="o",
-                    label=f"k={k}, L={'?' if L is None else L}")
+        a2.plot([r.concurrency for r in pts], [r.acceptance_length for r in pts], marker="o",
+                label=f"k={k}, L={'?' if L is None else L}" + ("" if rate is None else f", {rate:g}/s"))
     ks = sorted({r.k for r in ok})
     conc = sorted({r.concurrency for r in ok})
     a1.set(xlabel="num_speculative_tokens k", ylabel="output tokens/sec (window)", xticks=ks,

@@ -192,6 +192,53 @@ def test_attached_server_is_measured_not_managed(tmp_path, drafting_server):
     assert 0 < drafts <= after["num_drafts"] - before["num_drafts"]
     assert after["num_requests_finished"] - before["num_requests_finished"] == 3 * 2 + 2  # + warm-up at c=2
     assert not list(out.glob("*.server.log"))
+    for p in points:  # closed loop: never more requests in flight than the concurrency
+        assert max_in_flight(p["requests"]) <= p["point"]["concurrency"]
+    one = json.loads((out / "vllm-k2-c1.json").read_text())["requests"]
+    assert max_in_flight(one) == 1
+
+
+def max_in_flight(requests: list[dict]) -> int:
+    events = sorted([(q["sent_s"], 1) for q in requests] + [(q["sent_s"] + q["latency_s"], -1) for q in requests],
+                    key=lambda e: (e[0], e[1]))
+    level = peak = 0
+    for _, step in events:
+        level += step
+        peak = max(peak, level)
+    return peak
+
+
+def test_attached_poisson_arrivals_and_foreign_traffic_are_reported(tmp_path, drafting_server):
+    """Requests of another client during the window are counted and named; arrivals follow the rate."""
+    import threading
+    import urllib.request
+
+    model = str(BUILTIN_MODEL_DIR)
+    stop = threading.Event()
+
+    def other_client():
+        body = json.dumps({"model": model, "prompt": "import os", "max_tokens": 4}).encode()
+        while not stop.is_set():
+            req = urllib.request.Request(drafting_server + "/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+            urllib.request.urlopen(req, timeout=60).read()
+
+    thread = threading.Thread(target=other_client, daemon=True)
+    thread.start()
+    try:
+        out = tmp_path / "busy"
+        r = CliRunner().invoke(app, ["sweep", "--server", drafting_server, "--concurrency", "4", "--request-rate", "10",
+                                     "--num-prompts", "8", "--max-tokens", "16", "--out", str(out)])
+    finally:
+        stop.set()
+        thread.join(60)
+    assert r.exit_code == 0, r.output
+    point = json.loads((out / "vllm-k2-c4-r10.json").read_text())
+    row = next(x for x in json.loads((out / "summary.json").read_text())["rows"] if x["category"] == "all")
+    assert row["request_rate"] == 10.0 and row["foreign_requests"] > 0
+    assert "that were not ours during the window" in row["notes"] and "not ours" in r.output
+    sent = sorted(q["sent_s"] for q in point["requests"])
+    assert max_in_flight(point["requests"]) <= 4 and sent[-1] > 0.2  # spread by the arrivals, not all at t=0
 
 
 def test_attached_chat_api(tmp_path, drafting_server):
