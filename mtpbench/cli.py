@@ -6,6 +6,7 @@ This is the only module that imports typer. Domain errors become one line on std
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, NoReturn, Optional
 
@@ -134,8 +135,9 @@ def sweep(
                            gpu_memory_utilization=gpu_memory_utilization, engine_args=extra,
                            force_spec_step_idx=force_spec_step_idx, server=server, api=api,
                            concurrency=ints(concurrency, "--concurrency"), request_rate=rates(request_rate),
-                           server_port=port, out=out), profile,
-                      defaults={"k": ()} if server else None)  # an attached server's k is its own
+                           server_port=port, out=out), profile)
+        if cfg.server and k is None:  # an attached server's k is its own, whatever a profile lists
+            cfg = replace(cfg, k=())
         on_point, stop_bar = progress_callback()
         try:
             rows = run_sweep(cfg, on_point)

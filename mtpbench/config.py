@@ -275,6 +275,9 @@ def validate_serving(cfg: SweepConfig) -> None:
     if cfg.distributed_executor_backend not in (None, *EXECUTOR_BACKENDS):
         raise MtpBenchError(f"unknown --distributed-executor-backend {cfg.distributed_executor_backend!r} "
                             f"(choose from {', '.join(EXECUTOR_BACKENDS)})")
+    if cfg.backend == "vllm" and cfg.data_parallel_size > 1 and cfg.distributed_executor_backend != "external_launcher":
+        raise MtpBenchError(f"vllm.LLM does not run data parallel in one process (data_parallel_size "
+                            f"{cfg.data_parallel_size}): serve it with --backend vllm-server")
     served = cfg.backend == "vllm-server"
     if not served:
         loads = [name for name, default in (("--server", None), ("--concurrency", (1,)),

@@ -57,6 +57,8 @@ def nvml_facts() -> dict:
                     gpu[key] = None
             gpus.append(gpu)
         return {"status": "ok", "driver": text(nvml.nvmlSystemGetDriverVersion()), "gpus": gpus}
+    except Exception as e:  # NVMLError: no permission, a GPU fallen off the bus, ...
+        return {"status": f"NVML failed ({e})", "gpus": []}
     finally:
         nvml.nvmlShutdown()
 

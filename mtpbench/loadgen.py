@@ -9,7 +9,7 @@ latency (send to last token) and the output tokens (their ids, which vLLM return
 ``request_rate`` per second (``inf``: all at once), drawn from a seeded generator.
 
 The window runs from the first send to the last completion. The client's own cost is measured in the
-same window as the CPU seconds of this process (``client_cpu_s``), so a reader can see whether the
+same window as the CPU seconds of the event loop's thread (``client_cpu_s``), so a reader can see whether the
 client could have been the bottleneck.
 """
 
@@ -25,11 +25,12 @@ from urllib.parse import urlparse
 
 import aiohttp
 
+from mtpbench.config import APIS
 from mtpbench.metrics import RequestRecord
 from mtpbench.prompts import Prompt
 
-APIS = ("completions", "chat")
-REQUEST_TIMEOUT_S = 6 * 3600
+REQUEST_TIMEOUT_S = 6 * 3600  # a whole request
+IDLE_TIMEOUT_S = 600  # no byte from the server for this long: the request failed
 
 
 @dataclass
@@ -75,6 +76,10 @@ async def _request(session, url: str, body: dict, prompt: Prompt, t0: float) -> 
                 if data == b"[DONE]":
                     break
                 chunk = json.loads(data)
+                if not isinstance(chunk, dict):
+                    return None, f"unexpected stream item: {data[:200]!r}"
+                if chunk.get("error"):  # vLLM reports a failure inside the stream
+                    return None, f"server error in the stream: {str(chunk['error'])[:300]}"
                 if chunk.get("usage"):
                     usage_tokens = chunk["usage"].get("completion_tokens")
                     prompt_tokens = chunk["usage"].get("prompt_tokens")
@@ -92,7 +97,9 @@ async def _request(session, url: str, body: dict, prompt: Prompt, t0: float) -> 
                     tokens.extend(ids)
     except (aiohttp.ClientError, OSError, ValueError, asyncio.TimeoutError) as e:  # ValueError: bad JSON, oversized line
         return None, f"{type(e).__name__}: {e}"
-    if usage_tokens is not None and len(tokens) != usage_tokens:
+    if usage_tokens is None:
+        return None, "the stream ended without its usage block: the request did not complete"
+    if len(tokens) != usage_tokens:
         return None, (f"the server returned {len(tokens)} token ids for {usage_tokens} completion tokens: "
                       "is this a vLLM server (return_token_ids)?")
     return RequestRecord(prompt.category, prompt_tokens or 0, tokens, ttft,
@@ -104,7 +111,7 @@ async def _run(base_url, api, model, prompts, max_tokens, temperature, seed, con
     rng = random.Random(seed)
     gate = asyncio.Semaphore(concurrency)
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
-    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
+    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S, sock_read=IDLE_TIMEOUT_S)
     # proxies from the environment apply to remote servers only, as for any HTTP client
     async with aiohttp.ClientSession(connector=connector, timeout=timeout, read_bufsize=2 ** 22,
                                      trust_env=not is_loopback(base_url)) as session:
@@ -112,14 +119,15 @@ async def _run(base_url, api, model, prompts, max_tokens, temperature, seed, con
             async with gate:
                 return await _request(session, url, payload(api, model, p.text, max_tokens, temperature, seed), p, t0)
 
-        cpu0, t0 = time.process_time(), time.perf_counter()
+        # the event loop's thread is the client: its CPU time, not the process's (a GPU sampler runs beside)
+        cpu0, t0 = time.thread_time(), time.perf_counter()
         tasks = []
         for i, p in enumerate(prompts):
             tasks.append(asyncio.create_task(one(p)))
             if math.isfinite(request_rate) and i < len(prompts) - 1:
                 await asyncio.sleep(rng.expovariate(request_rate))
         results = await asyncio.gather(*tasks)
-        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        wall, cpu = time.perf_counter() - t0, time.thread_time() - cpu0
     records = [r for r, _ in results]
     errors = [e for _, e in results if e]
     return LoadResult(records, wall, cpu, errors)

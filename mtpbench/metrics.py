@@ -257,6 +257,8 @@ def summarize(backend: str, point: GridPoint, category: str, requests: list[Requ
             c = draft_s / step_s
     theo = tps / (k * c + 1) if (tps is not None and c is not None) else (1.0 if k == 0 else None)
     tel = summarize_samples(telemetry) if telemetry else {}
+    if tel and telemetry.get("selection") == "all visible":
+        notes = [*notes, "GPU telemetry covers every GPU visible here (the engine's processes were not found on any)"]
     energy = tel.get("energy_j")
     foreign = [b.foreign_requests for b in batches if b.foreign_requests is not None]
     cpu = [b.client_cpu_s for b in batches if b.client_cpu_s is not None]

@@ -27,6 +27,21 @@ INT_GRACE_S = 20.0
 TERM_GRACE_S = 10.0
 
 
+def process_group_pids(pgid: int) -> set[int]:
+    """The live processes of a process group (Linux /proc; empty elsewhere)."""
+    out = set()
+    for name in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if name.isdigit():
+            try:
+                stat = Path(f"/proc/{name}/stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp ...
+            if int(fields[2]) == pgid:
+                out.add(int(name))
+    return out
+
+
 def group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -40,7 +55,7 @@ def group_alive(pgid: int) -> bool:
 def _signal_group(pgid: int, sig: int) -> None:
     try:
         os.killpg(pgid, sig)
-    except ProcessLookupError:
+    except (ProcessLookupError, PermissionError):  # gone (its number may since be someone else's)
         pass
 
 

@@ -37,9 +37,10 @@ def _nvml():
 
 
 def visible_gpu_indices(nvml, count: int) -> list[int]:
-    """NVML indices of the GPUs CUDA_VISIBLE_DEVICES leaves visible (all of them when it is unset)."""
+    """NVML indices of the GPUs CUDA_VISIBLE_DEVICES leaves visible (all when it is unset, none when it is
+    empty). Integer entries are taken in NVML's (PCI) order, CUDA's own with CUDA_DEVICE_ORDER=PCI_BUS_ID."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None or not visible.strip():
+    if visible is None:
         return list(range(count))
     out = []
     for item in (x.strip() for x in visible.split(",")):
@@ -64,18 +65,43 @@ def unavailable_reason() -> str | None:
     try:
         if not visible_gpu_indices(nvml, nvml.nvmlDeviceGetCount()):
             return "NVML sees no NVIDIA GPU visible to this process"
+    except Exception as e:  # NVMLError: no permission, a GPU fallen off the bus, ...
+        return f"NVML failed ({e})"
     finally:
         nvml.nvmlShutdown()
     return None
 
 
+def own_pids() -> set[int]:
+    """This process and its descendants (engine workers it started)."""
+    pids, children = {os.getpid()}, {}
+    for name in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if name.isdigit():
+            try:
+                stat = open(f"/proc/{name}/stat").read()
+            except OSError:
+                continue
+            children.setdefault(int(stat[stat.rindex(")") + 2:].split()[1]), []).append(int(name))
+    todo = [os.getpid()]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            if c not in pids:
+                pids.add(c)
+                todo.append(c)
+    return pids
+
+
 class GpuSampler:
     """``with GpuSampler() as s: <measured work>``; then ``s.record`` holds the samples.
 
-    ``off``: a reason not to sample (e.g. the engine runs on the CPU); the record then says it."""
+    ``off``: a reason not to sample (e.g. the engine runs on the CPU); the record then says it.
+    ``pids``: a callable giving the engine's processes; only the GPUs they run on are sampled
+    (``record["selection"]``), or every visible GPU when NVML shows none of them (containers may hide
+    other processes' ids), which the record says too."""
 
-    def __init__(self, interval_s: float = INTERVAL_S, off: str | None = None):
+    def __init__(self, interval_s: float = INTERVAL_S, off: str | None = None, pids=own_pids):
         self.interval_s = interval_s
+        self.pids = pids
         self.record: dict = {"unavailable": off} if off else {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -88,25 +114,35 @@ class GpuSampler:
             self.record = {"unavailable": reason}
             return self
         self.nvml = nvml
+        try:
+            self._open()
+        except Exception as e:  # NVMLError mid-set-up: no figures, and the point goes on
+            nvml.nvmlShutdown()
+            self._thread = None
+            self.record = {"unavailable": f"NVML failed ({e})"}
+        return self
+
+    def _open(self) -> None:
+        nvml = self.nvml
         indices = visible_gpu_indices(nvml, nvml.nvmlDeviceGetCount())
         if not indices:
-            nvml.nvmlShutdown()
-            self.record = {"unavailable": "NVML sees no NVIDIA GPU visible to this process"}
-            return self
+            raise RuntimeError("no NVIDIA GPU is visible to this process")
+        wanted = self.pids() if self.pids else set()
+        used = [i for i in indices if wanted & _gpu_pids(nvml, nvml.nvmlDeviceGetHandleByIndex(i))]
+        selection = "gpus of the engine's processes" if used else "all visible"
+        indices = used or indices
         self.handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in indices]
         names = [nvml.nvmlDeviceGetName(h) for h in self.handles]
-        self.record = {"source": "nvml", "interval_s": self.interval_s,
+        self.record = {"source": "nvml", "interval_s": self.interval_s, "selection": selection,
                        "gpus": [{"index": i, "name": n.decode() if isinstance(n, bytes) else str(n)}
                                 for i, n in zip(indices, names)],
                        "t_s": [], "power_w": [], "mem_used_bytes": [], "util_pct": [],
                        "energy_counter_mj": None}
-        start = self._energy()
-        self._energy_start = start
+        self._energy_start = self._energy()
         self.t0 = time.perf_counter()
         self._sample()
         self._thread = threading.Thread(target=self._loop, name="mtpbench-gpu-sampler", daemon=True)
         self._thread.start()
-        return self
 
     def __exit__(self, *exc) -> None:
         if self._thread is None:
@@ -141,6 +177,13 @@ class GpuSampler:
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
             self._sample()
+
+
+def _gpu_pids(nvml, handle) -> set[int]:
+    try:
+        return {p.pid for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)}
+    except Exception:  # not supported, or no permission: no match, so every visible GPU is sampled
+        return set()
 
 
 def _try(read):

