@@ -27,9 +27,9 @@ INT_GRACE_S = 20.0
 TERM_GRACE_S = 10.0
 
 
-def process_group_pids(pgid: int) -> set[int]:
-    """The live processes of a process group (Linux /proc; empty elsewhere)."""
-    out = set()
+def processes() -> list[tuple[int, int, int]]:
+    """(pid, parent pid, process group) of every live process (Linux /proc; empty elsewhere)."""
+    out = []
     for name in os.listdir("/proc") if os.path.isdir("/proc") else []:
         if name.isdigit():
             try:
@@ -37,8 +37,25 @@ def process_group_pids(pgid: int) -> set[int]:
             except OSError:
                 continue
             fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp ...
-            if int(fields[2]) == pgid:
-                out.add(int(name))
+            out.append((int(name), int(fields[1]), int(fields[2])))
+    return out
+
+
+def process_group_pids(pgid: int) -> set[int]:
+    return {pid for pid, _, group in processes() if group == pgid}
+
+
+def descendants(pid: int) -> set[int]:
+    """``pid`` and every process below it."""
+    children: dict[int, list[int]] = {}
+    for child, parent, _ in processes():
+        children.setdefault(parent, []).append(child)
+    out, todo = {pid}, [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            if c not in out:
+                out.add(c)
+                todo.append(c)
     return out
 
 

@@ -74,21 +74,9 @@ def unavailable_reason() -> str | None:
 
 def own_pids() -> set[int]:
     """This process and its descendants (engine workers it started)."""
-    pids, children = {os.getpid()}, {}
-    for name in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if name.isdigit():
-            try:
-                stat = open(f"/proc/{name}/stat").read()
-            except OSError:
-                continue
-            children.setdefault(int(stat[stat.rindex(")") + 2:].split()[1]), []).append(int(name))
-    todo = [os.getpid()]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            if c not in pids:
-                pids.add(c)
-                todo.append(c)
-    return pids
+    from mtpbench.procguard import descendants
+
+    return descendants(os.getpid())
 
 
 class GpuSampler:
