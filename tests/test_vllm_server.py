@@ -190,7 +190,8 @@ def test_attached_server_is_measured_not_managed(tmp_path, drafting_server):
     points = [json.loads(p.read_text()) for p in out.glob("vllm-k2-c*.json")]
     drafts = sum(b["num_drafts"] for p in points for b in p["batches"])
     assert 0 < drafts <= after["num_drafts"] - before["num_drafts"]
-    assert after["num_requests_finished"] - before["num_requests_finished"] == 3 * 2 + 2  # + warm-up at c=2
+    # 3 prompts at each concurrency, each window after a warm-up of as many requests as its concurrency
+    assert after["num_requests_finished"] - before["num_requests_finished"] == 3 * 2 + 1 + 2
     assert not list(out.glob("*.server.log"))
     for p in points:  # closed loop: never more requests in flight than the concurrency
         assert max_in_flight(p["requests"]) <= p["point"]["concurrency"]

@@ -242,7 +242,6 @@ class VllmServerBackend:
         self.key: tuple | None = None  # the (k, L) the running server serves
         self.failed: dict[tuple, str] = {}
         self.facts: dict = {}
-        self.warmed = False  # an attached server is warmed up once
 
     # -- sweep protocol -------------------------------------------------------------------------------
 
@@ -298,9 +297,6 @@ class VllmServerBackend:
             notes.append("MTP layer count taken as given (--mtp-layers): a server does not expose it"
                          if point.mtp_layers is not None else "MTP layer count unknown: a server does not expose it")
             startup, weights = None, None
-            if not self.warmed:
-                self._warm_up(cfg, prompts)
-                self.warmed = True
         else:
             startup = self._ensure_server(cfg, point, prompts)
             weights = sum(mtp_layer_bytes(Path(self.model_dir))[: point.mtp_layers]) if point.k else 0
@@ -358,7 +354,7 @@ class VllmServerBackend:
             wait_healthy(base, guard.running, cfg.server_start_timeout_s)
             self.server.model = probe(base)["model"]
             startup = time.perf_counter() - t0
-            self._warm_up(cfg, prompts)
+            self._warm_up(cfg, prompts, max(cfg.concurrency))  # a server that cannot answer fails here
         except (RuntimeError, MtpBenchError) as e:
             guard.stop()
             self.server = None
@@ -366,11 +362,11 @@ class VllmServerBackend:
                                f"server log ({log.name}): {guard.log_tail()}") from None
         return startup
 
-    def _warm_up(self, cfg: SweepConfig, prompts: list[Prompt]) -> None:
-        """Requests at the sweep's largest concurrency, before (and so excluded from) every window."""
+    def _warm_up(self, cfg: SweepConfig, prompts: list[Prompt], n: int) -> None:
+        """``n`` requests at once, before (and so excluded from) a window: shapes the engine has not
+        seen yet (a new batch size) are compiled or cached here, not inside the measurement."""
         from mtpbench.loadgen import run_load
 
-        n = max(cfg.concurrency)
         before = read_metrics(self.server.base_url)
         result = run_load(self.server.base_url, self.server.model, (prompts * n)[:n], api=cfg.api,
                           max_tokens=WARMUP_TOKENS, temperature=0.0, seed=cfg.seed, concurrency=n)
@@ -385,6 +381,7 @@ class VllmServerBackend:
         from mtpbench.telemetry import GpuSampler
 
         base, s = self.server.base_url, self.server
+        self._warm_up(cfg, prompts, point.concurrency or 1)
         before = read_metrics(base)
         with GpuSampler(off=self.facts.get("gpu_telemetry"), pids=self._server_pids) as tel:
             load = run_load(base, s.model, prompts, api=cfg.api, max_tokens=cfg.max_tokens,
