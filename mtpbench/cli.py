@@ -66,12 +66,17 @@ def model_or_profile(arg: Optional[str], profile: Optional[str]) -> tuple[Option
 def progress_callback():
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from mtpbench.environment import load_warning
+
     bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    transient=True)
     state = {}
 
     def on_point(i: int, n: int, name: str) -> None:
         if "task" not in state:
+            warning = load_warning()  # once, when measuring starts (bad input has been refused by then)
+            if warning:
+                typer.echo(warning, err=True)
             bar.start()
             state["task"] = bar.add_task("sweep", total=n)
         bar.update(state["task"], completed=i, description=f"sweep: {name}")

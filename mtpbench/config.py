@@ -263,6 +263,9 @@ def validate(cfg: SweepConfig, checkpoint_layers: int | None) -> None:
     if cfg.backend == "vllm" and cfg.force_spec_step_idx and cfg.tensor_parallel_size > 1:
         raise MtpBenchError("--force-spec-step-idx needs the vLLM engine in one process: "
                             f"use tensor_parallel_size 1 (got {cfg.tensor_parallel_size})")
+    if cfg.engine_args.get("disable_log_stats"):
+        raise MtpBenchError("--engine-arg disable_log_stats=true would switch off the spec-decode counters "
+                            "mtpbench reads: leave it out")
     validate_serving(cfg)
     check_writable(Path(cfg.out))
 

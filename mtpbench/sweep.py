@@ -24,7 +24,7 @@ from typing import Callable
 
 from mtpbench.backends import get_backend
 from mtpbench.config import SweepConfig, num_mtp_layers, validate
-from mtpbench.environment import provenance
+from mtpbench.environment import environment, provenance
 from mtpbench.errors import MtpBenchError
 from mtpbench.metrics import GridPoint, PointResult
 from mtpbench.prompts import load_prompts
@@ -69,6 +69,9 @@ def run_sweep(cfg: SweepConfig, on_point: Callable[[int, int, str], None] | None
             if on_point:
                 on_point(i, len(points), point.name)
             run_one(cfg, backend, point, prompts, out, fp)
+        run = json.loads((out / "run.json").read_text())
+        run["provenance"]["load_average_end"] = environment()["load_average"]
+        write_json(out / "run.json", run)
     finally:
         backend.close()  # a launched server goes down here, also on Ctrl-C
     if on_point:

@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -118,3 +119,57 @@ def test_plain_prompt_lines(tmp_path):
     f.write_text('{"prompt": "def f(x):", "category": "code"}\n\n{"prompt": "import os"}\n')
     ps = load_prompts(str(f))
     assert [p.text for p in ps] == ["def f(x):", "import os"] and ps[1].category == "none"
+
+
+def test_a_code_change_invalidates_saved_points(tmp_path, monkeypatch):
+    """The fingerprint holds a hash of mtpbench's sources: points made by other code are measured again."""
+    from mtpbench import environment
+
+    out = tmp_path / "s"
+    args = ("sweep", "--k", "0", "--out", out, *SMALL)
+    assert run(*args).exit_code == 0
+    mtime = (out / "k0.json").stat().st_mtime_ns
+    assert run(*args).exit_code == 0 and (out / "k0.json").stat().st_mtime_ns == mtime  # same code: reused
+    monkeypatch.setattr(environment, "code_identity", lambda: "0123456789abcdef")  # as after a bug fix
+    assert run(*args).exit_code == 0
+    assert (out / "k0.json").stat().st_mtime_ns != mtime
+    assert json.loads((out / "k0.json").read_text())["fingerprint"]["versions"]["mtpbench_code"] == "0123456789abcdef"
+
+
+def test_code_identity_follows_the_sources(tmp_path, monkeypatch):
+    import shutil
+
+    from mtpbench import environment
+
+    copy = tmp_path / "mtpbench"
+    shutil.copytree(Path(environment.__file__).parent, copy, ignore=shutil.ignore_patterns("assets", "__pycache__"))
+    monkeypatch.setattr(environment, "__file__", str(copy / "environment.py"))
+    before = environment.code_identity()
+    (copy / "metrics.py").write_text((copy / "metrics.py").read_text() + "\n# a fix\n")
+    assert environment.code_identity() != before
+
+
+def test_disable_log_stats_is_refused(tmp_path):
+    r = run("sweep", "--backend", "vllm", "--engine-arg", "disable_log_stats=true", "--out", tmp_path / "o")
+    assert r.exit_code == 2 and "disable_log_stats=true would switch off the spec-decode counters" in r.output
+    assert len(r.output.strip().splitlines()) == 1 and not (tmp_path / "o").exists()
+
+
+def test_native_dtype_auto_is_the_checkpoints():
+    from mtpbench.backends.native import NativeBackend
+    from mtpbench.config import SweepConfig
+
+    facts = NativeBackend().start(SweepConfig(dtype="auto"))
+    assert facts["dtype"] == "bfloat16"  # the built-in checkpoint's torch_dtype, not float32
+
+
+def test_a_busy_machine_gets_one_warning_and_its_load_on_record(tmp_path, monkeypatch):
+    import os
+
+    monkeypatch.setattr(os, "getloadavg", lambda: (64.0, 64.0, 64.0))
+    out = tmp_path / "busy"
+    r = run("sweep", "--k", "0", "--out", out, *SMALL)
+    assert r.exit_code == 0
+    assert r.output.count("warning: load average 64.00 exceeds the") == 1
+    prov = json.loads((out / "run.json").read_text())["provenance"]
+    assert prov["load_average"] == [64.0, 64.0, 64.0] and prov["load_average_end"] == [64.0, 64.0, 64.0]

@@ -16,7 +16,18 @@ from mtpbench.errors import MtpBenchError
 from mtpbench.metrics import BatchRecord, GridPoint, PointRun, RequestRecord
 from mtpbench.prompts import Prompt, batches
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": torch.float32}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def model_dtype(name: str, model_dir) -> torch.dtype:
+    """``auto`` is the checkpoint's own dtype (config.json ``torch_dtype``/``dtype``), as in vLLM."""
+    if name != "auto":
+        return DTYPES[name]
+    from mtpbench.config import read_config
+
+    cfg = read_config(model_dir)
+    declared = cfg.get("torch_dtype") or cfg.get("dtype") or (cfg.get("text_config") or {}).get("torch_dtype")
+    return DTYPES.get(str(declared).removeprefix("torch."), torch.float32)
 
 
 def load_tokenizer(model_dir):
@@ -53,10 +64,11 @@ class NativeBackend:
         t0 = time.perf_counter()
         self.device = resolve_device(cfg.device)
         self.tokenizer = load_tokenizer(cfg.model_dir)
-        self.model = load_model(cfg.model_dir, self.device, DTYPES[cfg.dtype])
+        self.dtype = model_dtype(cfg.dtype, cfg.model_dir)
+        self.model = load_model(cfg.model_dir, self.device, self.dtype)
         self.startup_s = time.perf_counter() - t0
         a = self.model.args
-        return {"engine": "mtpbench-native", "device": str(self.device), "dtype": cfg.dtype,
+        return {"engine": "mtpbench-native", "device": str(self.device), "dtype": str(self.dtype).removeprefix("torch."),
                 "num_mtp_layers_in_checkpoint": a.num_nextn_predict_layers,
                 "num_parameters": sum(p.numel() for p in self.model.parameters()),
                 "torch": torch.__version__, "startup_s": round(self.startup_s, 3)}
