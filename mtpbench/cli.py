@@ -97,8 +97,9 @@ def sweep(
     k: Annotated[Optional[str], typer.Option("--k", help="num_speculative_tokens values, e.g. 0,1,2,3 (0 = plain decoding baseline; with --server: the server's).")] = None,
     mtp_layers: Annotated[Optional[str], typer.Option(help="MTP layer counts, e.g. 1,2,3 (default: all the checkpoint has).")] = None,
     mode: Annotated[Optional[str], typer.Option(help="Drafting modes: reuse (layer 0 every step), chain (step s runs layer s mod L).")] = None,
-    prompts: Annotated[Optional[str], typer.Option(help="'builtin' or a JSONL file (MT-Bench/Spec-Bench 'turns', or 'prompt').")] = None,
-    num_prompts: Annotated[Optional[int], typer.Option(help="Number of prompts.")] = None,
+    prompts: Annotated[Optional[str], typer.Option(help="builtin, spec-bench (480 questions, 13 categories), mt-bench (its 80), or a JSONL file ('turns' or 'prompt').")] = None,
+    num_prompts: Annotated[Optional[int], typer.Option(help="Number of prompts, spread over the categories [default: 8 of builtin, all of any other set].")] = None,
+    chat_template: Annotated[Optional[str], typer.Option(help="auto: prompts through the checkpoint's chat template where it has one; none: raw text.")] = None,
     max_tokens: Annotated[Optional[int], typer.Option(help="Output tokens per prompt.")] = None,
     temperature: Annotated[Optional[float], typer.Option(help="0 = greedy; > 0 uses rejection sampling.")] = None,
     batch_size: Annotated[Optional[int], typer.Option("--batch-size", "--max-num-seqs", help="Sequences decoded together.")] = None,
@@ -132,7 +133,8 @@ def sweep(
     try:
         cfg = resolve(dict(model=model, backend="vllm-server" if server else backend, k=ints(k, "--k"),
                            mtp_layers=ints(mtp_layers, "--mtp-layers"),
-                           mode=strs(mode), prompts=prompts, num_prompts=num_prompts, max_tokens=max_tokens,
+                           mode=strs(mode), prompts=prompts, num_prompts=num_prompts, chat_template=chat_template,
+                           max_tokens=max_tokens,
                            temperature=temperature, batch_size=batch_size, seed=seed, device=device, dtype=dtype,
                            max_model_len=max_model_len, tensor_parallel_size=tensor_parallel_size,
                            pipeline_parallel_size=pipeline_parallel_size, data_parallel_size=data_parallel_size,
@@ -156,12 +158,12 @@ def sweep(
 
 def show(rows, out) -> None:
     """The sweep's table, and one line when it has no GPU telemetry, saying why."""
-    from mtpbench.report import table, telemetry_notice
+    from mtpbench.report import notices, table
 
     typer.echo(table(rows))
-    notice = telemetry_notice(out)
-    if notice:
-        typer.echo(f"\n{notice}")
+    lines = notices(out)
+    if lines:
+        typer.echo("\n" + "\n".join(lines))
 
 
 def parse_value(text: str):

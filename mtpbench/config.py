@@ -30,8 +30,9 @@ class SweepConfig:
     k: tuple[int, ...] = (0, 1, 2, 3)
     mtp_layers: tuple[int, ...] = ()  # empty: every MTP layer the checkpoint has
     mode: tuple[str, ...] = MODES
-    prompts: str = "builtin"
-    num_prompts: int = 8
+    prompts: str = "builtin"  # builtin, spec-bench, mt-bench, or a JSONL file
+    num_prompts: int | None = None  # None: 8 of the built-in set, every prompt of any other set
+    chat_template: str = "auto"  # auto: through the checkpoint's chat template where it has one; none
     max_tokens: int = 128
     temperature: float = 0.0
     batch_size: int = 1
@@ -250,7 +251,7 @@ def validate(cfg: SweepConfig, checkpoint_layers: int | None) -> None:
     if cfg.dtype not in DTYPES:
         raise MtpBenchError(f"unknown dtype {cfg.dtype!r} (choose from {', '.join(DTYPES)})")
     for name in ("num_prompts", "max_tokens", "batch_size"):
-        if getattr(cfg, name) < 1:
+        if getattr(cfg, name) is not None and getattr(cfg, name) < 1:
             raise MtpBenchError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")
     if cfg.temperature < 0:
         raise MtpBenchError(f"--temperature must be >= 0, got {cfg.temperature}")

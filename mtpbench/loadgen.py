@@ -41,9 +41,12 @@ class LoadResult:
     errors: list[str] = field(default_factory=list)
 
 
-def payload(api: str, model: str, text: str, max_tokens: int, temperature: float, seed: int | None) -> dict:
+def payload(api: str, model: str, prompt: Prompt, max_tokens: int, temperature: float, seed: int | None) -> dict:
+    text = prompt.text
     body = {"model": model, "max_tokens": max_tokens, "temperature": temperature, "stream": True,
             "stream_options": {"include_usage": True}, "ignore_eos": True, "return_token_ids": True}
+    if prompt.templated:  # rendered through the chat template: it holds its special tokens already
+        body["add_special_tokens"] = False
     if seed is not None and temperature > 0:
         body["seed"] = seed
     if api == "chat":
@@ -117,7 +120,7 @@ async def _run(base_url, api, model, prompts, max_tokens, temperature, seed, con
                                      trust_env=not is_loopback(base_url)) as session:
         async def one(p: Prompt):
             async with gate:
-                return await _request(session, url, payload(api, model, p.text, max_tokens, temperature, seed), p, t0)
+                return await _request(session, url, payload(api, model, p, max_tokens, temperature, seed), p, t0)
 
         # the event loop's thread is the client: its CPU time, not the process's (a GPU sampler runs beside)
         cpu0, t0 = time.thread_time(), time.perf_counter()

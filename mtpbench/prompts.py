@@ -1,14 +1,27 @@
-"""Prompt sets: the built-in code prompts, MT-Bench / Spec-Bench JSONL, and plain {"prompt": ...} JSONL."""
+"""Prompt sets: the built-in code prompts, Spec-Bench and its MT-Bench subset (shipped in
+``mtpbench/data``), and any JSONL file (MT-Bench/Spec-Bench ``turns`` lines or ``{"prompt": ...}`` lines).
+
+A chat model is benchmarked on what it is served: ``prompt_set`` renders each question through the
+checkpoint's own chat template (``--chat-template auto``, the default, when the checkpoint has one) with
+``add_generation_prompt``, as vLLM's chat endpoint does; such a prompt is then tokenized without adding
+special tokens again. Multi-turn questions use their first turn, and the set's notes say so.
+"""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from mtpbench.errors import MtpBenchError
 
 BUILTIN_MODEL_DIR = Path(__file__).parent / "assets" / "tiny"
+DATA_DIR = Path(__file__).parent / "data"
+SPEC_BENCH = DATA_DIR / "spec_bench_question.jsonl"
+MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+NAMED_SETS = ("builtin", "spec-bench", "mt-bench")
+BUILTIN_DEFAULT_PROMPTS = 8  # the built-in set's default size; every other set defaults to all of it
+CHAT_TEMPLATE_MODES = ("auto", "none")
 
 
 @dataclass(frozen=True)
@@ -16,18 +29,35 @@ class Prompt:
     text: str
     category: str = "none"
     id: str = ""
+    templated: bool = False  # rendered through a chat template: tokenize without adding special tokens
 
 
-def load_prompts(spec: str, num_prompts: int | None = None) -> list[Prompt]:
-    """``builtin`` or a path to a JSONL file. MT-Bench lines use their first turn."""
-    path = BUILTIN_MODEL_DIR / "prompts.jsonl" if spec == "builtin" else Path(spec)
+@dataclass
+class PromptSet:
+    prompts: list[Prompt]
+    name: str
+    notes: list[str] = field(default_factory=list)  # what the output should say about the prompts
+
+    def describe(self) -> dict:
+        return {"set": self.name, "num_prompts": len(self.prompts),
+                "categories": sorted({p.category for p in self.prompts}), "notes": self.notes}
+
+
+def _read(spec: str) -> tuple[list[Prompt], set[str]]:
+    """Every prompt of a set or file, and the ids of the multi-turn ones (their first turn is kept)."""
+    if spec == "builtin":
+        path = BUILTIN_MODEL_DIR / "prompts.jsonl"
+    elif spec in ("spec-bench", "mt-bench"):
+        path = SPEC_BENCH
+    else:
+        path = Path(spec)
     if not path.is_file():
         raise MtpBenchError(f"prompts file not found: {path}")
     try:
         text_lines = path.read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError:
         raise MtpBenchError(f"{path}: not UTF-8 text") from None
-    out = []
+    out, multi = [], set()
     for lineno, line in enumerate(text_lines, 1):
         if not line.strip():
             continue
@@ -45,11 +75,131 @@ def load_prompts(spec: str, num_prompts: int | None = None) -> list[Prompt]:
             raise MtpBenchError(f"{path}:{lineno}: needs a 'prompt' string or a non-empty 'turns' list")
         if not text:
             raise MtpBenchError(f"{path}:{lineno}: empty prompt")
-        out.append(Prompt(text, str(row.get("category", "code" if spec == "builtin" else "none")),
-                          str(row.get("question_id", row.get("id", lineno)))))
+        category = str(row.get("category", "code" if spec == "builtin" else "none"))
+        if spec == "mt-bench" and category not in MT_BENCH_CATEGORIES:
+            continue
+        out.append(Prompt(text, category, str(row.get("question_id", row.get("id", lineno)))))
+        if isinstance(row.get("turns"), list) and len(row["turns"]) > 1:
+            multi.add(out[-1].id)
     if not out:
         raise MtpBenchError(f"{path}: no prompts")
-    return out[:num_prompts] if num_prompts else out
+    return out, multi
+
+
+def _select(prompts: list[Prompt], n: int) -> list[Prompt]:
+    """``n`` prompts spread over the categories (round robin), kept in file order."""
+    by_cat: dict[str, list[int]] = {}
+    for i, p in enumerate(prompts):
+        by_cat.setdefault(p.category, []).append(i)
+    chosen: list[int] = []
+    depth = 0
+    while len(chosen) < n:
+        for idx in by_cat.values():
+            if depth < len(idx) and len(chosen) < n:
+                chosen.append(idx[depth])
+        depth += 1
+    return [prompts[i] for i in sorted(chosen)]
+
+
+def load_prompts(spec: str, num_prompts: int | None = None) -> list[Prompt]:
+    """``num_prompts`` of a set or JSONL file (default: the built-in set's 8, every other set whole);
+    asking for more than the set has is an error naming both numbers."""
+    return _load(spec, num_prompts)[0]
+
+
+def _load(spec: str, num_prompts: int | None) -> tuple[list[Prompt], set[str]]:
+    prompts, multi = _read(spec)
+    if num_prompts is None:
+        num_prompts = min(BUILTIN_DEFAULT_PROMPTS, len(prompts)) if spec == "builtin" else len(prompts)
+    if num_prompts > len(prompts):
+        raise MtpBenchError(f"--num-prompts {num_prompts}: the prompt set {spec} has {len(prompts)} prompts")
+    chosen = _select(prompts, num_prompts)
+    return chosen, multi & {p.id for p in chosen}
+
+
+def prompt_set(spec: str, num_prompts: int | None = None, model_dir: Path | None = None,
+               chat_template: str = "auto") -> PromptSet:
+    """The prompts a run measures, through the checkpoint's chat template where it has one (``auto``)."""
+    if chat_template not in CHAT_TEMPLATE_MODES:
+        raise MtpBenchError(f"--chat-template takes auto or none, got {chat_template!r}")
+    prompts, multi = _load(spec, num_prompts)
+    notes = []
+    if multi:
+        notes.append(f"{len(multi)} multi-turn question(s) use their first turn only")
+    template = chat_template_of(model_dir) if chat_template == "auto" and model_dir is not None else None
+    if template is not None:
+        special = special_tokens(model_dir)
+        prompts = [Prompt(render(template, [{"role": "user", "content": p.text}], special), p.category, p.id, True)
+                   for p in prompts]
+        notes.append("the checkpoint's chat template was applied (--chat-template none for raw text)")
+    elif chat_template == "auto" and model_dir is not None and spec != "builtin":
+        notes.append("the checkpoint has no chat template: prompts are raw text")
+    return PromptSet(prompts, spec, notes)
+
+
+# ---- chat templates ----------------------------------------------------------------------------------
+
+def _tokenizer_config(model_dir: Path) -> dict:
+    path = Path(model_dir) / "tokenizer_config.json"
+    try:
+        return json.loads(path.read_text()) if path.is_file() else {}
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise MtpBenchError(f"{path} is not valid JSON") from None
+
+
+def chat_template_of(model_dir: Path) -> str | None:
+    """The checkpoint's default chat template: ``chat_template.jinja``, ``chat_template.json`` or
+    ``tokenizer_config.json``'s ``chat_template`` (a string, or a list of named templates)."""
+    model_dir = Path(model_dir)
+    if (model_dir / "chat_template.jinja").is_file():
+        return (model_dir / "chat_template.jinja").read_text()
+    for source in (model_dir / "chat_template.json", model_dir / "tokenizer_config.json"):
+        if not source.is_file():
+            continue
+        value = (_tokenizer_config(model_dir) if source.name == "tokenizer_config.json"
+                 else json.loads(source.read_text())).get("chat_template")
+        if isinstance(value, list):
+            value = next((t.get("template") for t in value if t.get("name") == "default"), None)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+def special_tokens(model_dir: Path) -> dict:
+    """bos_token, eos_token, ... as strings, the variables chat templates read."""
+    cfg = _tokenizer_config(model_dir)
+    out = {}
+    for key in ("bos_token", "eos_token", "pad_token", "unk_token"):
+        value = cfg.get(key)
+        if isinstance(value, dict):
+            value = value.get("content")
+        if isinstance(value, str):
+            out[key] = value
+    return out
+
+
+def render(template: str, messages: list[dict], special: dict) -> str:
+    """Render a Hugging Face chat template the way transformers does (sandboxed jinja2, trimmed blocks,
+    ``raise_exception``, ``tojson``, ``strftime_now``), with ``add_generation_prompt``."""
+    from datetime import datetime
+
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = tojson
+    env.globals.update(raise_exception=raise_exception, strftime_now=lambda fmt: datetime.now().strftime(fmt))
+    try:
+        return env.from_string(template).render(messages=messages, add_generation_prompt=True, **special)
+    except jinja2.exceptions.TemplateError as e:
+        raise MtpBenchError(f"the checkpoint's chat template failed: {e}") from None
 
 
 def batches(prompts: list[Prompt], batch_size: int) -> list[list[Prompt]]:

@@ -20,7 +20,7 @@ from mtpbench.errors import MtpBenchError
 from mtpbench.metrics import GridPoint, PointResult, PointRun, mean_call_s, summarize
 
 # settings that change what a point measures; a saved point is reused only if these match
-FINGERPRINT_KEYS = ("model", "backend", "method", "prompts", "num_prompts", "max_tokens", "temperature",
+FINGERPRINT_KEYS = ("model", "backend", "method", "prompts", "num_prompts", "chat_template", "max_tokens", "temperature",
                     "batch_size", "seed", "device", "dtype", "force_spec_step_idx", "max_model_len",
                     "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
                     "distributed_executor_backend", "gpu_memory_utilization", "engine_args", "server", "api")
@@ -163,6 +163,18 @@ def table(rows: list[PointResult]) -> str:
 def _label(r: PointResult) -> str:
     return GridPoint(r.mode, r.k, r.mtp_layers, r.concurrency,
                      float("inf") if r.request_rate is None else r.request_rate).name
+
+
+def notices(out: Path) -> list[str]:
+    """Lines a reader needs under the table: what the prompts were, and why GPU telemetry is missing."""
+    lines = []
+    run = _read_json(Path(out) / "run.json")
+    ps = run.get("prompts")
+    if ps:
+        lines.append(f"prompts: {ps['set']}, {ps['num_prompts']} in {len(ps['categories'])} "
+                     f"categor{'y' if len(ps['categories']) == 1 else 'ies'}" + "".join(f"; {n}" for n in ps["notes"]))
+    tel = telemetry_notice(out)
+    return lines + ([tel] if tel else [])
 
 
 def telemetry_notice(out: Path) -> str | None:

@@ -27,7 +27,7 @@ from mtpbench.config import SweepConfig, num_mtp_layers, validate
 from mtpbench.environment import environment, provenance
 from mtpbench.errors import MtpBenchError
 from mtpbench.metrics import GridPoint, PointResult
-from mtpbench.prompts import load_prompts
+from mtpbench.prompts import PromptSet, prompt_set
 from mtpbench.report import build, fingerprint, write_json
 
 def grid(cfg: SweepConfig, checkpoint_layers: int | None, attached_k: int | None = None) -> list[GridPoint]:
@@ -50,7 +50,8 @@ def grid(cfg: SweepConfig, checkpoint_layers: int | None, attached_k: int | None
 def run_sweep(cfg: SweepConfig, on_point: Callable[[int, int, str], None] | None = None) -> list[PointResult]:
     n_layers = None if cfg.server else num_mtp_layers(cfg.model_dir)  # an attached server's model is remote
     validate(cfg, n_layers)
-    prompts = load_prompts(cfg.prompts, cfg.num_prompts)
+    pset = sweep_prompts(cfg)
+    prompts = pset.prompts
     out = Path(cfg.out)
     t0 = time.perf_counter()
     backend = get_backend(cfg.backend)  # imports the engine (torch for native)
@@ -64,7 +65,8 @@ def run_sweep(cfg: SweepConfig, on_point: Callable[[int, int, str], None] | None
             raise MtpBenchError(f"output directory is not writable: {out} ({e.strerror})") from None
         prov = provenance()
         fp = fingerprint(cfg.to_json(), prov["versions"])
-        write_json(out / "run.json", {"config": cfg.to_json(), "provenance": prov, "engine": engine})
+        write_json(out / "run.json", {"config": cfg.to_json(), "provenance": prov, "engine": engine,
+                                      "prompts": pset.describe()})
         for i, point in enumerate(points):
             if on_point:
                 on_point(i, len(points), point.name)
@@ -77,6 +79,22 @@ def run_sweep(cfg: SweepConfig, on_point: Callable[[int, int, str], None] | None
     if on_point:
         on_point(len(points), len(points), "report")
     return build(out)
+
+
+def sweep_prompts(cfg: SweepConfig) -> PromptSet:
+    """The prompts, through the model's chat template unless the server applies its own (--api chat) or
+    its files are not here (an attached server)."""
+    if cfg.backend == "vllm-server" and cfg.api == "chat":
+        pset = prompt_set(cfg.prompts, cfg.num_prompts, None, "none")
+        pset.notes.append("the server applies its chat template (--api chat)")
+    elif cfg.server:
+        pset = prompt_set(cfg.prompts, cfg.num_prompts, None, "none")
+        if cfg.chat_template == "auto":
+            pset.notes.append("no chat template applied: an attached server's files are not read over "
+                              "/v1/completions (--api chat has the server apply its own)")
+    else:
+        pset = prompt_set(cfg.prompts, cfg.num_prompts, cfg.model_dir, cfg.chat_template)
+    return pset
 
 
 def run_one(cfg: SweepConfig, backend, point: GridPoint, prompts, out: Path, fp: dict) -> None:

@@ -363,7 +363,7 @@ def run_trace(cfg, k: int, mode: str = "reuse", backend=None) -> dict:
 
     from mtpbench.backends import get_backend
     from mtpbench.config import validate
-    from mtpbench.prompts import load_prompts
+    from mtpbench.prompts import prompt_set
     from mtpbench.config import num_mtp_layers
     from mtpbench.report import write_json, write_text
     from mtpbench.environment import provenance
@@ -379,7 +379,7 @@ def run_trace(cfg, k: int, mode: str = "reuse", backend=None) -> dict:
     if cfg.backend == "vllm" and cfg.tensor_parallel_size > 1:
         raise MtpBenchError("tracing needs the vLLM engine in one process: use tensor_parallel_size 1 "
                             f"(got {cfg.tensor_parallel_size})")
-    prompts = load_prompts(cfg.prompts, cfg.num_prompts)
+    prompts = prompt_set(cfg.prompts, cfg.num_prompts, cfg.model_dir, cfg.chat_template).prompts
     if backend is None:
         backend = get_backend(cfg.backend)
         backend.start(cfg)

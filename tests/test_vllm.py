@@ -139,3 +139,20 @@ def test_vllm_sweep_records_a_crash_inside_vllm_and_goes_on(tmp_path):
     failure = json.loads((out / "vllm-L2-k2.failure.json").read_text())
     assert "AssertionError: mimo_mtp only support predict one token now" in failure["error"]
     assert json.loads((out / "k0.json").read_text())["requests"][0]["output_token_ids"]
+
+
+def test_vllm_gets_a_templated_prompt_with_its_bos_once(tmp_path):
+    """A chat-templated prompt reaches vLLM as the same token ids the native engine encodes: the template's
+    BOS, not a second one from the tokenizer."""
+    from conftest import make_chat_model
+    from mtpbench.prompts import prompt_set
+
+    d = make_chat_model(tmp_path / "chat")
+    c = cfg(model=str(d), max_tokens=4)
+    prompts = prompt_set("mt-bench", 2, d).prompts
+    run = VllmBackend().run_point(c, GridPoint("plain", 0, 0), prompts)
+    native = NativeBackend()
+    native.start(cfg(backend="native", model=str(d)))
+    ids = native.encode(prompts)
+    assert [r.num_prompt_tokens for r in run.requests] == [len(x) for x in ids]
+    assert ids[0][0] == 0 and ids[0][1] != 0

@@ -74,7 +74,8 @@ class NativeBackend:
                 "torch": torch.__version__, "startup_s": round(self.startup_s, 3)}
 
     def encode(self, prompts: list[Prompt]) -> list[list[int]]:
-        return [self.tokenizer.encode(p.text).ids for p in prompts]
+        # a prompt rendered through the chat template already holds its special tokens
+        return [self.tokenizer.encode(p.text, add_special_tokens=not p.templated).ids for p in prompts]
 
     def generation(self, cfg: SweepConfig, ids, k, mode, mtp_layers, max_tokens) -> Generation:
         torch.manual_seed(cfg.seed)

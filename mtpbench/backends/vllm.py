@@ -269,7 +269,7 @@ def measure(llm, cfg: dict, k: int, prompts: list[Prompt]) -> tuple[list[Request
         for group in groups:
             before = read_spec_counters(llm)
             t0 = time.monotonic()
-            outs = llm.generate([p.text for p in group], params, use_tqdm=False)
+            outs = llm.generate(engine_prompts(llm, group), params, use_tqdm=False)
             wall = time.monotonic() - t0
             records.append(BatchRecord(group[0].category, wall, **counter_delta(before, read_spec_counters(llm), k)))
             for p, o in zip(group, outs):
@@ -279,6 +279,16 @@ def measure(llm, cfg: dict, k: int, prompts: list[Prompt]) -> tuple[list[Request
                 requests.append(RequestRecord(p.category, len(o.prompt_token_ids or []),
                                               list(o.outputs[0].token_ids), ttft, last))
     return requests, records, tel.record
+
+
+def engine_prompts(llm, group: list[Prompt]) -> list:
+    """Text prompts as they are; chat-templated ones as token ids encoded without special tokens (the
+    template holds them already), as vLLM's own chat path does."""
+    from vllm.inputs import TokensPrompt
+
+    tok = llm.get_tokenizer() if any(p.templated for p in group) else None
+    return [TokensPrompt(prompt_token_ids=tok.encode(p.text, add_special_tokens=False)) if p.templated else p.text
+            for p in group]
 
 
 def held_mtp_bytes(llm) -> int | None:
@@ -323,7 +333,7 @@ def trace(llm, cfg: dict, k: int, prompts: list[Prompt], force: bool) -> dict:
     try:
         for group in batches(prompts, cfg["batch_size"]):
             tracer.start_batch()
-            llm.generate([p.text for p in group], params, use_tqdm=False)
+            llm.generate(engine_prompts(llm, group), params, use_tqdm=False)
     except Exception as e:  # e.g. MiMo's assert spec_step_idx == 0 under --force-spec-step-idx
         crash = f"{type(e).__name__}: {e}".strip()[:2000]
     tracer.enabled = False
