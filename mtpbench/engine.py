@@ -42,6 +42,8 @@ class Counts:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+    # (sequence length when the drafts were verified, drafts accepted), one per verify step
+    steps: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -172,6 +174,7 @@ class Generation:
                 c.num_accepted_tokens += ab
                 for i in range(ab):
                     c.num_accepted_tokens_per_pos[i] += 1
+                c.steps.append((nb, ab))
                 new.append(X[b, nb: nb + ab + 1].tolist())
                 n[b] = nb + ab + 1
             self._emit(new)

@@ -26,7 +26,7 @@ from urllib.parse import urlparse
 import aiohttp
 
 from mtpbench.config import APIS
-from mtpbench.metrics import RequestRecord
+from mtpbench.metrics import RequestRecord, request_acceptance, request_acceptance_from_histogram
 from mtpbench.prompts import Prompt
 
 REQUEST_TIMEOUT_S = 6 * 3600  # a whole request
@@ -63,7 +63,7 @@ def is_loopback(url: str) -> bool:
 
 async def _request(session, url: str, body: dict, prompt: Prompt, t0: float) -> tuple[RequestRecord | None, str | None]:
     tokens: list[int] = []
-    usage_tokens = prompt_tokens = None
+    usage_tokens = prompt_tokens = spec = None
     ttft = last = None
     itl: list[float] = []
     st = time.perf_counter()
@@ -86,6 +86,7 @@ async def _request(session, url: str, body: dict, prompt: Prompt, t0: float) -> 
                 if chunk.get("usage"):
                     usage_tokens = chunk["usage"].get("completion_tokens")
                     prompt_tokens = chunk["usage"].get("prompt_tokens")
+                    spec = (chunk.get("metrics") or {}).get("speculative_decoding")
                 for choice in chunk.get("choices") or []:
                     ids = choice.get("token_ids") or []
                     text = choice.get("text") or (choice.get("delta") or {}).get("content")
@@ -106,7 +107,19 @@ async def _request(session, url: str, body: dict, prompt: Prompt, t0: float) -> 
         return None, (f"the server returned {len(tokens)} token ids for {usage_tokens} completion tokens: "
                       "is this a vLLM server (return_token_ids)?")
     return RequestRecord(prompt.category, prompt_tokens or 0, tokens, ttft,
-                         (last - st) if last is not None else None, itl, st - t0), None
+                         (last - st) if last is not None else None, itl, st - t0,
+                         **served_acceptance(spec, prompt_tokens or 0)), None
+
+
+def served_acceptance(spec: dict | None, prompt_tokens: int) -> dict:
+    """A request's spec-decode counts from the response's ``metrics.speculative_decoding`` (vLLM servers
+    started with ``--per-request-spec-decode-metrics``); empty when the server sends none."""
+    if not spec or not spec.get("num_spec_tokens"):
+        return {}
+    k = spec["num_spec_tokens"]
+    if spec.get("per_step_accepted"):
+        return request_acceptance(k, spec["per_step_accepted"], spec.get("per_step_drafted"), prompt_tokens + 1)
+    return request_acceptance_from_histogram(k, spec["acceptance_histogram"], spec["num_draft_tokens"])
 
 
 async def _run(base_url, api, model, prompts, max_tokens, temperature, seed, concurrency, request_rate):

@@ -69,6 +69,53 @@ class RequestRecord:
     # one delivery carries up to k+1 tokens), as ``vllm bench serve`` measures ITL; None: not observed
     itl_s: list[float] | None = None
     sent_s: float | None = None  # served runs: when the request was sent, from the start of the window
+    # this request's own spec-decode counts (vLLM's names); None: the backend could not tell them apart
+    num_drafts: int | None = None
+    num_draft_tokens: int | None = None
+    num_accepted_tokens: int | None = None
+    num_accepted_tokens_per_pos: list[int] | None = None
+    # one [sequence length when the drafts were verified, drafts accepted] per verify step (None: unknown)
+    draft_steps: list[list[int]] | None = None
+
+    @property
+    def acceptance_length(self) -> float | None:
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else None
+
+
+def request_acceptance(k: int, accepted: list[int], drafted: list[int] | None = None,
+                       first_position: int | None = None) -> dict:
+    """A request's spec-decode counts from its verify steps' accepted-draft counts, in vLLM's names.
+
+    ``drafted``: drafts proposed at each step (default k). ``first_position``: the sequence length at the
+    first verify step (prompt + the prefill's token), from which each step's position follows."""
+    drafted = drafted if drafted is not None else [k] * len(accepted)
+    per_pos = [sum(a > i for a in accepted) for i in range(k)]
+    steps = None
+    if first_position is not None:
+        steps, pos = [], first_position
+        for a in accepted:
+            steps.append([pos, a])
+            pos += a + 1
+    return {"num_drafts": sum(d > 0 for d in drafted), "num_draft_tokens": sum(drafted),
+            "num_accepted_tokens": sum(accepted), "num_accepted_tokens_per_pos": per_pos, "draft_steps": steps}
+
+
+def request_acceptance_from_histogram(k: int, histogram: list[int], num_draft_tokens: int) -> dict:
+    """The same counts from vLLM's per-request histogram of accepted drafts per step (no positions)."""
+    return {"num_drafts": sum(histogram), "num_draft_tokens": num_draft_tokens,
+            "num_accepted_tokens": sum(j * n for j, n in enumerate(histogram)),
+            "num_accepted_tokens_per_pos": [sum(histogram[i + 1:]) for i in range(k)], "draft_steps": None}
+
+
+def check_requests_against_counters(requests: list[RequestRecord], batches: list[BatchRecord]) -> str | None:
+    """None when the per-request counts add up to the engine's global counters, else what differs."""
+    if not requests or any(r.num_drafts is None for r in requests):
+        return None
+    for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"):
+        mine, total = sum(getattr(r, name) for r in requests), sum(getattr(b, name) for b in batches)
+        if mine != total:
+            return f"per-request {name} add up to {mine}, the engine's counters to {total}"
+    return None
 
 
 @dataclass

@@ -26,7 +26,7 @@ from mtpbench.backends import get_backend
 from mtpbench.config import SweepConfig, num_mtp_layers, validate
 from mtpbench.environment import environment, provenance
 from mtpbench.errors import MtpBenchError
-from mtpbench.metrics import GridPoint, PointResult
+from mtpbench.metrics import GridPoint, PointResult, check_requests_against_counters
 from mtpbench.prompts import PromptSet, prompt_set
 from mtpbench.report import build, fingerprint, write_json
 
@@ -97,6 +97,22 @@ def sweep_prompts(cfg: SweepConfig) -> PromptSet:
     return pset
 
 
+def check_per_request(run) -> None:
+    """Per-request acceptance is kept only where it adds up to the engine's own counters (a server's
+    counters also hold others' requests when it had foreign traffic: there they cannot be compared)."""
+    if any(r.num_drafts is None for r in run.requests):
+        run.notes.append("per-request acceptance is not available from this engine: no intervals over prompts")
+        return
+    if any(b.foreign_requests for b in run.batches):
+        return
+    problem = check_requests_against_counters(run.requests, run.batches)
+    if problem:
+        run.notes.append(f"per-request acceptance dropped: {problem}")
+        for r in run.requests:
+            r.num_drafts = r.num_draft_tokens = r.num_accepted_tokens = None
+            r.num_accepted_tokens_per_pos = r.draft_steps = None
+
+
 def run_one(cfg: SweepConfig, backend, point: GridPoint, prompts, out: Path, fp: dict) -> None:
     """Measure one point into ``<name>.json``, or record why it failed in ``<name>.failure.json``."""
     path, failure = out / f"{point.name}.json", out / f"{point.name}.failure.json"
@@ -116,6 +132,8 @@ def run_one(cfg: SweepConfig, backend, point: GridPoint, prompts, out: Path, fp:
         write_json(failure, {**head, "error": f"{type(e).__name__}: {e}".strip()[:2000]})
         return
     failure.unlink(missing_ok=True)
+    if point.k > 0:
+        check_per_request(run)
     write_json(path, {**head, "wall_s": round(time.perf_counter() - t0, 3), "startup_s": run.startup_s,
                       "engine": run.engine, "mtp_weight_bytes": run.mtp_weight_bytes, "notes": run.notes,
                       "telemetry": run.telemetry,

@@ -111,3 +111,14 @@ def test_rejection_sampling_reproduces_target_distribution():
     accepted = sum(c.num_accepted_tokens for c in g.counts)
     drafted = sum(c.num_draft_tokens for c in g.counts)
     assert 0.1 < accepted / drafted < 0.95
+
+
+def test_per_sequence_counts_add_up_and_positions_follow_the_tokens(model, prompt_ids):
+    """Each row's verify steps: positions start after the prefill token and advance by accepted + 1."""
+    g = generate(model, prompt_ids, 40, k=3, mode="chain")
+    for ids, c in zip(prompt_ids, g.counts):
+        assert c.steps[0][0] == len(ids) + 1
+        assert sum(a for _, a in c.steps) == c.num_accepted_tokens and len(c.steps) == c.num_drafts
+        for (p0, a0), (p1, _) in zip(c.steps, c.steps[1:]):
+            assert p1 == p0 + a0 + 1
+        assert c.num_accepted_tokens_per_pos == [sum(a > i for _, a in c.steps) for i in range(3)]

@@ -156,3 +156,23 @@ def test_vllm_gets_a_templated_prompt_with_its_bos_once(tmp_path):
     ids = native.encode(prompts)
     assert [r.num_prompt_tokens for r in run.requests] == [len(x) for x in ids]
     assert ids[0][0] == 0 and ids[0][1] != 0
+
+
+def test_per_request_acceptance_agrees_with_native_reuse_and_the_counters():
+    """Four prompts decoded together: vLLM's per-request data (per_request_spec_decode_metrics) gives each
+    request the same drafts, accepted tokens and verify positions as the native engine's reuse mode, and
+    adds up to vLLM's global counters."""
+    from mtpbench.metrics import check_requests_against_counters
+
+    c = cfg(batch_size=4)
+    prompts = load_prompts("builtin", 4)
+    run = VllmBackend().run_point(c, GridPoint("vllm", 2, 3), prompts)
+    native = NativeBackend()
+    native.start(cfg(backend="native", batch_size=4))
+    ref = native.run_point(cfg(backend="native", batch_size=4), GridPoint("reuse", 2, 3), prompts)
+    assert check_requests_against_counters(run.requests, run.batches) is None
+    for v, n in zip(run.requests, ref.requests):
+        assert v.num_drafts > 0
+        assert (v.num_drafts, v.num_accepted_tokens, v.num_accepted_tokens_per_pos) == \
+            (n.num_drafts, n.num_accepted_tokens, n.num_accepted_tokens_per_pos)
+        assert v.draft_steps == n.draft_steps and v.draft_steps[0][0] == v.num_prompt_tokens + 1

@@ -97,6 +97,13 @@ def test_launched_sweep_lossless_agrees_with_offline_and_leaves_nothing(tmp_path
     assert abs(served["acceptance_length"] - offline.acceptance_length) / offline.acceptance_length <= 0.02, \
         (served["acceptance_length"], offline.acceptance_length)
     assert [q.output_token_ids for q in run.requests] == tokens["k0-c1"]
+    # per request too (the servers ran with --per-request-spec-decode-metrics detailed), at both loads
+    for name in ("vllm-L2-k2-c1", "vllm-L2-k2-c4"):
+        point = json.loads((out / f"{name}.json").read_text())
+        assert not any("per-request" in n for n in point["notes"]), point["notes"]
+        for q, o in zip(point["requests"], run.requests):
+            assert (q["num_drafts"], q["num_accepted_tokens"], q["draft_steps"]) == \
+                (o.num_drafts, o.num_accepted_tokens, o.draft_steps)
 
 
 def test_failed_start_is_a_failed_point_with_the_log_tail(tmp_path):

@@ -162,8 +162,12 @@ class NativeBackend:
             num_accepted_tokens_per_pos=[sum(x.num_accepted_tokens_per_pos[i] for x in c) for i in range(k)],
             draft_time_s=g.draft_time_s, num_draft_calls=g.num_draft_calls,
             target_time_s=g.target_time_s, num_target_calls=g.num_target_calls))
-        return [RequestRecord(p.category, len(ids[b]), g.tokens[b], ttft[b],
-                              done[b] if done[b] is not None else wall, itl[b]) for b, p in enumerate(group)]
+        return [RequestRecord(p.category, len(ids[b]), g.tokens[b], ttft[b], done[b] if done[b] is not None else wall,
+                              itl[b], num_drafts=c[b].num_drafts, num_draft_tokens=c[b].num_draft_tokens,
+                              num_accepted_tokens=c[b].num_accepted_tokens,
+                              num_accepted_tokens_per_pos=list(c[b].num_accepted_tokens_per_pos),
+                              draft_steps=[list(x) for x in c[b].steps])
+                for b, p in enumerate(group)]
 
     def close(self) -> None:
         pass

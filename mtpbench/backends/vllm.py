@@ -271,14 +271,36 @@ def measure(llm, cfg: dict, k: int, prompts: list[Prompt]) -> tuple[list[Request
             t0 = time.monotonic()
             outs = llm.generate(engine_prompts(llm, group), params, use_tqdm=False)
             wall = time.monotonic() - t0
-            records.append(BatchRecord(group[0].category, wall, **counter_delta(before, read_spec_counters(llm), k)))
+            batch = BatchRecord(group[0].category, wall, **counter_delta(before, read_spec_counters(llm), k))
+            records.append(batch)
             for p, o in zip(group, outs):
                 m = o.metrics  # engine-core timestamps, same monotonic clock as t0 (engine in-process)
                 ttft = (m.first_token_ts - t0) if m and m.first_token_ts else None
                 last = (m.last_token_ts - t0) if m and m.last_token_ts else None
                 requests.append(RequestRecord(p.category, len(o.prompt_token_ids or []),
-                                              list(o.outputs[0].token_ids), ttft, last))
+                                              list(o.outputs[0].token_ids), ttft, last,
+                                              **per_request_acceptance(o, k, batch if len(group) == 1 else None)))
     return requests, records, tel.record
+
+
+def per_request_acceptance(output, k: int, alone: BatchRecord | None) -> dict:
+    """One request's spec-decode counts: from vLLM's per-request data where the engine keeps it
+    (``per_request_spec_decode_metrics``; ``detailed`` gives each step, hence positions), else from the
+    counter deltas of a batch it ran in alone, else unknown (empty)."""
+    from mtpbench.metrics import request_acceptance, request_acceptance_from_histogram
+
+    if k == 0:
+        return {}
+    sd = getattr(output.outputs[0], "spec_decode_metrics", None)
+    if sd is not None and sd.per_step_accepted:
+        return request_acceptance(k, list(sd.per_step_accepted), list(sd.per_step_drafted),
+                                  len(output.prompt_token_ids or []) + 1)
+    if sd is not None and sd.histogram:
+        return request_acceptance_from_histogram(k, list(sd.histogram), sd.num_draft_tokens)
+    if alone is not None:
+        return {name: getattr(alone, name) for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens",
+                                                         "num_accepted_tokens_per_pos")}
+    return {}
 
 
 def engine_prompts(llm, group: list[Prompt]) -> list:
@@ -351,8 +373,13 @@ def worker(spec_path: str, result_path: str) -> None:
     try:
         from vllm import LLM
 
+        from vllm.engine.arg_utils import EngineArgs
+
+        kwargs = dict(spec["engine_kwargs"])
+        if spec["k"] > 0 and "per_request_spec_decode_metrics" in EngineArgs.__dataclass_fields__:
+            kwargs.setdefault("per_request_spec_decode_metrics", "detailed")  # each request's verify steps
         t0 = time.perf_counter()
-        llm = LLM(**spec["engine_kwargs"])
+        llm = LLM(**kwargs)
         startup = time.perf_counter() - t0
         prompts = [Prompt(**p) for p in spec["prompts"]]
         force = spec["config"].get("force_spec_step_idx", False)

@@ -205,10 +205,24 @@ def server_args(cfg: SweepConfig, model: str, k: int) -> dict:
     (stats are always on in a server; its batch size stays vLLM's default unless an engine argument sets it)."""
     args = engine_kwargs(cfg, model, k)
     args.pop("disable_log_stats")
+    if k > 0 and vllm_has_engine_arg("per_request_spec_decode_metrics"):
+        args.setdefault("per_request_spec_decode_metrics", "detailed")  # each request's verify steps
     if "max_num_seqs" not in cfg.engine_args:
         args.pop("max_num_seqs")
     args.setdefault("disable_uvicorn_access_log", True)
     return args
+
+
+def vllm_has_engine_arg(name: str) -> bool:
+    """Whether the installed vLLM's engine arguments include ``name``, read from its source without
+    importing vLLM (seconds) in the sweep process."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    source = Path(list(spec.submodule_search_locations)[0]) / "engine" / "arg_utils.py"
+    return source.is_file() and f"    {name}:" in source.read_text()
 
 
 def server_command(args: dict, port: int) -> list[str]:
