@@ -34,6 +34,7 @@ class SweepConfig:
     num_prompts: int | None = None  # None: 8 of the built-in set, every prompt of any other set
     chat_template: str = "auto"  # auto: through the checkpoint's chat template where it has one; none
     max_tokens: int = 128
+    repeats: int = 1  # timed runs per point; with several, timings are reported as median and interval
     temperature: float = 0.0
     batch_size: int = 1
     seed: int = 0
@@ -250,7 +251,7 @@ def validate(cfg: SweepConfig, checkpoint_layers: int | None) -> None:
             raise MtpBenchError(f"unknown mode {m!r} (choose from {', '.join(MODES)})")
     if cfg.dtype not in DTYPES:
         raise MtpBenchError(f"unknown dtype {cfg.dtype!r} (choose from {', '.join(DTYPES)})")
-    for name in ("num_prompts", "max_tokens", "batch_size"):
+    for name in ("num_prompts", "max_tokens", "batch_size", "repeats"):
         if getattr(cfg, name) is not None and getattr(cfg, name) < 1:
             raise MtpBenchError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")
     if cfg.temperature < 0:

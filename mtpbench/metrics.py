@@ -14,7 +14,7 @@ step is timed at the k = 0 point of the same sweep; without one, the point's own
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 
 from mtpbench.telemetry import summarize_samples
 
@@ -150,12 +150,19 @@ class PointRun:
     telemetry: dict | None = None  # GPU samples of the measured window (mtpbench.telemetry)
     mtp_weight_bytes: int | None = None  # bytes of MTP-layer weights the engine holds
     notes: list[str] = field(default_factory=list)  # what a reader must know about this point's numbers
+    repeats: list[dict] = field(default_factory=list)  # timing figures of every timed run (``timing``)
 
     @classmethod
     def from_json(cls, d: dict) -> "PointRun":
         return cls([RequestRecord(**r) for r in d["requests"]], [BatchRecord(**b) for b in d["batches"]],
                    d.get("startup_s"), d.get("engine") or {}, d.get("telemetry"), d.get("mtp_weight_bytes"),
-                   d.get("notes") or [])
+                   d.get("notes") or [], d.get("repeats") or [])
+
+    def add_repeat(self, requests: list["RequestRecord"], batches: list["BatchRecord"]) -> None:
+        """Keep one timed run's figures; the first run's records are the point's own."""
+        if not self.repeats:
+            self.requests, self.batches = requests, batches
+        self.repeats.append(timing(requests, batches))
 
 
 @dataclass(frozen=True)
@@ -177,20 +184,35 @@ class PointResult:
     num_accepted_tokens: int | None = None
     num_accepted_tokens_per_pos: tuple[int, ...] = ()
     acceptance_length: float | None = None
+    acceptance_length_ci_low: float | None = None  # 95 % bootstrap over prompts (per-request data)
+    acceptance_length_ci_high: float | None = None
     draft_acceptance_rate: float | None = None
+    draft_acceptance_rate_ci_low: float | None = None
+    draft_acceptance_rate_ci_high: float | None = None
     acceptance_rate_per_pos: tuple[float, ...] = ()  # joint, as vLLM reports it
+    acceptance_rate_per_pos_ci_low: tuple[float, ...] = ()
+    acceptance_rate_per_pos_ci_high: tuple[float, ...] = ()
     conditional_acceptance_per_pos: tuple[float | None, ...] = ()
     alpha: float | None = None
     draft_cost_ratio: float | None = None
     theoretical_tokens_per_step: float | None = None
     theoretical_speedup: float | None = None
+    num_repeats: int = 1  # timed runs of the point; with several, timings are their median
     output_tokens_per_sec: float | None = None
+    output_tokens_per_sec_ci_low: float | None = None  # 95 % order-statistic interval of the median
+    output_tokens_per_sec_ci_high: float | None = None
     request_throughput_per_sec: float | None = None
     speedup: float | None = None
+    speedup_ci_low: float | None = None  # bootstrap of the ratio of medians over both points' repeats
+    speedup_ci_high: float | None = None
     ttft_ms_p50: float | None = None
+    ttft_ms_p50_ci_low: float | None = None
+    ttft_ms_p50_ci_high: float | None = None
     ttft_ms_p90: float | None = None
     ttft_ms_p99: float | None = None
     tpot_ms_p50: float | None = None
+    tpot_ms_p50_ci_low: float | None = None
+    tpot_ms_p50_ci_high: float | None = None
     tpot_ms_p90: float | None = None
     tpot_ms_p99: float | None = None
     itl_ms_p50: float | None = None
@@ -266,10 +288,55 @@ def latency_ms(requests: list[RequestRecord]) -> dict[str, list[float]]:
     return {"ttft": ttft, "tpot": tpot, "itl": itl}
 
 
+def timing(requests: list[RequestRecord], batches: list[BatchRecord]) -> dict:
+    """The timing figures of one timed run: output tokens/s over its decode time, TTFT and TPOT medians."""
+    wall = sum(b.wall_s for b in batches)
+    lat = latency_ms(requests)
+    out = sum(len(r.output_token_ids) for r in requests)
+    return {"output_tokens_per_sec": out / wall if wall > 0 else None, "ttft_ms_p50": percentile(lat["ttft"], 0.5),
+            "tpot_ms_p50": percentile(lat["tpot"], 0.5)}
+
+
+def acceptance_intervals(requests: list[RequestRecord], k: int) -> dict:
+    """95 % bootstrap intervals over prompts of AL, draft acceptance rate and each per-position rate;
+    empty without per-request data."""
+    from mtpbench import stats
+
+    if k == 0 or len(requests) < 2 or any(r.num_drafts is None for r in requests):
+        return {}
+    drafts = [r.num_drafts for r in requests]
+    acc = [r.num_accepted_tokens for r in requests]
+    al = stats.ratio_ci(acc, drafts)
+    dar = stats.ratio_ci(acc, [r.num_draft_tokens for r in requests])
+    pos = [stats.ratio_ci([r.num_accepted_tokens_per_pos[i] for r in requests], drafts) for i in range(k)]
+    if al is None:
+        return {}
+    return {"acceptance_length_ci_low": _round(1 + al[0]), "acceptance_length_ci_high": _round(1 + al[1]),
+            "draft_acceptance_rate_ci_low": _round(dar[0]) if dar else None,
+            "draft_acceptance_rate_ci_high": _round(dar[1]) if dar else None,
+            "acceptance_rate_per_pos_ci_low": tuple(_round(c[0]) if c else None for c in pos),
+            "acceptance_rate_per_pos_ci_high": tuple(_round(c[1]) if c else None for c in pos)}
+
+
+def repeat_intervals(repeats: list[dict]) -> dict:
+    """Median of each timing figure over the repeats, with its interval (only for two or more)."""
+    from mtpbench import stats
+
+    if len(repeats) < 2:
+        return {}
+    out = {"num_repeats": len(repeats)}
+    for name, nd in (("output_tokens_per_sec", 2), ("ttft_ms_p50", 3), ("tpot_ms_p50", 3)):
+        values = [r.get(name) for r in repeats]
+        ci = stats.median_ci(values)
+        out[name] = _round(stats.median(values), nd)
+        out[f"{name}_ci_low"], out[f"{name}_ci_high"] = (_round(ci[0], nd), _round(ci[1], nd)) if ci else (None, None)
+    return out
+
+
 def summarize(backend: str, point: GridPoint, category: str, requests: list[RequestRecord],
               batches: list[BatchRecord], startup_s: float | None, target_step_s: float | None = None,
               telemetry: dict | None = None, mtp_weight_bytes: int | None = None,
-              notes: list[str] = ()) -> PointResult:
+              notes: list[str] = (), repeats: list[dict] = ()) -> PointResult:
     """Aggregate the records of one category (or all of them) into a result row.
 
     ``target_step_s``: the target's decode-step time from the k = 0 point, if the sweep has one.
@@ -309,7 +376,7 @@ def summarize(backend: str, point: GridPoint, category: str, requests: list[Requ
     energy = tel.get("energy_j")
     foreign = [b.foreign_requests for b in batches if b.foreign_requests is not None]
     cpu = [b.client_cpu_s for b in batches if b.client_cpu_s is not None]
-    return PointResult(
+    row = PointResult(
         backend=backend, mode=point.mode, k=k, mtp_layers=point.mtp_layers, category=category, status="ok",
         concurrency=point.concurrency,
         request_rate=None if point.request_rate is None or math.isinf(point.request_rate) else point.request_rate,
@@ -328,7 +395,9 @@ def summarize(backend: str, point: GridPoint, category: str, requests: list[Requ
         itl_ms_p50=q["itl"][0], itl_ms_p90=q["itl"][1], itl_ms_p99=q["itl"][2],
         decode_time_s=_round(wall), startup_s=_round(startup_s, 3),
         output_repetition=_round(sum(r for r, _ in rep) / ngrams) if ngrams else None,
-        energy_j_per_token=_round(energy / out_tokens, 6) if energy is not None and out_tokens else None,
+        # the sampler spans every repeat, each of which generates the same tokens
+        energy_j_per_token=_round(energy / (out_tokens * max(len(repeats), 1)), 6)
+        if energy is not None and out_tokens else None,
         energy_method=tel.get("energy_method") if energy is not None and out_tokens else None,
         avg_power_w=_round(tel.get("avg_power_w"), 2), peak_gpu_mem_bytes=tel.get("peak_gpu_mem_bytes"),
         mtp_weight_bytes=mtp_weight_bytes,
@@ -336,3 +405,4 @@ def summarize(backend: str, point: GridPoint, category: str, requests: list[Requ
         client_cpu_ms_per_request=_round(sum(cpu) / len(requests) * 1e3, 3) if cpu and requests else None,
         notes="; ".join(notes) or None,
     )
+    return replace(row, **acceptance_intervals(requests, k), **repeat_intervals(list(repeats)))

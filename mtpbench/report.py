@@ -16,11 +16,13 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
+from mtpbench import stats
 from mtpbench.errors import MtpBenchError
 from mtpbench.metrics import GridPoint, PointResult, PointRun, mean_call_s, summarize
 
 # settings that change what a point measures; a saved point is reused only if these match
-FINGERPRINT_KEYS = ("model", "backend", "method", "prompts", "num_prompts", "chat_template", "max_tokens", "temperature",
+FINGERPRINT_KEYS = ("model", "backend", "method", "prompts", "num_prompts", "chat_template", "repeats", "max_tokens",
+                    "temperature",
                     "batch_size", "seed", "device", "dtype", "force_spec_step_idx", "max_model_len",
                     "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
                     "distributed_executor_backend", "gpu_memory_utilization", "engine_args", "server", "api")
@@ -87,6 +89,7 @@ def _read_json(path: Path):
 
 def rows_from_points(points: list[dict], failures: list[dict]) -> list[PointResult]:
     rows: list[PointResult] = []
+    tokps: dict[int, list] = {}  # each whole-point row's tokens/s per repeat, for the speedup's interval
     loaded = [(d, PointRun.from_json(d)) for d in sorted(points, key=lambda d: _sort_key(d["point"]))]
     # the target's decode-step time at k = 0, per category: the unit of the draft cost ratio c
     step_s = {}
@@ -102,7 +105,8 @@ def rows_from_points(points: list[dict], failures: list[dict]) -> list[PointResu
         backend = data["point"]["backend"]
         cats = sorted({r.category for r in requests})
         rows.append(summarize(backend, point, "all", requests, batches, data.get("startup_s"), step_s.get("all"),
-                              run.telemetry, run.mtp_weight_bytes, run.notes))
+                              run.telemetry, run.mtp_weight_bytes, run.notes, run.repeats))
+        tokps[id(rows[-1])] = [r.get("output_tokens_per_sec") for r in run.repeats]
         if len(cats) < 2:
             continue
         for c in cats:
@@ -120,9 +124,17 @@ def rows_from_points(points: list[dict], failures: list[dict]) -> list[PointResu
     def load(r: PointResult) -> tuple:
         return r.backend, r.category, r.concurrency, r.request_rate
 
-    base = {load(r): r.output_tokens_per_sec for r in rows if r.k == 0 and r.status == "ok"}
-    return [replace(r, speedup=round(r.output_tokens_per_sec / base[load(r)], 4))
-            if r.output_tokens_per_sec and base.get(load(r)) else r for r in rows]
+    base = {load(r): r for r in rows if r.k == 0 and r.status == "ok"}
+
+    def with_speedup(r: PointResult) -> PointResult:
+        b = base.get(load(r))
+        if not (r.output_tokens_per_sec and b and b.output_tokens_per_sec):
+            return r
+        ci = stats.median_ratio_ci(tokps.get(id(r), []), tokps.get(id(b), [])) if r is not b else None
+        return replace(r, speedup=round(r.output_tokens_per_sec / b.output_tokens_per_sec, 4),
+                       speedup_ci_low=round(ci[0], 4) if ci else None, speedup_ci_high=round(ci[1], 4) if ci else None)
+
+    return [with_speedup(r) for r in rows]
 
 
 def csv_text(rows: list[PointResult]) -> str:
@@ -142,6 +154,9 @@ def table(rows: list[PointResult]) -> str:
             return "inf"
         if isinstance(v, tuple):
             return " ".join("-" if x is None else f"{x:.2f}" for x in v)
+        half = _half_width(r, name)
+        if v is not None and half is not None:  # 2.36 ± 0.08: the 95 % interval's half width
+            return f"{v:.1f} ± {half:.1f}" if name == "output_tokens_per_sec" else f"{v:.3g} ± {half:.2g}"
         return "-" if v is None else v
 
     cols = list(TABLE_COLUMNS)
@@ -158,6 +173,22 @@ def table(rows: list[PointResult]) -> str:
     notes = sorted({f"{_label(r)}: {r.notes}" for r in rows if r.notes and r.category == "all"})
     return text + ("\n\nnotes:\n" + "\n".join(notes) if notes else "") + \
         ("\n\nfailed points:\n" + "\n".join(errors) if errors else "")
+
+
+def _half_width(r: PointResult, name: str) -> float | None:
+    lo, hi = getattr(r, f"{name}_ci_low", None), getattr(r, f"{name}_ci_high", None)
+    return None if lo is None or hi is None else (hi - lo) / 2
+
+
+def _yerr(rows: list[PointResult], name: str):
+    """Error bars (distances below and above) from each row's interval; None where no row has one."""
+    lows = [getattr(r, f"{name}_ci_low", None) for r in rows]
+    if all(x is None for x in lows):
+        return None
+    highs = [getattr(r, f"{name}_ci_high", None) for r in rows]
+    values = [getattr(r, name) for r in rows]
+    return [[0 if lo is None or v is None else v - lo for v, lo in zip(values, lows)],
+            [0 if hi is None or v is None else hi - v for v, hi in zip(values, highs)]]
 
 
 def _label(r: PointResult) -> str:
@@ -223,11 +254,12 @@ def plots(out: Path, rows: list[PointResult]) -> list[Path]:
     fig, ax = plt.subplots(figsize=(6, 4))
     for key in order:
         pts = lines[key]
-        ax.plot([r.k for r in pts], [r.acceptance_length for r in pts], marker="o", label=_line_label(*key))
+        ax.errorbar([r.k for r in pts], [r.acceptance_length for r in pts], yerr=_yerr(pts, "acceptance_length"),
+                    marker="o", capsize=3, label=_line_label(*key))
     ks = sorted({r.k for pts in lines.values() for r in pts})
     ax.plot(ks, [k + 1 for k in ks], ":", color="grey", label="upper bound k+1")
-    ax.set(xlabel="num_speculative_tokens k", ylabel="acceptance length", title="Acceptance length vs k",
-           xticks=ks)
+    ax.set(xlabel="num_speculative_tokens k", ylabel="acceptance length",
+           title="Acceptance length vs k (bars: 95 % CI over prompts)", xticks=ks)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     paths.append(_save(fig, out / "acceptance_length.png", plt))
@@ -235,9 +267,10 @@ def plots(out: Path, rows: list[PointResult]) -> list[Path]:
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
     for key in order:
         pts, label = lines[key], _line_label(*key)
-        (line,) = a1.plot([r.k for r in pts], [r.output_tokens_per_sec for r in pts], marker="o", label=label)
-        a2.plot([r.k for r in pts], [r.speedup for r in pts], marker="o", color=line.get_color(),
-                label=f"{label} measured")
+        line = a1.errorbar([r.k for r in pts], [r.output_tokens_per_sec for r in pts], capsize=3,
+                           yerr=_yerr(pts, "output_tokens_per_sec"), marker="o", label=label).lines[0]
+        a2.errorbar([r.k for r in pts], [r.speedup for r in pts], yerr=_yerr(pts, "speedup"), capsize=3,
+                    marker="o", color=line.get_color(), label=f"{label} measured")
         if any(r.theoretical_speedup is not None for r in pts if r.k):
             a2.plot([r.k for r in pts], [r.theoretical_speedup for r in pts], "--", color=line.get_color(),
                     label=f"{label} theoretical")
@@ -254,7 +287,11 @@ def plots(out: Path, rows: list[PointResult]) -> list[Path]:
     width = 0.8 / len(tops)
     for i, r in enumerate(tops):
         xs = [p + i * width for p in range(len(r.acceptance_rate_per_pos))]
-        ax.bar(xs, r.acceptance_rate_per_pos, width=width,
+        err = None
+        if r.acceptance_rate_per_pos_ci_low:
+            err = [[0 if lo is None else v - lo for v, lo in zip(r.acceptance_rate_per_pos, r.acceptance_rate_per_pos_ci_low)],
+                   [0 if hi is None else hi - v for v, hi in zip(r.acceptance_rate_per_pos, r.acceptance_rate_per_pos_ci_high)]]
+        ax.bar(xs, r.acceptance_rate_per_pos, width=width, yerr=err, capsize=3,
                label=_line_label(r.mode, r.mtp_layers, r.concurrency, r.request_rate) + f", k={r.k}")
     npos = max(len(r.acceptance_rate_per_pos) for r in tops)
     ax.set(xlabel="draft position", ylabel="acceptance rate (joint: positions 0..i accepted)",
@@ -278,7 +315,8 @@ def serving_plot(out: Path, rows: list[PointResult], plt) -> Path:
         pts = sorted((r for r in ok if (r.concurrency, r.request_rate) == (c, rate) and r.mtp_layers in (L, 0)),
                      key=lambda r: r.k)
         label = f"c={c}" + ("" if rate is None else f", {rate:g}/s") + (f", L={L}" if len(loads) > 1 else "")
-        (line,) = a1.plot([r.k for r in pts], [r.output_tokens_per_sec for r in pts], marker="o", label=label)
+        line = a1.errorbar([r.k for r in pts], [r.output_tokens_per_sec for r in pts], capsize=3,
+                           yerr=_yerr(pts, "output_tokens_per_sec"), marker="o", label=label).lines[0]
         best = max(pts, key=lambda r: r.output_tokens_per_sec or 0)
         a1.plot([best.k], [best.output_tokens_per_sec], marker="*", markersize=16, color=line.get_color(),
                 linestyle="none")
@@ -286,8 +324,9 @@ def serving_plot(out: Path, rows: list[PointResult], plt) -> Path:
                              key=lambda x: tuple(-1 if v is None else v for v in x)):
         pts = sorted((r for r in ok if (r.k, r.mtp_layers, r.request_rate) == (k, L, rate)),
                      key=lambda r: r.concurrency)
-        a2.plot([r.concurrency for r in pts], [r.acceptance_length for r in pts], marker="o",
-                label=f"k={k}, L={'?' if L is None else L}" + ("" if rate is None else f", {rate:g}/s"))
+        a2.errorbar([r.concurrency for r in pts], [r.acceptance_length for r in pts], capsize=3,
+                    yerr=_yerr(pts, "acceptance_length"), marker="o",
+                    label=f"k={k}, L={'?' if L is None else L}" + ("" if rate is None else f", {rate:g}/s"))
     ks = sorted({r.k for r in ok})
     conc = sorted({r.concurrency for r in ok})
     a1.set(xlabel="num_speculative_tokens k", ylabel="output tokens/sec (window)", xticks=ks,
@@ -317,4 +356,34 @@ def build(out: Path) -> list[PointResult]:
     write_text(out / "summary.csv", csv_text(rows))
     write_json(out / "summary.json", {**run, "rows": [r.to_json() for r in rows]})
     plots(out, rows)
+    al_histogram(out, points)
     return rows
+
+
+def al_histogram(out: Path, points: list[dict]) -> Path | None:
+    """Per-request acceptance length of every drafting point, one panel each (``al_histogram.png``)."""
+    per_point = []
+    for d in sorted(points, key=lambda d: _sort_key(d["point"])):
+        run = PointRun.from_json(d)
+        als = [r.acceptance_length for r in run.requests if r.acceptance_length is not None]
+        if d["point"]["k"] > 0 and als:
+            per_point.append((GridPoint.from_json(d["point"]), als))
+    if not per_point:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = min(4, len(per_point))
+    rows_n = -(-len(per_point) // cols)
+    fig, axes = plt.subplots(rows_n, cols, figsize=(3.2 * cols, 2.6 * rows_n), squeeze=False)
+    for ax, (point, als) in zip(axes.flat, per_point):
+        ax.hist(als, bins=min(20, max(5, len(als) // 2)), range=(1, point.k + 1), color="tab:blue", alpha=0.8)
+        ax.axvline(sum(als) / len(als), color="black", lw=1)
+        ax.set(title=f"{point.name} ({len(als)} requests)", xlabel="acceptance length per request",
+               ylabel="requests")
+        ax.title.set_fontsize(8)
+    for ax in list(axes.flat)[len(per_point):]:
+        ax.axis("off")
+    return _save(fig, out / "al_histogram.png", plt)

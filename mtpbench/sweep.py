@@ -136,6 +136,6 @@ def run_one(cfg: SweepConfig, backend, point: GridPoint, prompts, out: Path, fp:
         check_per_request(run)
     write_json(path, {**head, "wall_s": round(time.perf_counter() - t0, 3), "startup_s": run.startup_s,
                       "engine": run.engine, "mtp_weight_bytes": run.mtp_weight_bytes, "notes": run.notes,
-                      "telemetry": run.telemetry,
+                      "telemetry": run.telemetry, "repeats": run.repeats,
                       "requests": [asdict(r) for r in run.requests],
                       "batches": [asdict(b) for b in run.batches]})

@@ -127,12 +127,15 @@ class NativeBackend:
                        mtp_weight_bytes=sum(t.numel() * t.element_size() for m in layers for t in m.parameters()))
         off = None if self.device.type == "cuda" else f"the native engine runs on the {self.device.type}"
         with GpuSampler(off=off) as tel:
-            for group in groups:
-                run.requests += self._run_batch(cfg, run, group, k, mode, mtp_layers)
+            for _ in range(cfg.repeats):
+                requests, records = [], []
+                for group in groups:
+                    requests += self._run_batch(cfg, records, group, k, mode, mtp_layers)
+                run.add_repeat(requests, records)
         run.telemetry = tel.record
         return run
 
-    def _run_batch(self, cfg: SweepConfig, run: PointRun, group: list[Prompt], k: int, mode: str,
+    def _run_batch(self, cfg: SweepConfig, records: list[BatchRecord], group: list[Prompt], k: int, mode: str,
                    mtp_layers: int) -> list[RequestRecord]:
         """Time one batch round by round: first token, token deliveries (ITL) and last token per row."""
         ids = self.encode(group)
@@ -155,7 +158,7 @@ class NativeBackend:
                     done[b] = now - t0
         wall = clock() - t0
         c = g.counts
-        run.batches.append(BatchRecord(
+        records.append(BatchRecord(
             group[0].category, wall,
             num_drafts=sum(x.num_drafts for x in c), num_draft_tokens=sum(x.num_draft_tokens for x in c),
             num_accepted_tokens=sum(x.num_accepted_tokens for x in c),

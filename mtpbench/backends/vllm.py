@@ -254,7 +254,7 @@ def counter_delta(before: dict, after: dict, k: int) -> dict:
             "num_accepted_tokens_per_pos": (per_pos + [0] * k)[:k]}
 
 
-def measure(llm, cfg: dict, k: int, prompts: list[Prompt]) -> tuple[list[RequestRecord], list[BatchRecord], dict]:
+def measure(llm, cfg: dict, k: int, prompts: list[Prompt]) -> PointRun:
     from vllm import SamplingParams
 
     from mtpbench.telemetry import GpuSampler
@@ -264,23 +264,32 @@ def measure(llm, cfg: dict, k: int, prompts: list[Prompt]) -> tuple[list[Request
     groups = batches(prompts, cfg["batch_size"])
     llm.generate([groups[0][0].text], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True),
                  use_tqdm=False)  # warm-up
-    requests, records = [], []
+    run = PointRun()
     with GpuSampler() as tel:
-        for group in groups:
-            before = read_spec_counters(llm)
-            t0 = time.monotonic()
-            outs = llm.generate(engine_prompts(llm, group), params, use_tqdm=False)
-            wall = time.monotonic() - t0
-            batch = BatchRecord(group[0].category, wall, **counter_delta(before, read_spec_counters(llm), k))
-            records.append(batch)
-            for p, o in zip(group, outs):
-                m = o.metrics  # engine-core timestamps, same monotonic clock as t0 (engine in-process)
-                ttft = (m.first_token_ts - t0) if m and m.first_token_ts else None
-                last = (m.last_token_ts - t0) if m and m.last_token_ts else None
-                requests.append(RequestRecord(p.category, len(o.prompt_token_ids or []),
-                                              list(o.outputs[0].token_ids), ttft, last,
-                                              **per_request_acceptance(o, k, batch if len(group) == 1 else None)))
-    return requests, records, tel.record
+        for _ in range(cfg.get("repeats") or 1):
+            requests, records = [], []
+            timed_run(llm, params, groups, k, requests, records)
+            run.add_repeat(requests, records)
+    run.telemetry = tel.record
+    return run
+
+
+def timed_run(llm, params, groups, k: int, requests: list, records: list) -> None:
+    """One pass over the prompts, batch by batch, with counter deltas around each batch."""
+    for group in groups:
+        before = read_spec_counters(llm)
+        t0 = time.monotonic()
+        outs = llm.generate(engine_prompts(llm, group), params, use_tqdm=False)
+        wall = time.monotonic() - t0
+        batch = BatchRecord(group[0].category, wall, **counter_delta(before, read_spec_counters(llm), k))
+        records.append(batch)
+        for p, o in zip(group, outs):
+            m = o.metrics  # engine-core timestamps, same monotonic clock as t0 (engine in-process)
+            ttft = (m.first_token_ts - t0) if m and m.first_token_ts else None
+            last = (m.last_token_ts - t0) if m and m.last_token_ts else None
+            requests.append(RequestRecord(p.category, len(o.prompt_token_ids or []),
+                                          list(o.outputs[0].token_ids), ttft, last,
+                                          **per_request_acceptance(o, k, batch if len(group) == 1 else None)))
 
 
 def per_request_acceptance(output, k: int, alone: BatchRecord | None) -> dict:
@@ -392,9 +401,9 @@ def worker(spec_path: str, result_path: str) -> None:
                 draft, target = engine_models(llm)
                 tracer = LayerTracer(draft, target, force_spec_step_idx=True).install()
                 tracer.enabled = True
-            requests, records, telemetry = measure(llm, spec["config"], spec["k"], prompts)
-            data = {"requests": [asdict(r) for r in requests], "batches": [asdict(b) for b in records],
-                    "telemetry": telemetry, "mtp_weight_bytes": held_mtp_bytes(llm) if spec["k"] > 0 else 0}
+            run = measure(llm, spec["config"], spec["k"], prompts)
+            run.mtp_weight_bytes = held_mtp_bytes(llm) if spec["k"] > 0 else 0
+            data = asdict(run)
         data.update({"startup_s": round(startup, 3), "engine": {"engine": "vllm", "engine_kwargs": spec["engine_kwargs"]}})
     except Exception as e:  # reported as a failed point by the parent
         data = {"error": f"{type(e).__name__}: {e}".strip()[:2000]}

@@ -37,7 +37,7 @@ from mtpbench.backends.vllm import (check_num_speculative_tokens, counter_delta,
                                     engine_kwargs, mtp_layer_bytes, require_vllm)
 from mtpbench.config import SweepConfig
 from mtpbench.errors import MtpBenchError
-from mtpbench.metrics import BatchRecord, GridPoint, PointRun
+from mtpbench.metrics import BatchRecord, GridPoint, PointRun, RequestRecord
 from mtpbench.procguard import process_group_pids
 from mtpbench.prompts import Prompt
 
@@ -391,16 +391,28 @@ class VllmServerBackend:
     # -- one load point -------------------------------------------------------------------------------
 
     def _measure(self, cfg: SweepConfig, point: GridPoint, prompts: list[Prompt]) -> PointRun:
-        from mtpbench.loadgen import run_load
         from mtpbench.telemetry import GpuSampler
 
-        base, s = self.server.base_url, self.server
         self._warm_up(cfg, prompts, point.concurrency or 1)
-        before = read_metrics(base)
+        run = PointRun()
         with GpuSampler(off=self.facts.get("gpu_telemetry"), pids=self._server_pids) as tel:
-            load = run_load(base, s.model, prompts, api=cfg.api, max_tokens=cfg.max_tokens,
-                            temperature=cfg.temperature, seed=cfg.seed, concurrency=point.concurrency or 1,
-                            request_rate=point.request_rate if point.request_rate is not None else math.inf)
+            for _ in range(cfg.repeats):
+                requests, batch, notes = self._window(cfg, point, prompts)
+                run.add_repeat(requests, [batch])
+                run.notes += [n for n in notes if n not in run.notes]
+        run.telemetry = tel.record
+        return run
+
+    def _window(self, cfg: SweepConfig, point: GridPoint,
+                prompts: list[Prompt]) -> tuple[list[RequestRecord], BatchRecord, list[str]]:
+        """One measured window: the load, and the /metrics deltas around it."""
+        from mtpbench.loadgen import run_load
+
+        base, s = self.server.base_url, self.server
+        before = read_metrics(base)
+        load = run_load(base, s.model, prompts, api=cfg.api, max_tokens=cfg.max_tokens,
+                        temperature=cfg.temperature, seed=cfg.seed, concurrency=point.concurrency or 1,
+                        request_rate=point.request_rate if point.request_rate is not None else math.inf)
         if load.errors:
             raise RuntimeError(f"{len(load.errors)} of {len(prompts)} requests failed; first: {load.errors[0]}")
         after = settled_metrics(base, before, len(prompts))
@@ -411,16 +423,16 @@ class VllmServerBackend:
             + after["num_requests_in_flight"]
         ours = sum(len(r.output_token_ids) for r in load.requests)
         extra_tokens = after["num_generation_tokens"] - before["num_generation_tokens"] - ours
-        run = PointRun(requests=load.requests, telemetry=tel.record)
-        run.batches.append(BatchRecord("all", load.wall_s, **counter_delta(before, after, point.k),
-                                       foreign_requests=max(foreign, 0), client_cpu_s=load.client_cpu_s))
+        batch = BatchRecord("all", load.wall_s, **counter_delta(before, after, point.k),
+                            foreign_requests=max(foreign, 0), client_cpu_s=load.client_cpu_s)
+        notes = []
         if foreign > 0 or extra_tokens > 0:
-            run.notes.append(f"the server served {max(foreign, 0)} request(s) and {max(extra_tokens, 0)} token(s) "
-                             "that were not ours during the window: its counters (acceptance) include them")
+            notes.append(f"the server served {max(foreign, 0)} request(s) and {max(extra_tokens, 0)} token(s) "
+                         "that were not ours during the window: its counters (acceptance) include them")
         share = load.client_cpu_s / load.wall_s if load.wall_s > 0 else 0
         if share > 0.5:
-            run.notes.append(f"the load generator used {share:.0%} of a CPU core: it may have limited the load")
-        return run
+            notes.append(f"the load generator used {share:.0%} of a CPU core: it may have limited the load")
+        return load.requests, batch, notes
 
     def _server_pids(self) -> set[int]:
         """The processes of the launched server (its process group); empty for an attached one."""

@@ -1,0 +1,58 @@
+"""The interval code: coverage on synthetic data with a known answer, and the intervals in a real sweep."""
+
+import json
+import math
+
+import numpy as np
+from typer.testing import CliRunner
+
+from mtpbench import stats
+from mtpbench.cli import app
+
+
+def test_bootstrap_interval_of_acceptance_covers_the_truth_95_percent_of_the_time():
+    """80 prompts, each with its own acceptance probability (Beta(3, 2), mean 0.6) and its own number of
+    drafts; accepted ~ Binomial(2 * drafts, p). The true ratio sum(accepted)/sum(drafts) is 2 * 0.6 = 1.2."""
+    rng = np.random.default_rng(123)
+    trials, hits = 1000, 0
+    for t in range(trials):
+        drafts = 20 + rng.poisson(20, 80)
+        accepted = rng.binomial(2 * drafts, rng.beta(3, 2, 80))
+        lo, hi = stats.ratio_ci(accepted, drafts, resamples=1000, seed=t)
+        hits += lo <= 1.2 <= hi
+    assert 0.93 <= hits / trials <= 0.97, hits / trials
+
+
+def test_median_interval_from_order_statistics_covers_at_least_95_percent():
+    rng = np.random.default_rng(7)
+    true = math.log(2)  # the median of Exp(1)
+    hits = sum(lo <= true <= hi for lo, hi in (stats.median_ci(rng.exponential(1, 10)) for _ in range(2000)))
+    # with 10 runs the interval is [x_(2), x_(9)], covering 1 - 2 * 11/1024 = 97.9 %
+    assert 0.96 <= hits / 2000 <= 0.995, hits / 2000
+    assert stats.median_ci([3.0, 1.0, 2.0, 5.0, 4.0]) == (1.0, 5.0)  # N = 5: min..max (94 %)
+    assert stats.median_ci([1.0]) is None
+
+
+def test_paired_difference_of_identical_runs_is_exactly_zero():
+    acc, drafts = [5, 9, 2, 7], [4, 5, 3, 6]
+    assert stats.paired_ratio_diff_ci(acc, drafts, acc, drafts) == (0.0, 0.0)
+    lo, hi = stats.paired_ratio_diff_ci(acc, drafts, [a + 2 for a in acc], drafts)
+    assert 0 < lo <= hi
+
+
+def test_a_sweep_reports_intervals_in_every_output(tmp_path):
+    out = tmp_path / "s"
+    r = CliRunner().invoke(app, ["sweep", "--k", "0,2", "--mode", "chain", "--num-prompts", "6",
+                                 "--max-tokens", "24", "--repeats", "3", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    rows = {x["k"]: x for x in json.loads((out / "summary.json").read_text())["rows"]}
+    k2 = rows[2]
+    assert k2["acceptance_length_ci_low"] <= k2["acceptance_length"] <= k2["acceptance_length_ci_high"]
+    assert len(k2["acceptance_rate_per_pos_ci_low"]) == 2 and k2["num_repeats"] == 3
+    assert k2["output_tokens_per_sec_ci_low"] <= k2["output_tokens_per_sec"] <= k2["output_tokens_per_sec_ci_high"]
+    assert k2["speedup_ci_low"] is not None and rows[0]["speedup"] == 1.0
+    header = (out / "summary.csv").read_text().splitlines()[0].split(",")
+    assert {"acceptance_length_ci_low", "acceptance_length_ci_high", "tpot_ms_p50_ci_high"} <= set(header)
+    half = (k2["acceptance_length_ci_high"] - k2["acceptance_length_ci_low"]) / 2
+    assert f"{k2['acceptance_length']:.3g} ± {half:.2g}" in r.output
+    assert (out / "al_histogram.png").stat().st_size > 1000
