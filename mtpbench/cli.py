@@ -256,6 +256,38 @@ def report(out: Annotated[Path, typer.Argument(help="A sweep output directory.")
 
 
 @app.command()
+def compare(
+    a: Annotated[Path, typer.Argument(help="Sweep directory A (the reference).")],
+    b: Annotated[Path, typer.Argument(help="Sweep directory B (the change).")],
+    out: Annotated[Path, typer.Option(help="Where compare.csv/json/md/png go.")] = Path("compare"),
+    fail_if_worse: Annotated[Optional[float], typer.Option(help="Exit 1 when a metric of B is worse beyond noise by more than this many percent.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Compare runs that differ in model or prompts anyway.")] = False,
+) -> None:
+    """Is B's difference from A real? Paired intervals per metric, and better / worse / within noise."""
+    from tabulate import tabulate
+
+    from mtpbench.compare import HEADERS, compare as run_compare, table_lines, worse_beyond
+
+    try:
+        result = run_compare(a, b, out, force)
+    except MtpBenchError as e:
+        fail(str(e))
+    typer.echo("differs: " + ("; ".join(result["differences"]) or "nothing in settings or versions"))
+    typer.echo(tabulate(table_lines(result), headers=HEADERS, disable_numparse=True))
+    for line in result["notes"]:
+        typer.echo(f"note: {line}")
+    for line in result["failed"]:
+        typer.echo(f"failed: {line}")
+    typer.echo(f"\nwrote {out}/compare.csv, compare.json, compare.md, compare.png")
+    if fail_if_worse is not None:
+        bad = worse_beyond(result, fail_if_worse)
+        if bad:
+            names = ", ".join(f"{r['point']} {r['metric']} {r['rel_diff'] * 100:+.1f} %" for r in bad[:5])
+            typer.echo(f"worse beyond noise by more than {fail_if_worse:g} %: {names}", err=True)
+            raise typer.Exit(1)
+
+
+@app.command()
 def profiles() -> None:
     """List the profiles and what they set."""
     from tabulate import tabulate

@@ -76,6 +76,7 @@ class RequestRecord:
     num_accepted_tokens_per_pos: list[int] | None = None
     # one [sequence length when the drafts were verified, drafts accepted] per verify step (None: unknown)
     draft_steps: list[list[int]] | None = None
+    prompt_id: str = ""  # which prompt of the set: pairs a request with its twin in another run
 
     @property
     def acceptance_length(self) -> float | None:

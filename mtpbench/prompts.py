@@ -39,7 +39,10 @@ class PromptSet:
     notes: list[str] = field(default_factory=list)  # what the output should say about the prompts
 
     def describe(self) -> dict:
-        return {"set": self.name, "num_prompts": len(self.prompts),
+        import hashlib
+
+        digest = hashlib.sha256("\0".join(f"{p.id}\0{p.text}" for p in self.prompts).encode()).hexdigest()[:16]
+        return {"set": self.name, "num_prompts": len(self.prompts), "sha256": digest,
                 "categories": sorted({p.category for p in self.prompts}), "notes": self.notes}
 
 

@@ -107,3 +107,16 @@ def median_ratio_ci(num, den, resamples: int = RESAMPLES, seed: int = SEED,
     md = np.median(den[rng.integers(0, den.size, size=(resamples, den.size))], axis=1)
     with np.errstate(divide="ignore", invalid="ignore"):
         return _percentiles(mn / md, level)
+
+
+def speedup_diff_ci(a_k, a_0, b_k, b_0, resamples: int = RESAMPLES, seed: int = SEED,
+                    level: float = LEVEL) -> tuple[float, float] | None:
+    """Interval of B's speedup minus A's, each speedup the median tokens/s of a point over the median of
+    its own run's k = 0 point: drift between the two runs cancels, drift within a run does not."""
+    sides = [np.asarray([x for x in v if x is not None], float) for v in (a_k, a_0, b_k, b_0)]
+    if any(v.size < 2 for v in sides):
+        return None
+    rng = _rng(seed)
+    med = [np.median(v[rng.integers(0, v.size, size=(resamples, v.size))], axis=1) for v in sides]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return _percentiles(med[2] / med[3] - med[0] / med[1], level)

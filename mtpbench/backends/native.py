@@ -169,7 +169,7 @@ class NativeBackend:
                               itl[b], num_drafts=c[b].num_drafts, num_draft_tokens=c[b].num_draft_tokens,
                               num_accepted_tokens=c[b].num_accepted_tokens,
                               num_accepted_tokens_per_pos=list(c[b].num_accepted_tokens_per_pos),
-                              draft_steps=[list(x) for x in c[b].steps])
+                              draft_steps=[list(x) for x in c[b].steps], prompt_id=p.id)
                 for b, p in enumerate(group)]
 
     def close(self) -> None:

@@ -289,7 +289,8 @@ def timed_run(llm, params, groups, k: int, requests: list, records: list) -> Non
             last = (m.last_token_ts - t0) if m and m.last_token_ts else None
             requests.append(RequestRecord(p.category, len(o.prompt_token_ids or []),
                                           list(o.outputs[0].token_ids), ttft, last,
-                                          **per_request_acceptance(o, k, batch if len(group) == 1 else None)))
+                                          **per_request_acceptance(o, k, batch if len(group) == 1 else None),
+                                          prompt_id=p.id))
 
 
 def per_request_acceptance(output, k: int, alone: BatchRecord | None) -> dict:

@@ -1,0 +1,66 @@
+"""mtpbench compare on real sweeps of the built-in model."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from mtpbench.cli import app
+
+runner = CliRunner()
+# every built-in prompt, long enough for the chain's edge at position 2 to stand out of the noise
+COMMON = ["--k", "3", "--num-prompts", "64", "--max-tokens", "96"]
+
+
+def sweep(out, *args, common=COMMON):
+    r = runner.invoke(app, ["sweep", *common, *args, "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("runs")
+    return sweep(d / "chain", "--mode", "chain"), sweep(d / "reuse", "--mode", "reuse")
+
+
+def test_a_run_compared_with_itself_is_all_zero_and_within_noise(tmp_path):
+    a = sweep(tmp_path / "a", "--mode", "chain", "--repeats", "2",
+              common=["--k", "0,3", "--num-prompts", "8", "--max-tokens", "32"])
+    r = runner.invoke(app, ["compare", str(a), str(a), "--out", str(tmp_path / "c"), "--fail-if-worse", "0"])
+    assert r.exit_code == 0, r.output
+    rows = json.loads((tmp_path / "c" / "compare.json").read_text())["rows"]
+    assert rows and all(x["diff"] == 0 and x["verdict"] == "within noise" for x in rows)
+    assert {x["metric"] for x in rows} >= {"acceptance_length", "acceptance_rate_per_pos[2]", "output_tokens_per_sec",
+                                          "tpot_ms_p50", "speedup"}
+    for name in ("compare.csv", "compare.md", "compare.png"):
+        assert (tmp_path / "c" / name).stat().st_size > 100
+
+
+def test_chain_vs_reuse_pairs_prompts_and_fails_on_a_real_regression(tmp_path, runs):
+    chain, reuse = runs
+    r = runner.invoke(app, ["compare", str(chain), str(reuse), "--out", str(tmp_path / "c"), "--fail-if-worse", "5"])
+    assert r.exit_code == 1, r.output  # reuse's later positions are worse than the chain's
+    result = json.loads((tmp_path / "c" / "compare.json").read_text())
+    assert result["differences"] == ["mode: ['chain'] vs ['reuse']"]
+    pos2 = next(x for x in result["rows"] if x["metric"] == "acceptance_rate_per_pos[2]" and x["category"] == "all")
+    assert pos2["point"] == "chain-L3-k3 vs reuse-L3-k3" and pos2["paired_prompts"] == 64
+    assert pos2["verdict"] == "worse" and pos2["ci_high"] < 0
+    assert "acceptance_rate_per_pos[2]" in r.output and "worse beyond noise by more than 5 %" in r.output
+    md = (tmp_path / "c" / "compare.md").read_text()
+    assert md.startswith("## mtpbench compare") and "| chain-L3-k3 vs reuse-L3-k3 | acceptance_rate_per_pos[2] |" in md
+    # the other way round nothing is worse beyond noise (timed once: timings carry no interval)
+    r = runner.invoke(app, ["compare", str(reuse), str(chain), "--out", str(tmp_path / "d"), "--fail-if-worse", "5"])
+    assert r.exit_code == 0, r.output
+
+
+def test_runs_on_other_prompts_are_refused_unless_forced(tmp_path, runs):
+    chain, _ = runs
+    other = sweep(tmp_path / "other", "--mode", "chain", "--prompts", "mt-bench",
+                  common=["--k", "3", "--num-prompts", "64", "--max-tokens", "8"])
+    r = runner.invoke(app, ["compare", str(chain), str(other), "--out", str(tmp_path / "c")])
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1
+    assert "differ in prompts ('builtin' vs 'mt-bench'), max_tokens (96 vs 8)" in r.output
+    assert not (tmp_path / "c").exists()
+    r = runner.invoke(app, ["compare", str(chain), str(other), "--out", str(tmp_path / "c"), "--force"])
+    assert r.exit_code == 0, r.output
