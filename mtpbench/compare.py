@@ -80,7 +80,7 @@ def _side(out: Path, with_mode: bool) -> Side:
 
 def _key(point: GridPoint, with_mode: bool) -> tuple:
     mode = point.mode if with_mode or point.k == 0 else None
-    return (mode, point.k, point.mtp_layers, point.concurrency, point.request_rate)
+    return (mode, point.k, point.mtp_layers, point.concurrency, point.request_rate, point.context_tokens)
 
 
 def _modes(out: Path) -> set[str]:
@@ -241,7 +241,7 @@ def drift_notes(rows: list[CompareRow], a: dict, b: dict) -> list[str]:
 
 def _row_key(r: PointResult, with_mode: bool) -> tuple:
     rate = float("inf") if r.request_rate is None and r.concurrency is not None else r.request_rate
-    return _key(GridPoint(r.mode, r.k, r.mtp_layers, r.concurrency, rate), with_mode)
+    return _key(GridPoint(r.mode, r.k, r.mtp_layers, r.concurrency, rate, r.context_tokens), with_mode)
 
 
 def worse_beyond(result: dict, pct: float) -> list[dict]:

@@ -33,6 +33,7 @@ class SweepConfig:
     prompts: str = "builtin"  # builtin, spec-bench, mt-bench, or a JSONL file
     num_prompts: int | None = None  # None: 8 of the built-in set, every prompt of any other set
     chat_template: str = "auto"  # auto: through the checkpoint's chat template where it has one; none
+    context_tokens: tuple[int, ...] = ()  # held-out text before each prompt, a grid dimension; (): none
     max_tokens: int = 128
     repeats: int = 1  # timed runs per point; with several, timings are reported as median and interval
     temperature: float = 0.0
@@ -254,6 +255,8 @@ def validate(cfg: SweepConfig, checkpoint_layers: int | None) -> None:
     for name in ("num_prompts", "max_tokens", "batch_size", "repeats"):
         if getattr(cfg, name) is not None and getattr(cfg, name) < 1:
             raise MtpBenchError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")
+    if any(c < 0 for c in cfg.context_tokens):
+        raise MtpBenchError(f"--context-tokens takes integers >= 0, got {','.join(map(str, cfg.context_tokens))}")
     if cfg.temperature < 0:
         raise MtpBenchError(f"--temperature must be >= 0, got {cfg.temperature}")
     if checkpoint_layers is not None:

@@ -108,7 +108,8 @@ async def _request(session, url: str, body: dict, prompt: Prompt, t0: float) -> 
                       "is this a vLLM server (return_token_ids)?")
     return RequestRecord(prompt.category, prompt_tokens or 0, tokens, ttft,
                          (last - st) if last is not None else None, itl, st - t0,
-                         **served_acceptance(spec, prompt_tokens or 0), prompt_id=prompt.id), None
+                         **served_acceptance(spec, prompt_tokens or 0), prompt_id=prompt.id,
+                         context_tokens=prompt.context_tokens), None
 
 
 def served_acceptance(spec: dict | None, prompt_tokens: int) -> dict:

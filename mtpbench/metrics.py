@@ -30,11 +30,14 @@ class GridPoint:
     mtp_layers: int | None
     concurrency: int | None = None
     request_rate: float | None = None
+    context_tokens: int | None = None  # --context-tokens: held-out text before each prompt
 
     @property
     def name(self) -> str:
         layers = "" if self.mtp_layers is None else f"-L{self.mtp_layers}"  # None: a server's, unknown
         base = "k0" if self.k == 0 else f"{self.mode}{layers}-k{self.k}"
+        if self.context_tokens is not None:
+            base += f"-ctx{self.context_tokens}"
         if self.concurrency is not None:
             base += f"-c{self.concurrency}"
         if self.request_rate is not None and math.isfinite(self.request_rate):
@@ -45,14 +48,15 @@ class GridPoint:
         rate = self.request_rate
         return {"backend": backend, "mode": self.mode, "k": self.k, "mtp_layers": self.mtp_layers,
                 "concurrency": self.concurrency,
-                "request_rate": None if rate is None or math.isinf(rate) else rate}
+                "request_rate": None if rate is None or math.isinf(rate) else rate,
+                "context_tokens": self.context_tokens}
 
     @classmethod
     def from_json(cls, d: dict) -> "GridPoint":
         rate = d.get("request_rate")
         if rate is None and d.get("concurrency") is not None:
             rate = math.inf  # a served point's null rate is "all at once"
-        return cls(d["mode"], d["k"], d["mtp_layers"], d.get("concurrency"), rate)
+        return cls(d["mode"], d["k"], d["mtp_layers"], d.get("concurrency"), rate, d.get("context_tokens"))
 
 
 @dataclass
@@ -77,6 +81,7 @@ class RequestRecord:
     # one [sequence length when the drafts were verified, drafts accepted] per verify step (None: unknown)
     draft_steps: list[list[int]] | None = None
     prompt_id: str = ""  # which prompt of the set: pairs a request with its twin in another run
+    context_tokens: int = 0  # tokens of held-out text before the prompt (--context-tokens)
 
     @property
     def acceptance_length(self) -> float | None:
@@ -178,6 +183,8 @@ class PointResult:
     status: str
     concurrency: int | None = None  # served runs: requests in flight at most
     request_rate: float | None = None  # served runs: Poisson arrivals per second; null = all at once
+    context_tokens: int | None = None  # --context-tokens asked for
+    context_tokens_actual: float | None = None  # mean tokens of held-out text the prompts really got
     num_prompts: int | None = None
     num_output_tokens: int | None = None
     num_drafts: int | None = None
@@ -222,6 +229,11 @@ class PointResult:
     decode_time_s: float | None = None
     startup_s: float | None = None
     output_repetition: float | None = None
+    # acceptance by where in the sequence the drafts were verified (per-request data): bucket starts in
+    # tokens, and per bucket the drafts and the acceptance length
+    position_bucket_start: tuple[int, ...] = ()
+    num_drafts_by_position: tuple[int, ...] = ()
+    acceptance_length_by_position: tuple[float, ...] = ()
     energy_j_per_token: float | None = None
     energy_method: str | None = None  # nvml_energy_counter or integrated_power
     avg_power_w: float | None = None
@@ -287,6 +299,26 @@ def latency_ms(requests: list[RequestRecord]) -> dict[str, list[float]]:
             if len(r.output_token_ids) > 1 and r.latency_s is not None and r.ttft_s is not None]
     itl = [x * 1e3 for r in requests for x in (r.itl_s or [])]
     return {"ttft": ttft, "tpot": tpot, "itl": itl}
+
+
+POSITION_BUCKETS = 8
+
+
+def acceptance_by_position(requests: list[RequestRecord]) -> dict:
+    """Drafts and AL per bucket of sequence position (at most 8 buckets of a round width)."""
+    steps = [s for r in requests for s in (r.draft_steps or [])]
+    if not steps:
+        return {}
+    lo, hi = min(p for p, _ in steps), max(p for p, _ in steps)
+    width = max(16, -(-(hi - lo + 1) // POSITION_BUCKETS))
+    width = 1 << (width - 1).bit_length()  # a power of two: buckets start at round positions
+    start = lo // width * width
+    drafts: dict[int, list[int]] = {}
+    for p, a in steps:
+        drafts.setdefault(start + (p - start) // width * width, []).append(a)
+    keys = sorted(drafts)
+    return {"position_bucket_start": tuple(keys), "num_drafts_by_position": tuple(len(drafts[b]) for b in keys),
+            "acceptance_length_by_position": tuple(_round(1 + sum(drafts[b]) / len(drafts[b])) for b in keys)}
 
 
 def timing(requests: list[RequestRecord], batches: list[BatchRecord]) -> dict:
@@ -381,6 +413,9 @@ def summarize(backend: str, point: GridPoint, category: str, requests: list[Requ
         backend=backend, mode=point.mode, k=k, mtp_layers=point.mtp_layers, category=category, status="ok",
         concurrency=point.concurrency,
         request_rate=None if point.request_rate is None or math.isinf(point.request_rate) else point.request_rate,
+        context_tokens=point.context_tokens,
+        context_tokens_actual=_round(sum(r.context_tokens for r in requests) / len(requests), 1)
+        if point.context_tokens is not None and requests else None,
         num_prompts=len(requests), num_output_tokens=out_tokens,
         num_drafts=drafts, num_draft_tokens=drafted, num_accepted_tokens=accepted,
         num_accepted_tokens_per_pos=tuple(per_pos),
@@ -406,4 +441,5 @@ def summarize(backend: str, point: GridPoint, category: str, requests: list[Requ
         client_cpu_ms_per_request=_round(sum(cpu) / len(requests) * 1e3, 3) if cpu and requests else None,
         notes="; ".join(notes) or None,
     )
-    return replace(row, **acceptance_intervals(requests, k), **repeat_intervals(list(repeats)))
+    return replace(row, **acceptance_intervals(requests, k), **repeat_intervals(list(repeats)),
+                   **acceptance_by_position(requests))

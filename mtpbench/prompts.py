@@ -30,6 +30,7 @@ class Prompt:
     category: str = "none"
     id: str = ""
     templated: bool = False  # rendered through a chat template: tokenize without adding special tokens
+    context_tokens: int = 0  # tokens of held-out text put before the question (--context-tokens)
 
 
 @dataclass
@@ -120,20 +121,58 @@ def _load(spec: str, num_prompts: int | None) -> tuple[list[Prompt], set[str]]:
     return chosen, multi & {p.id for p in chosen}
 
 
+def load_tokenizer(model_dir):
+    from tokenizers import Tokenizer
+
+    path = Path(model_dir) / "tokenizer.json"
+    if not path.is_file():
+        raise MtpBenchError(f"{model_dir} has no tokenizer.json")
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as e:  # the tokenizers library raises its own exception types
+        raise MtpBenchError(f"{path}: cannot load tokenizer ({str(e)[:200]})") from None
+
+
+def with_context(prompts: list[Prompt], spec: str, n_tokens: int, tokenizer) -> list[Prompt]:
+    """Each prompt preceded by ``n_tokens`` tokens of real text: the other prompts of the same set (never
+    the prompt itself), joined by blank lines and cut at a token boundary. ``context_tokens`` records
+    the prefix's actual length as the tokenizer reads it back."""
+    if n_tokens <= 0:
+        return list(prompts)
+    pool, _ = _read(spec)
+    out = []
+    for p in prompts:
+        ids: list[int] = []
+        others = [q.text for q in pool if q.id != p.id] or [q.text for q in pool]
+        i = 0
+        while len(ids) < n_tokens:  # the set, round and round if it is short
+            ids += tokenizer.encode(others[i % len(others)] + "\n\n", add_special_tokens=False).ids
+            i += 1
+        prefix = tokenizer.decode(ids[:n_tokens], skip_special_tokens=False)
+        actual = len(tokenizer.encode(prefix, add_special_tokens=False).ids)
+        out.append(Prompt(prefix + "\n\n" + p.text, p.category, p.id, p.templated, actual))
+    return out
+
+
 def prompt_set(spec: str, num_prompts: int | None = None, model_dir: Path | None = None,
-               chat_template: str = "auto") -> PromptSet:
-    """The prompts a run measures, through the checkpoint's chat template where it has one (``auto``)."""
+               chat_template: str = "auto", context_tokens: int = 0) -> PromptSet:
+    """The prompts a run measures, with ``context_tokens`` of held-out text before each question, through
+    the checkpoint's chat template where it has one (``auto``)."""
     if chat_template not in CHAT_TEMPLATE_MODES:
         raise MtpBenchError(f"--chat-template takes auto or none, got {chat_template!r}")
     prompts, multi = _load(spec, num_prompts)
+    if context_tokens:
+        if model_dir is None:
+            raise MtpBenchError("--context-tokens needs the model's tokenizer on this machine")
+        prompts = with_context(prompts, spec, context_tokens, load_tokenizer(model_dir))
     notes = []
     if multi:
         notes.append(f"{len(multi)} multi-turn question(s) use their first turn only")
     template = chat_template_of(model_dir) if chat_template == "auto" and model_dir is not None else None
     if template is not None:
         special = special_tokens(model_dir)
-        prompts = [Prompt(render(template, [{"role": "user", "content": p.text}], special), p.category, p.id, True)
-                   for p in prompts]
+        prompts = [Prompt(render(template, [{"role": "user", "content": p.text}], special), p.category, p.id, True,
+                          p.context_tokens) for p in prompts]
         notes.append("the checkpoint's chat template was applied (--chat-template none for raw text)")
     elif chat_template == "auto" and model_dir is not None and spec != "builtin":
         notes.append("the checkpoint has no chat template: prompts are raw text")

@@ -58,8 +58,8 @@ TELEMETRY_COLUMNS = [("energy_j_per_token", "J/tok"), ("avg_power_w", "W"), ("pe
 
 def _sort_key(p: dict) -> tuple:
     rate = p.get("request_rate")
-    return (p["k"] != 0, p["mode"], p["mtp_layers"] or 0, p["k"], p.get("concurrency") or 0,
-            float("inf") if rate is None else rate)
+    return (p["k"] != 0, p["mode"], p["mtp_layers"] or 0, p["k"], p.get("context_tokens") or 0,
+            p.get("concurrency") or 0, float("inf") if rate is None else rate)
 
 
 def load_run(out: Path) -> tuple[dict, list[dict], list[dict]]:
@@ -119,10 +119,10 @@ def rows_from_points(points: list[dict], failures: list[dict]) -> list[PointResu
         p = GridPoint.from_json(f["point"])
         rows.append(PointResult(f["point"]["backend"], p.mode, p.k, p.mtp_layers, "all", "failed",
                                 concurrency=p.concurrency, request_rate=f["point"].get("request_rate"),
-                                error=f["error"]))
+                                context_tokens=p.context_tokens, error=f["error"]))
 
     def load(r: PointResult) -> tuple:
-        return r.backend, r.category, r.concurrency, r.request_rate
+        return r.backend, r.category, r.concurrency, r.request_rate, r.context_tokens
 
     base = {load(r): r for r in rows if r.k == 0 and r.status == "ok"}
 
@@ -157,9 +157,13 @@ def table(rows: list[PointResult]) -> str:
         half = _half_width(r, name)
         if v is not None and half is not None:  # 2.36 ± 0.08: the 95 % interval's half width
             return f"{v:.1f} ± {half:.1f}" if name == "output_tokens_per_sec" else f"{v:.3g} ± {half:.2g}"
+        if isinstance(v, float):  # formatted here: a column with "-" cells is not reformatted by tabulate
+            return f"{v:.1f}" if name == "output_tokens_per_sec" else f"{v:.3g}"
         return "-" if v is None else v
 
     cols = list(TABLE_COLUMNS)
+    if any(r.context_tokens is not None for r in rows):
+        cols[4:4] = [("context_tokens", "ctx")]
     if any(r.concurrency is not None for r in rows):
         cols[4:4] = SERVED_COLUMNS[:2]
         cols[-3:-3] = SERVED_COLUMNS[2:]
@@ -192,8 +196,8 @@ def _yerr(rows: list[PointResult], name: str):
 
 
 def _label(r: PointResult) -> str:
-    return GridPoint(r.mode, r.k, r.mtp_layers, r.concurrency,
-                     float("inf") if r.request_rate is None else r.request_rate).name
+    rate = float("inf") if r.request_rate is None and r.concurrency is not None else r.request_rate
+    return GridPoint(r.mode, r.k, r.mtp_layers, r.concurrency, rate, r.context_tokens).name
 
 
 def notices(out: Path) -> list[str]:
@@ -221,21 +225,25 @@ def telemetry_notice(out: Path) -> str | None:
     return f"GPU telemetry: none ({'; '.join(sorted(reasons))})" if reasons else None
 
 
-def _line_label(mode: str, L, c, rate) -> str:
+def _line_label(mode: str, L, c, rate, ctx=None) -> str:
     label = f"{mode}, L={'?' if L is None else L}"
+    if ctx is not None:
+        label += f", ctx={ctx}"
     if c is not None:
         label += f", c={c}" + ("" if rate is None else f", {rate:g}/s")
     return label
 
 
 def _lines(rows: list[PointResult]) -> dict[tuple, list[PointResult]]:
-    """One line per (mode, layers, load); the k = 0 baseline of the same load starts every line."""
+    """One line per (mode, layers, load, context); the k = 0 baseline of the same load and context starts
+    every line."""
     ok = [r for r in rows if r.status == "ok" and r.category == "all"]
     lines: dict[tuple, list[PointResult]] = {}
     for r in ok:
         if r.k > 0:
-            base = [b for b in ok if b.k == 0 and (b.concurrency, b.request_rate) == (r.concurrency, r.request_rate)]
-            lines.setdefault((r.mode, r.mtp_layers, r.concurrency, r.request_rate), base).append(r)
+            same = (r.concurrency, r.request_rate, r.context_tokens)
+            base = [b for b in ok if b.k == 0 and (b.concurrency, b.request_rate, b.context_tokens) == same]
+            lines.setdefault((r.mode, r.mtp_layers, r.concurrency, r.request_rate, r.context_tokens), base).append(r)
     return lines
 
 
@@ -292,7 +300,7 @@ def plots(out: Path, rows: list[PointResult]) -> list[Path]:
             err = [[0 if lo is None else v - lo for v, lo in zip(r.acceptance_rate_per_pos, r.acceptance_rate_per_pos_ci_low)],
                    [0 if hi is None else hi - v for v, hi in zip(r.acceptance_rate_per_pos, r.acceptance_rate_per_pos_ci_high)]]
         ax.bar(xs, r.acceptance_rate_per_pos, width=width, yerr=err, capsize=3,
-               label=_line_label(r.mode, r.mtp_layers, r.concurrency, r.request_rate) + f", k={r.k}")
+               label=_line_label(r.mode, r.mtp_layers, r.concurrency, r.request_rate, r.context_tokens) + f", k={r.k}")
     npos = max(len(r.acceptance_rate_per_pos) for r in tops)
     ax.set(xlabel="draft position", ylabel="acceptance rate (joint: positions 0..i accepted)",
            title="Per-position acceptance", ylim=(0, 1), xticks=[p + width * (len(tops) - 1) / 2 for p in range(npos)],
@@ -302,7 +310,37 @@ def plots(out: Path, rows: list[PointResult]) -> list[Path]:
     paths.append(_save(fig, out / "per_position.png", plt))
     if any(key[2] is not None for key in lines):
         paths.append(serving_plot(out, rows, plt))
+    if any(r.position_bucket_start for r in rows if r.k > 0) or any(key[4] is not None for key in lines):
+        paths.append(context_plot(out, rows, plt))
     return paths
+
+
+def context_plot(out: Path, rows: list[PointResult], plt) -> Path:
+    """AL vs the context before the prompt (the --context-tokens dimension), and AL vs the position in the
+    sequence where the drafts were verified (inside every run, from per-request data)."""
+    ok = [r for r in rows if r.status == "ok" and r.category == "all" and r.k > 0]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    groups = sorted({(r.mode, r.mtp_layers, r.k, r.concurrency, r.request_rate) for r in ok},
+                    key=lambda x: tuple(-1 if v is None else v for v in x[1:]) + (x[0],))
+    for mode, L, k, c, rate in groups:
+        pts = sorted((r for r in ok if (r.mode, r.mtp_layers, r.k, r.concurrency, r.request_rate) == (mode, L, k, c, rate)
+                      and r.context_tokens is not None), key=lambda r: r.context_tokens)
+        if pts:
+            a1.errorbar([r.context_tokens_actual for r in pts], [r.acceptance_length for r in pts], capsize=3,
+                        yerr=_yerr(pts, "acceptance_length"), marker="o",
+                        label=_line_label(mode, L, c, rate) + f", k={k}")
+    for r in ok:
+        if r.position_bucket_start:
+            a2.plot(r.position_bucket_start, r.acceptance_length_by_position, marker=".", label=_label(r))
+    a1.set(xlabel="tokens of held-out text before the prompt (actual)", ylabel="acceptance length",
+           title="AL vs context length (--context-tokens)")
+    a2.set(xlabel="sequence position when the drafts were verified (bucket start)", ylabel="acceptance length",
+           title="AL vs position inside each run")
+    for a in (a1, a2):
+        a.grid(alpha=0.3)
+        if a.get_legend_handles_labels()[0]:
+            a.legend(fontsize=7)
+    return _save(fig, out / "acceptance_vs_context.png", plt)
 
 
 def serving_plot(out: Path, rows: list[PointResult], plt) -> Path:

@@ -41,9 +41,11 @@ def grid(cfg: SweepConfig, checkpoint_layers: int | None, attached_k: int | None
         ks, layers = tuple(cfg.k), cfg.mtp_layers or (checkpoint_layers,)
     loads = [(c, r) for c in cfg.concurrency for r in cfg.request_rate] if cfg.backend == "vllm-server" \
         else [(None, None)]
-    points = [GridPoint("plain", 0, 0, c, r) for c, r in loads] if 0 in ks else []
+    contexts = sorted(set(cfg.context_tokens)) or [None]
+    points = [GridPoint("plain", 0, 0, c, r, x) for x in contexts for c, r in loads] if 0 in ks else []
     for k in sorted(set(ks) - {0}):
-        points += [GridPoint(mode, k, L, c, r) for L in layers for mode in modes for c, r in loads]
+        points += [GridPoint(mode, k, L, c, r, x) for L in layers for mode in modes for x in contexts
+                   for c, r in loads]
     return points
 
 
@@ -51,7 +53,7 @@ def run_sweep(cfg: SweepConfig, on_point: Callable[[int, int, str], None] | None
     n_layers = None if cfg.server else num_mtp_layers(cfg.model_dir)  # an attached server's model is remote
     validate(cfg, n_layers)
     pset = sweep_prompts(cfg)
-    prompts = pset.prompts
+    psets = {x: sweep_prompts(cfg, x) if x else pset for x in sorted(set(cfg.context_tokens)) or [None]}
     out = Path(cfg.out)
     t0 = time.perf_counter()
     backend = get_backend(cfg.backend)  # imports the engine (torch for native)
@@ -66,10 +68,17 @@ def run_sweep(cfg: SweepConfig, on_point: Callable[[int, int, str], None] | None
         prov = provenance()
         fp = fingerprint(cfg.to_json(), prov["versions"])
         write_json(out / "run.json", {"config": cfg.to_json(), "provenance": prov, "engine": engine,
-                                      "prompts": pset.describe()})
+                                      "prompts": pset.describe()})  # as in the set, without context
+        window = context_window(cfg)
         for i, point in enumerate(points):
             if on_point:
                 on_point(i, len(points), point.name)
+            prompts = psets[point.context_tokens].prompts
+            too_long = context_problem(cfg, prompts, window)
+            if too_long:  # said for this point, the others still run
+                write_json(out / f"{point.name}.failure.json",
+                           {"point": point.to_json(cfg.backend), "fingerprint": fp, "error": too_long})
+                continue
             run_one(cfg, backend, point, prompts, out, fp)
         run = json.loads((out / "run.json").read_text())
         run["provenance"]["load_average_end"] = environment()["load_average"]
@@ -81,20 +90,50 @@ def run_sweep(cfg: SweepConfig, on_point: Callable[[int, int, str], None] | None
     return build(out)
 
 
-def sweep_prompts(cfg: SweepConfig) -> PromptSet:
-    """The prompts, through the model's chat template unless the server applies its own (--api chat) or
-    its files are not here (an attached server)."""
+def sweep_prompts(cfg: SweepConfig, context_tokens: int = 0) -> PromptSet:
+    """The prompts, with ``context_tokens`` of held-out text first, through the model's chat template
+    unless the server applies its own (--api chat) or its files are not here (an attached server)."""
+    local = None if cfg.server else cfg.model_dir
     if cfg.backend == "vllm-server" and cfg.api == "chat":
-        pset = prompt_set(cfg.prompts, cfg.num_prompts, None, "none")
+        pset = prompt_set(cfg.prompts, cfg.num_prompts, local, "none", context_tokens)
         pset.notes.append("the server applies its chat template (--api chat)")
     elif cfg.server:
-        pset = prompt_set(cfg.prompts, cfg.num_prompts, None, "none")
+        pset = prompt_set(cfg.prompts, cfg.num_prompts, None, "none", context_tokens)
         if cfg.chat_template == "auto":
             pset.notes.append("no chat template applied: an attached server's files are not read over "
                               "/v1/completions (--api chat has the server apply its own)")
     else:
-        pset = prompt_set(cfg.prompts, cfg.num_prompts, cfg.model_dir, cfg.chat_template)
+        pset = prompt_set(cfg.prompts, cfg.num_prompts, cfg.model_dir, cfg.chat_template, context_tokens)
     return pset
+
+
+def context_window(cfg: SweepConfig) -> tuple[int, str] | None:
+    """The positions the engine can hold and where that limit comes from (None: unknown here)."""
+    if cfg.max_model_len and cfg.backend != "native":
+        return cfg.max_model_len, "max_model_len"
+    if cfg.server:
+        return None
+    from mtpbench.config import read_config
+
+    c = read_config(cfg.model_dir)
+    n = c.get("max_position_embeddings") or (c.get("text_config") or {}).get("max_position_embeddings")
+    return (int(n), "the model's max_position_embeddings") if n else None
+
+
+def context_problem(cfg: SweepConfig, prompts, window) -> str | None:
+    """Why a point's longest prompt plus its output does not fit the model's context window, if it does not."""
+    if window is None or not any(p.context_tokens for p in prompts):
+        return None
+    from mtpbench.prompts import load_tokenizer
+
+    tok = load_tokenizer(cfg.model_dir)
+    longest = max(len(tok.encode(p.text, add_special_tokens=not p.templated).ids) for p in prompts)
+    need = longest + cfg.max_tokens + max(cfg.k, default=0)  # the verify step reaches k positions past the output
+    limit, source = window
+    if need > limit:
+        return (f"context window: the longest prompt with its context is {longest} tokens; with "
+                f"{cfg.max_tokens} output tokens it needs {need} positions, {source} is {limit}")
+    return None
 
 
 def check_per_request(run) -> None:

@@ -108,3 +108,34 @@ def test_the_server_is_told_not_to_add_special_tokens_to_a_templated_prompt(chat
     templated, raw = prompt_set("mt-bench", 1, chat_model).prompts[0], load_prompts("mt-bench", 1)[0]
     assert payload("completions", "m", templated, 8, 0.0, 0)["add_special_tokens"] is False
     assert "add_special_tokens" not in payload("completions", "m", raw, 8, 0.0, 0)
+
+
+def test_context_is_real_held_out_text_of_the_set_of_the_asked_length():
+    from mtpbench.prompts import load_tokenizer, with_context
+
+    tok = load_tokenizer(BUILTIN_MODEL_DIR)
+    prompts = load_prompts("builtin", 3)
+    longer = with_context(prompts, "builtin", 300, tok)
+    others = [q.text for q in load_prompts("builtin", 64)]
+    for p, q in zip(prompts, longer):
+        prefix = q.text[: -len(p.text) - 2]
+        assert q.text.endswith("\n\n" + p.text) and abs(q.context_tokens - 300) <= 2
+        assert p.text not in prefix  # held out: never the prompt itself
+        assert prefix[:40] in "\n\n".join(o for o in others if o != p.text)  # text of the set, not padding
+
+
+def test_context_dimension_gives_rows_the_plot_and_says_when_the_window_is_too_small(tmp_path):
+    out = tmp_path / "ctx"
+    r = CliRunner().invoke(app, ["sweep", "--k", "0,2", "--mode", "chain", "--num-prompts", "4", "--max-tokens", "16",
+                                 "--context-tokens", "0,256,4096", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    rows = [x for x in json.loads((out / "summary.json").read_text())["rows"] if x["k"] == 2]
+    by_ctx = {x["context_tokens"]: x for x in rows}
+    assert by_ctx[0]["status"] == "ok" and by_ctx[0]["context_tokens_actual"] == 0
+    assert by_ctx[256]["status"] == "ok" and abs(by_ctx[256]["context_tokens_actual"] - 256) <= 2
+    assert by_ctx[256]["acceptance_length"] > 1 and by_ctx[256]["position_bucket_start"]
+    # the built-in model holds 2048 positions: the 4096-token point is refused, and says why
+    assert by_ctx[4096]["status"] == "failed" and "max_position_embeddings is 2048" in by_ctx[4096]["error"]
+    points = json.loads((out / "chain-L3-k2-ctx256.json").read_text())["requests"]
+    assert all(q["context_tokens"] >= 254 and q["num_prompt_tokens"] > 254 for q in points)
+    assert (out / "acceptance_vs_context.png").stat().st_size > 1000

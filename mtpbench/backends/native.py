@@ -14,7 +14,7 @@ from mtpbench.config import SweepConfig
 from mtpbench.engine import Faults, Generation
 from mtpbench.errors import MtpBenchError
 from mtpbench.metrics import BatchRecord, GridPoint, PointRun, RequestRecord
-from mtpbench.prompts import Prompt, batches
+from mtpbench.prompts import Prompt, batches, load_tokenizer  # noqa: F401 (load_tokenizer re-exported)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -28,18 +28,6 @@ def model_dtype(name: str, model_dir) -> torch.dtype:
     cfg = read_config(model_dir)
     declared = cfg.get("torch_dtype") or cfg.get("dtype") or (cfg.get("text_config") or {}).get("torch_dtype")
     return DTYPES.get(str(declared).removeprefix("torch."), torch.float32)
-
-
-def load_tokenizer(model_dir):
-    from tokenizers import Tokenizer
-
-    path = model_dir / "tokenizer.json"
-    if not path.is_file():
-        raise MtpBenchError(f"{model_dir} has no tokenizer.json")
-    try:
-        return Tokenizer.from_file(str(path))
-    except Exception as e:  # the tokenizers library raises its own exception types
-        raise MtpBenchError(f"{path}: cannot load tokenizer ({str(e)[:200]})") from None
 
 
 def resolve_device(name: str) -> torch.device:
@@ -169,7 +157,8 @@ class NativeBackend:
                               itl[b], num_drafts=c[b].num_drafts, num_draft_tokens=c[b].num_draft_tokens,
                               num_accepted_tokens=c[b].num_accepted_tokens,
                               num_accepted_tokens_per_pos=list(c[b].num_accepted_tokens_per_pos),
-                              draft_steps=[list(x) for x in c[b].steps], prompt_id=p.id)
+                              draft_steps=[list(x) for x in c[b].steps], prompt_id=p.id,
+                              context_tokens=p.context_tokens)
                 for b, p in enumerate(group)]
 
     def close(self) -> None:

@@ -290,7 +290,7 @@ def timed_run(llm, params, groups, k: int, requests: list, records: list) -> Non
             requests.append(RequestRecord(p.category, len(o.prompt_token_ids or []),
                                           list(o.outputs[0].token_ids), ttft, last,
                                           **per_request_acceptance(o, k, batch if len(group) == 1 else None),
-                                          prompt_id=p.id))
+                                          prompt_id=p.id, context_tokens=p.context_tokens))
 
 
 def per_request_acceptance(output, k: int, alone: BatchRecord | None) -> dict:
