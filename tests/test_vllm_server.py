@@ -252,10 +252,13 @@ def test_attached_poisson_arrivals_and_foreign_traffic_are_reported(tmp_path, dr
 def test_attached_chat_api(tmp_path, drafting_server):
     out = tmp_path / "chat"
     r = CliRunner().invoke(app, ["sweep", "--server", drafting_server, "--api", "chat", "--num-prompts", "2",
-                                 "--max-tokens", "16", "--out", str(out)])
+                                 "--max-tokens", "16", "--repeats", "2", "--out", str(out)])
     assert r.exit_code == 0, r.output
-    reqs = json.loads((out / "vllm-k2-c1.json").read_text())["requests"]
-    assert [len(q["output_token_ids"]) for q in reqs] == [16, 16]
+    point = json.loads((out / "vllm-k2-c1.json").read_text())
+    assert [len(q["output_token_ids"]) for q in point["requests"]] == [16, 16]
+    assert len(point["repeats"]) == 2  # two measured windows
+    row = next(x for x in json.loads((out / "summary.json").read_text())["rows"] if x["category"] == "all")
+    assert row["num_repeats"] == 2 and row["output_tokens_per_sec_ci_low"] is not None
 
 
 def test_attached_wrong_k_is_refused(tmp_path, drafting_server):
