@@ -268,7 +268,7 @@ def compare(
     """Is B's difference from A real? Paired intervals per metric, and better / worse / within noise."""
     from tabulate import tabulate
 
-    from mtpbench.compare import HEADERS, compare as run_compare, table_lines, worse_beyond
+    from mtpbench.compare import HEADERS, compare as run_compare, table_lines, unjudged_beyond, worse_beyond
 
     try:
         result = run_compare(a, b, out, force)
@@ -278,14 +278,17 @@ def compare(
     typer.echo(tabulate(table_lines(result), headers=HEADERS, disable_numparse=True))
     for line in result["notes"]:
         typer.echo(f"note: {line}")
-    for line in result["failed"]:
-        typer.echo(f"failed: {line}")
+    for f in result["failed"]:
+        typer.echo(f"failed: {f['point']} in {f['failed_in']}: {f['error']}")
     typer.echo(f"\nwrote {out}/compare.csv, compare.json, compare.md, compare.png")
     if fail_if_worse is not None:
+        unjudged = unjudged_beyond(result, fail_if_worse)
+        if unjudged:
+            typer.echo(f"moved by more than {fail_if_worse:g} % without an interval to judge it (more prompts, or "
+                       f"--repeats 6 or more): {', '.join(unjudged[:5])}", err=True)
         bad = worse_beyond(result, fail_if_worse)
         if bad:
-            names = ", ".join(f"{r['point']} {r['metric']} {r['rel_diff'] * 100:+.1f} %" for r in bad[:5])
-            typer.echo(f"worse beyond noise by more than {fail_if_worse:g} %: {names}", err=True)
+            typer.echo(f"worse beyond noise by more than {fail_if_worse:g} %: {', '.join(bad[:5])}", err=True)
             raise typer.Exit(1)
 
 

@@ -39,6 +39,7 @@ SAME_WORKLOAD = ("model", "prompts", "num_prompts", "chat_template", "max_tokens
 @dataclass(frozen=True)
 class CompareRow:
     point: str  # the paired point, A's name (B's when it differs: "chain-L3-k3 vs reuse-L3-k3")
+    k: int
     category: str
     metric: str
     a: float | None
@@ -63,8 +64,8 @@ class Side:
     failures: dict[tuple, str]
 
 
-def _side(out: Path, with_mode: bool) -> Side:
-    run, points, failures = load_run(out)
+def _side(loaded: tuple[dict, list[dict], list[dict]], out: Path, with_mode: bool) -> Side:
+    run, points, failures = loaded
     rows = rows_from_points(points, failures)
     keyed = {}
     for d in points:
@@ -74,7 +75,8 @@ def _side(out: Path, with_mode: bool) -> Side:
             raise MtpBenchError(f"{out}: two points pair as {key}: compare runs with one drafting mode each, "
                                 "or the same modes on both sides")
         keyed[key] = (point, PointRun.from_json(d))
-    fails = {_key(GridPoint.from_json(f["point"]), with_mode): f["error"] for f in failures}
+    fails = {_key(GridPoint.from_json(f["point"]), with_mode): (GridPoint.from_json(f["point"]).name, f["error"])
+             for f in failures}
     return Side(run, rows, keyed, fails)
 
 
@@ -83,8 +85,8 @@ def _key(point: GridPoint, with_mode: bool) -> tuple:
     return (mode, point.k, point.mtp_layers, point.concurrency, point.request_rate, point.context_tokens)
 
 
-def _modes(out: Path) -> set[str]:
-    _, points, failures = load_run(out)
+def _modes(loaded: tuple[dict, list[dict], list[dict]]) -> set[str]:
+    _, points, failures = loaded
     return {d["point"]["mode"] for d in points + failures if d["point"]["k"] > 0}
 
 
@@ -105,11 +107,14 @@ def differences(a: dict, b: dict) -> list[str]:
 
 
 def check_same_workload(a: dict, b: dict, force: bool) -> None:
-    problems = [f"{k} ({a['config'].get(k)!r} vs {b['config'].get(k)!r})" for k in SAME_WORKLOAD
-                if a["config"].get(k) != b["config"].get(k)]
     pa, pb = (a.get("prompts") or {}).get("sha256"), (b.get("prompts") or {}).get("sha256")
-    if pa and pb and pa != pb and not any(p.startswith(("prompts", "num_prompts", "chat_template")) for p in problems):
-        problems.append("the prompt texts")
+    # where both runs recorded their prompts' texts, those decide, not how the prompts were asked for
+    keys = [k for k in SAME_WORKLOAD if not (pa and pb and k in ("prompts", "num_prompts", "chat_template"))]
+    problems = [f"{k} ({a['config'].get(k)!r} vs {b['config'].get(k)!r})" for k in keys
+                if a["config"].get(k) != b["config"].get(k)]
+    if pa and pb and pa != pb:
+        problems.insert(0, f"prompts ({a['config'].get('prompts')!r} vs {b['config'].get('prompts')!r}: "
+                           "other prompt texts)")
     if problems and not force:
         raise MtpBenchError(f"A and B differ in {', '.join(problems)}: their numbers do not pair "
                             "(--force compares them anyway)")
@@ -118,7 +123,7 @@ def check_same_workload(a: dict, b: dict, force: bool) -> None:
 def _verdict(diff: float | None, ci: tuple[float, float] | None, higher_is_better: bool) -> str:
     if diff == 0:
         return "within noise"  # no difference is within any noise, interval or not
-    if ci is None:
+    if ci is None or diff is None:
         return "no interval"
     lo, hi = ci
     if lo > 0:
@@ -128,10 +133,10 @@ def _verdict(diff: float | None, ci: tuple[float, float] | None, higher_is_bette
     return "within noise"
 
 
-def _row(point: str, cat: str, metric: str, a, b, ci, higher: bool, paired: int | None) -> CompareRow:
+def _row(point: str, k: int, cat: str, metric: str, a, b, ci, higher: bool, paired: int | None) -> CompareRow:
     diff = None if a is None or b is None else b - a
     rel = diff / a if diff is not None and a else (0.0 if diff == 0 else None)
-    return CompareRow(point, cat, metric, a, b, None if diff is None else round(diff, 6),
+    return CompareRow(point, k, cat, metric, a, b, None if diff is None else round(diff, 6),
                       None if rel is None else round(rel, 6), None if ci is None else round(ci[0], 6),
                       None if ci is None else round(ci[1], 6), _verdict(diff, ci, higher), higher, paired)
 
@@ -171,16 +176,17 @@ def compare_points(name: str, pa: tuple[GridPoint, PointRun], pb: tuple[GridPoin
             for metric, hib, na, da, nb, db in specs:
                 ci = stats.paired_ratio_diff_ci(na, da, nb, db) if n else None
                 va, vb = _metric(row_a, metric), _metric(row_b, metric)
-                out.append(_row(name, cat, metric, va, vb, ci, hib, n))
+                out.append(_row(name, ga.k, cat, metric, va, vb, ci, hib, n))
         if cat == "all":
             for metric, hib in TIMINGS:
                 ta, tb = [r.get(metric) for r in ra.repeats], [r.get(metric) for r in rb.repeats]
                 ci = stats.median_diff_ci(ta, tb) if len(ta) > 1 and len(tb) > 1 else None
-                out.append(_row(name, cat, metric, getattr(row_a, metric), getattr(row_b, metric), ci, hib, None))
+                out.append(_row(name, ga.k, cat, metric, getattr(row_a, metric), getattr(row_b, metric), ci, hib,
+                                None))
             if ga.k > 0 and base is not None:
                 reps = [[r.get("output_tokens_per_sec") for r in x.repeats] for x in (ra, base[0], rb, base[1])]
                 ci = stats.speedup_diff_ci(*reps)
-                out.append(_row(name, cat, "speedup", row_a.speedup, row_b.speedup, ci, True, None))
+                out.append(_row(name, ga.k, cat, "speedup", row_a.speedup, row_b.speedup, ci, True, None))
     return out
 
 
@@ -194,8 +200,9 @@ def _metric(row: PointResult, metric: str):
 def compare(a_dir: Path, b_dir: Path, out: Path | None = None, force: bool = False) -> dict:
     """Pair the two sweeps and write the comparison into ``out`` (nothing is written on an error)."""
     a_dir, b_dir = Path(a_dir), Path(b_dir)
-    with_mode = _modes(a_dir) == _modes(b_dir)
-    a, b = _side(a_dir, with_mode), _side(b_dir, with_mode)
+    loaded_a, loaded_b = load_run(a_dir), load_run(b_dir)
+    with_mode = _modes(loaded_a) == _modes(loaded_b)
+    a, b = _side(loaded_a, a_dir, with_mode), _side(loaded_b, b_dir, with_mode)
     check_same_workload(a.run, b.run, force)
     rows: list[CompareRow] = []
     unpaired, failed = [], []
@@ -210,9 +217,9 @@ def compare(a_dir: Path, b_dir: Path, out: Path | None = None, force: bool = Fal
             base = (a.points[k0][1], b.points[k0][1]) if k0 in a.points and k0 in b.points else None
             rows += compare_points(name, pa, pb, ra, rb, base)
         elif key in a.failures or key in b.failures:
-            which = "A" if key in a.failures else "B"
-            point = (pa or pb)[0].name if (pa or pb) else str(key)
-            failed.append(f"{point}: failed in {which}: {(a.failures.get(key) or b.failures.get(key))[:300]}")
+            side = "A and B" if key in a.failures and key in b.failures else "A" if key in a.failures else "B"
+            name, error = a.failures.get(key) or b.failures.get(key)
+            failed.append({"point": name, "failed_in": side, "error": error[:300]})
         else:
             unpaired.append((pa or pb)[0].name + (" (only in A)" if pa else " (only in B)"))
     if not rows and not failed:
@@ -231,9 +238,9 @@ def drift_notes(rows: list[CompareRow], a: dict, b: dict) -> list[str]:
     same_baseline = not [d for d in differences(a, b) if not d.startswith(("mode:", "force_spec_step_idx:"))]
     out = []
     for r in rows:
-        if r.point == "k0" and r.category == "all" and r.metric == "output_tokens_per_sec" and same_baseline \
+        if r.k == 0 and r.category == "all" and r.metric == "output_tokens_per_sec" and same_baseline \
                 and r.verdict in ("better", "worse"):
-            out.append(f"the k = 0 baseline, made the same way in both runs, moved {r.rel_diff * 100:+.1f} % beyond "
+            out.append(f"the k = 0 baseline {r.point}, made the same way in both runs, moved {r.rel_diff * 100:+.1f} % beyond "
                        "its interval: timings drifted between the runs; read tokens/s, TTFT and TPOT through "
                        "'speedup' (each run against its own baseline) or rerun")
     return out
@@ -244,12 +251,24 @@ def _row_key(r: PointResult, with_mode: bool) -> tuple:
     return _key(GridPoint(r.mode, r.k, r.mtp_layers, r.concurrency, rate, r.context_tokens), with_mode)
 
 
-def worse_beyond(result: dict, pct: float) -> list[dict]:
-    """Rows worse beyond noise by more than ``pct`` percent (for --fail-if-worse). When the k = 0 control
-    shows drift between the runs, raw timings are not evidence (``speedup`` still is)."""
+def worse_beyond(result: dict, pct: float) -> list[str]:
+    """What fails --fail-if-worse PCT: a point that ran in A and failed in B, and every metric over all
+    prompts that is worse beyond noise by more than ``pct`` percent (per-category rows are left out: with
+    13 categories some would cross by chance). When the k = 0 control shows drift between the runs, raw
+    timings are not evidence (``speedup`` still is)."""
     drifted = {m for m, _ in TIMINGS} if result["notes"] else set()
-    return [r for r in result["rows"] if r["verdict"] == "worse" and r["rel_diff"] is not None
+    out = [f"{f['point']} failed in B" for f in result["failed"] if f["failed_in"] == "B"]
+    out += [f"{r['point']} {r['metric']} {r['rel_diff'] * 100:+.1f} %" for r in result["rows"]
+            if r["category"] == "all" and r["verdict"] == "worse" and r["rel_diff"] is not None
             and abs(r["rel_diff"]) * 100 > pct and r["metric"] not in drifted]
+    return out
+
+
+def unjudged_beyond(result: dict, pct: float) -> list[str]:
+    """Metrics over all prompts that moved by more than ``pct`` percent but carry no interval."""
+    return [f"{r['point']} {r['metric']} {r['rel_diff'] * 100:+.1f} %" for r in result["rows"]
+            if r["category"] == "all" and r["verdict"] == "no interval" and r["rel_diff"] is not None
+            and abs(r["rel_diff"]) * 100 > pct]
 
 
 def write(out: Path, result: dict, rows: list[CompareRow]) -> None:
@@ -303,7 +322,8 @@ def markdown(result: dict) -> str:
     if result["notes"]:
         lines += [""] + [f"Note: {n}." for n in result["notes"]]
     if result["failed"]:
-        lines += ["", "Failed points:"] + [f"- {f}" for f in result["failed"]]
+        lines += ["", "Failed points:"] + [f"- {f['point']}: failed in {f['failed_in']}: {f['error']}"
+                                           for f in result["failed"]]
     if result["unpaired"]:
         lines += ["", "Not paired: " + ", ".join(result["unpaired"])]
     return "\n".join(lines) + "\n"

@@ -234,6 +234,8 @@ class PointResult:
     position_bucket_start: tuple[int, ...] = ()
     num_drafts_by_position: tuple[int, ...] = ()
     acceptance_length_by_position: tuple[float, ...] = ()
+    acceptance_length_by_position_ci_low: tuple[float | None, ...] = ()
+    acceptance_length_by_position_ci_high: tuple[float | None, ...] = ()
     energy_j_per_token: float | None = None
     energy_method: str | None = None  # nvml_energy_counter or integrated_power
     avg_power_w: float | None = None
@@ -305,20 +307,34 @@ POSITION_BUCKETS = 8
 
 
 def acceptance_by_position(requests: list[RequestRecord]) -> dict:
-    """Drafts and AL per bucket of sequence position (at most 8 buckets of a round width)."""
-    steps = [s for r in requests for s in (r.draft_steps or [])]
+    """Drafts and AL (with its 95 % bootstrap interval over requests) per bucket of the sequence position
+    at which the drafts were verified: at most ``POSITION_BUCKETS`` buckets of a power-of-two width."""
+    from mtpbench import stats
+
+    steps = [(i, p, a) for i, r in enumerate(requests) for p, a in (r.draft_steps or [])]
     if not steps:
         return {}
-    lo, hi = min(p for p, _ in steps), max(p for p, _ in steps)
-    width = max(16, -(-(hi - lo + 1) // POSITION_BUCKETS))
-    width = 1 << (width - 1).bit_length()  # a power of two: buckets start at round positions
+    lo, hi = min(p for _, p, _ in steps), max(p for _, p, _ in steps)
+    width = 16
+    while (hi - lo // width * width) // width + 1 > POSITION_BUCKETS:
+        width *= 2
     start = lo // width * width
-    drafts: dict[int, list[int]] = {}
-    for p, a in steps:
-        drafts.setdefault(start + (p - start) // width * width, []).append(a)
-    keys = sorted(drafts)
-    return {"position_bucket_start": tuple(keys), "num_drafts_by_position": tuple(len(drafts[b]) for b in keys),
-            "acceptance_length_by_position": tuple(_round(1 + sum(drafts[b]) / len(drafts[b])) for b in keys)}
+    buckets: dict[int, dict[int, list[int]]] = {}  # bucket -> request -> accepted counts
+    for i, p, a in steps:
+        buckets.setdefault(start + (p - start) // width * width, {}).setdefault(i, []).append(a)
+    keys = sorted(buckets)
+    als, lows, highs, counts = [], [], [], []
+    for b in keys:
+        per_req = buckets[b].values()
+        acc, n = [sum(v) for v in per_req], [len(v) for v in per_req]
+        als.append(_round(1 + sum(acc) / sum(n)))
+        ci = stats.ratio_ci(acc, n)
+        lows.append(_round(1 + ci[0]) if ci else None)
+        highs.append(_round(1 + ci[1]) if ci else None)
+        counts.append(sum(n))
+    return {"position_bucket_start": tuple(keys), "num_drafts_by_position": tuple(counts),
+            "acceptance_length_by_position": tuple(als), "acceptance_length_by_position_ci_low": tuple(lows),
+            "acceptance_length_by_position_ci_high": tuple(highs)}
 
 
 def timing(requests: list[RequestRecord], batches: list[BatchRecord]) -> dict:
@@ -375,10 +391,14 @@ def summarize(backend: str, point: GridPoint, category: str, requests: list[Requ
     ``target_step_s``: the target's decode-step time from the k = 0 point, if the sweep has one.
     ``telemetry``: the energy/power/memory summary of the measured window (whole point only)."""
     k = point.k
-    drafts = sum(b.num_drafts for b in batches)
-    drafted = sum(b.num_draft_tokens for b in batches)
-    accepted = sum(b.num_accepted_tokens for b in batches)
-    per_pos = [sum(b.num_accepted_tokens_per_pos[i] for b in batches if i < len(b.num_accepted_tokens_per_pos))
+    # the engine's counters of these batches; a category of a concurrent window has none of its own,
+    # and then its requests' own counts stand in where the engine gave them
+    per_request = bool(requests) and all(r.num_drafts is not None for r in requests)
+    counted = batches or (requests if per_request else [])
+    drafts = sum(b.num_drafts for b in counted)
+    drafted = sum(b.num_draft_tokens for b in counted)
+    accepted = sum(b.num_accepted_tokens for b in counted)
+    per_pos = [sum(b.num_accepted_tokens_per_pos[i] for b in counted if i < len(b.num_accepted_tokens_per_pos))
                for i in range(k)]
     wall = sum(b.wall_s for b in batches)
     out_tokens = sum(len(r.output_token_ids) for r in requests)
@@ -431,8 +451,9 @@ def summarize(backend: str, point: GridPoint, category: str, requests: list[Requ
         itl_ms_p50=q["itl"][0], itl_ms_p90=q["itl"][1], itl_ms_p99=q["itl"][2],
         decode_time_s=_round(wall), startup_s=_round(startup_s, 3),
         output_repetition=_round(sum(r for r, _ in rep) / ngrams) if ngrams else None,
-        # the sampler spans every repeat, each of which generates the same tokens
-        energy_j_per_token=_round(energy / (out_tokens * max(len(repeats), 1)), 6)
+        # the sampler spans every repeat (a served point: its first window only, ``timed_runs``), each of
+        # which generates the same tokens
+        energy_j_per_token=_round(energy / (out_tokens * (telemetry.get("timed_runs") or max(len(repeats), 1))), 6)
         if energy is not None and out_tokens else None,
         energy_method=tel.get("energy_method") if energy is not None and out_tokens else None,
         avg_power_w=_round(tel.get("avg_power_w"), 2), peak_gpu_mem_bytes=tel.get("peak_gpu_mem_bytes"),

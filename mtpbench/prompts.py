@@ -31,6 +31,7 @@ class Prompt:
     id: str = ""
     templated: bool = False  # rendered through a chat template: tokenize without adding special tokens
     context_tokens: int = 0  # tokens of held-out text put before the question (--context-tokens)
+    source: str = ""  # where the prompt came from, when the set says (the built-in set's source file)
 
 
 @dataclass
@@ -82,7 +83,8 @@ def _read(spec: str) -> tuple[list[Prompt], set[str]]:
         category = str(row.get("category", "code" if spec == "builtin" else "none"))
         if spec == "mt-bench" and category not in MT_BENCH_CATEGORIES:
             continue
-        out.append(Prompt(text, category, str(row.get("question_id", row.get("id", lineno)))))
+        out.append(Prompt(text, category, str(row.get("question_id", row.get("id", lineno))),
+                          source=str(row.get("source", ""))))
         if isinstance(row.get("turns"), list) and len(row["turns"]) > 1:
             multi.add(out[-1].id)
     if not out:
@@ -134,23 +136,29 @@ def load_tokenizer(model_dir):
 
 
 def with_context(prompts: list[Prompt], spec: str, n_tokens: int, tokenizer) -> list[Prompt]:
-    """Each prompt preceded by ``n_tokens`` tokens of real text: the other prompts of the same set (never
-    the prompt itself), joined by blank lines and cut at a token boundary. ``context_tokens`` records
-    the prefix's actual length as the tokenizer reads it back."""
+    """Each prompt preceded by ``n_tokens`` tokens of real text held out from the measurement: prompts of
+    the same set that are not measured in this run, then (if those run short) measured ones, never the
+    prompt itself nor one from the same source (the built-in fragments come three per file, and one can
+    hold the next one's answer). Each prompt starts its prefix at a different place in that text, so
+    prefixes differ from prompt to prompt (no prefix cache serves them). The prefix is cut at a token
+    boundary; ``context_tokens`` records its actual length as the tokenizer reads it back."""
     if n_tokens <= 0:
         return list(prompts)
     pool, _ = _read(spec)
+    measured = {p.id for p in prompts}
+    ordered = [q for q in pool if q.id not in measured] + [q for q in pool if q.id in measured]
     out = []
-    for p in prompts:
+    for i, p in enumerate(prompts):
+        usable = [q.text for q in ordered if q.id != p.id and (not p.source or q.source != p.source)]
+        usable = usable or [q.text for q in ordered if q.id != p.id] or [q.text for q in pool]
         ids: list[int] = []
-        others = [q.text for q in pool if q.id != p.id] or [q.text for q in pool]
-        i = 0
-        while len(ids) < n_tokens:  # the set, round and round if it is short
-            ids += tokenizer.encode(others[i % len(others)] + "\n\n", add_special_tokens=False).ids
-            i += 1
+        j = i  # a different starting place for each prompt
+        while len(ids) < n_tokens:  # round and round if the set is short
+            ids += tokenizer.encode(usable[j % len(usable)] + "\n\n", add_special_tokens=False).ids
+            j += 1
         prefix = tokenizer.decode(ids[:n_tokens], skip_special_tokens=False)
         actual = len(tokenizer.encode(prefix, add_special_tokens=False).ids)
-        out.append(Prompt(prefix + "\n\n" + p.text, p.category, p.id, p.templated, actual))
+        out.append(Prompt(prefix + "\n\n" + p.text, p.category, p.id, p.templated, actual, p.source))
     return out
 
 
@@ -172,7 +180,7 @@ def prompt_set(spec: str, num_prompts: int | None = None, model_dir: Path | None
     if template is not None:
         special = special_tokens(model_dir)
         prompts = [Prompt(render(template, [{"role": "user", "content": p.text}], special), p.category, p.id, True,
-                          p.context_tokens) for p in prompts]
+                          p.context_tokens, p.source) for p in prompts]
         notes.append("the checkpoint's chat template was applied (--chat-template none for raw text)")
     elif chat_template == "auto" and model_dir is not None and spec != "builtin":
         notes.append("the checkpoint has no chat template: prompts are raw text")

@@ -68,7 +68,8 @@ def load_run(out: Path) -> tuple[dict, list[dict], list[dict]]:
     if not run_path.is_file():
         raise MtpBenchError(f"{out} holds no sweep (run.json missing)")
     run = _read_json(run_path)
-    want = fingerprint(run["config"], run["provenance"]["versions"])
+    # the sweep's own record of its fingerprint (older runs: rebuilt from their settings and versions)
+    want = run.get("fingerprint") or fingerprint(run["config"], run["provenance"]["versions"])
     points, failures = [], []
     for path in sorted(out.glob("*.json")):
         if path.name in ("run.json", "summary.json"):
@@ -91,30 +92,39 @@ def rows_from_points(points: list[dict], failures: list[dict]) -> list[PointResu
     rows: list[PointResult] = []
     tokps: dict[int, list] = {}  # each whole-point row's tokens/s per repeat, for the speedup's interval
     loaded = [(d, PointRun.from_json(d)) for d in sorted(points, key=lambda d: _sort_key(d["point"]))]
-    # the target's decode-step time at k = 0, per category: the unit of the draft cost ratio c
+    # the target's decode-step time at k = 0 of the same load and context, per category: the unit of the
+    # draft cost ratio c
     step_s = {}
+
+    def where(d: dict) -> tuple:
+        p = d["point"]
+        return p.get("concurrency"), p.get("request_rate"), p.get("context_tokens")
+
     for d, run in loaded:
         batches = run.batches
-        if d["point"]["k"] == 0 and "all" not in step_s:
-            step_s["all"] = mean_call_s(batches, "target")
+        if d["point"]["k"] == 0:
+            step_s[(where(d), "all")] = mean_call_s(batches, "target")
             for b in batches:
-                step_s.setdefault(b.category, mean_call_s([x for x in batches if x.category == b.category], "target"))
+                step_s.setdefault((where(d), b.category),
+                                  mean_call_s([x for x in batches if x.category == b.category], "target"))
     for data, run in loaded:
         requests, batches = run.requests, run.batches
         point = GridPoint.from_json(data["point"])
         backend = data["point"]["backend"]
         cats = sorted({r.category for r in requests})
-        rows.append(summarize(backend, point, "all", requests, batches, data.get("startup_s"), step_s.get("all"),
-                              run.telemetry, run.mtp_weight_bytes, run.notes, run.repeats))
+        rows.append(summarize(backend, point, "all", requests, batches, data.get("startup_s"),
+                              step_s.get((where(data), "all")), run.telemetry, run.mtp_weight_bytes, run.notes,
+                              run.repeats))
         tokps[id(rows[-1])] = [r.get("output_tokens_per_sec") for r in run.repeats]
         if len(cats) < 2:
             continue
         for c in cats:
             bats = [b for b in batches if b.category == c]
-            # a served window mixes categories in flight: its counters cannot be split by category
-            note = [] if bats else ["acceptance and tokens/s of a concurrent window are not split by category"]
+            # a served window mixes categories in flight: its counters and time cannot be split by
+            # category (acceptance then comes from the requests' own counts, where the server sent them)
+            note = [] if bats else ["tokens/s of a concurrent window is not split by category"]
             rows.append(summarize(backend, point, c, [r for r in requests if r.category == c], bats,
-                                  data.get("startup_s"), step_s.get(c), notes=note))
+                                  data.get("startup_s"), step_s.get((where(data), c)), notes=note))
     for f in sorted(failures, key=lambda d: _sort_key(d["point"])):
         p = GridPoint.from_json(f["point"])
         rows.append(PointResult(f["point"]["backend"], p.mode, p.k, p.mtp_layers, "all", "failed",
@@ -331,7 +341,12 @@ def context_plot(out: Path, rows: list[PointResult], plt) -> Path:
                         label=_line_label(mode, L, c, rate) + f", k={k}")
     for r in ok:
         if r.position_bucket_start:
-            a2.plot(r.position_bucket_start, r.acceptance_length_by_position, marker=".", label=_label(r))
+            err = [[0 if lo is None else v - lo for v, lo in zip(r.acceptance_length_by_position,
+                                                                r.acceptance_length_by_position_ci_low)],
+                   [0 if hi is None else hi - v for v, hi in zip(r.acceptance_length_by_position,
+                                                                r.acceptance_length_by_position_ci_high)]]
+            a2.errorbar(r.position_bucket_start, r.acceptance_length_by_position, yerr=err, capsize=2,
+                        marker=".", label=_label(r))
     a1.set(xlabel="tokens of held-out text before the prompt (actual)", ylabel="acceptance length",
            title="AL vs context length (--context-tokens)")
     a2.set(xlabel="sequence position when the drafts were verified (bucket start)", ylabel="acceptance length",

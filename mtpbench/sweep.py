@@ -66,9 +66,10 @@ def run_sweep(cfg: SweepConfig, on_point: Callable[[int, int, str], None] | None
         except OSError as e:
             raise MtpBenchError(f"output directory is not writable: {out} ({e.strerror})") from None
         prov = provenance()
-        fp = fingerprint(cfg.to_json(), prov["versions"])
+        prompts_info = pset.describe()  # as in the set, without context
+        fp = {**fingerprint(cfg.to_json(), prov["versions"]), "prompts_sha256": prompts_info["sha256"]}
         write_json(out / "run.json", {"config": cfg.to_json(), "provenance": prov, "engine": engine,
-                                      "prompts": pset.describe()})  # as in the set, without context
+                                      "prompts": prompts_info, "fingerprint": fp})
         window = context_window(cfg)
         for i, point in enumerate(points):
             if on_point:

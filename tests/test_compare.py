@@ -60,7 +60,22 @@ def test_runs_on_other_prompts_are_refused_unless_forced(tmp_path, runs):
                   common=["--k", "3", "--num-prompts", "64", "--max-tokens", "8"])
     r = runner.invoke(app, ["compare", str(chain), str(other), "--out", str(tmp_path / "c")])
     assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1
-    assert "differ in prompts ('builtin' vs 'mt-bench'), max_tokens (96 vs 8)" in r.output
+    assert "differ in prompts ('builtin' vs 'mt-bench': other prompt texts), max_tokens (96 vs 8)" in r.output
     assert not (tmp_path / "c").exists()
     r = runner.invoke(app, ["compare", str(chain), str(other), "--out", str(tmp_path / "c"), "--force"])
     assert r.exit_code == 0, r.output
+
+
+def test_a_point_that_fails_only_in_b_fails_the_comparison(tmp_path, runs):
+    import shutil
+
+    chain, _ = runs
+    broken = tmp_path / "broken"
+    shutil.copytree(chain, broken)
+    point = json.loads((broken / "chain-L3-k3.json").read_text())
+    (broken / "chain-L3-k3.json").unlink()
+    (broken / "chain-L3-k3.failure.json").write_text(json.dumps(
+        {"point": point["point"], "fingerprint": point["fingerprint"], "error": "AssertionError: boom"}))
+    r = runner.invoke(app, ["compare", str(chain), str(broken), "--out", str(tmp_path / "c"), "--fail-if-worse", "50"])
+    assert r.exit_code == 1 and "chain-L3-k3 failed in B" in r.output, r.output
+    assert "failed: chain-L3-k3 in B: AssertionError: boom" in r.output

@@ -117,11 +117,16 @@ def test_context_is_real_held_out_text_of_the_set_of_the_asked_length():
     prompts = load_prompts("builtin", 3)
     longer = with_context(prompts, "builtin", 300, tok)
     others = [q.text for q in load_prompts("builtin", 64)]
+    same_source = {p.id: [q.text for q in load_prompts("builtin", 64) if q.source == p.source] for p in prompts}
+    prefixes = []
     for p, q in zip(prompts, longer):
         prefix = q.text[: -len(p.text) - 2]
+        prefixes.append(prefix)
         assert q.text.endswith("\n\n" + p.text) and abs(q.context_tokens - 300) <= 2
-        assert p.text not in prefix  # held out: never the prompt itself
+        assert not any(t[:60] in prefix for t in same_source[p.id])  # never itself nor a sibling of its file
+        assert not any(m.text[:60] in prefix for m in prompts)  # the measured prompts are held out
         assert prefix[:40] in "\n\n".join(o for o in others if o != p.text)  # text of the set, not padding
+    assert len(set(prefixes)) == 3  # each prompt its own prefix: no shared prefix for a cache to serve
 
 
 def test_context_dimension_gives_rows_the_plot_and_says_when_the_window_is_too_small(tmp_path):

@@ -386,8 +386,9 @@ def worker(spec_path: str, result_path: str) -> None:
         from vllm.engine.arg_utils import EngineArgs
 
         kwargs = dict(spec["engine_kwargs"])
-        if spec["k"] > 0 and "per_request_spec_decode_metrics" in EngineArgs.__dataclass_fields__:
-            kwargs.setdefault("per_request_spec_decode_metrics", "detailed")  # each request's verify steps
+        if "per_request_spec_decode_metrics" in EngineArgs.__dataclass_fields__:
+            # each request's verify steps; on every point, so the k = 0 baseline runs the same engine settings
+            kwargs.setdefault("per_request_spec_decode_metrics", "detailed")
         t0 = time.perf_counter()
         llm = LLM(**kwargs)
         startup = time.perf_counter() - t0
@@ -405,7 +406,7 @@ def worker(spec_path: str, result_path: str) -> None:
             run = measure(llm, spec["config"], spec["k"], prompts)
             run.mtp_weight_bytes = held_mtp_bytes(llm) if spec["k"] > 0 else 0
             data = asdict(run)
-        data.update({"startup_s": round(startup, 3), "engine": {"engine": "vllm", "engine_kwargs": spec["engine_kwargs"]}})
+        data.update({"startup_s": round(startup, 3), "engine": {"engine": "vllm", "engine_kwargs": kwargs}})
     except Exception as e:  # reported as a failed point by the parent
         data = {"error": f"{type(e).__name__}: {e}".strip()[:2000]}
     result.write_text(json.dumps(data))

@@ -205,8 +205,8 @@ def server_args(cfg: SweepConfig, model: str, k: int) -> dict:
     (stats are always on in a server; its batch size stays vLLM's default unless an engine argument sets it)."""
     args = engine_kwargs(cfg, model, k)
     args.pop("disable_log_stats")
-    if k > 0 and vllm_has_engine_arg("per_request_spec_decode_metrics"):
-        args.setdefault("per_request_spec_decode_metrics", "detailed")  # each request's verify steps
+    if vllm_has_engine_arg("per_request_spec_decode_metrics"):  # each request's verify steps (all points alike)
+        args.setdefault("per_request_spec_decode_metrics", "detailed")
     if "max_num_seqs" not in cfg.engine_args:
         args.pop("max_num_seqs")
     args.setdefault("disable_uvicorn_access_log", True)
@@ -395,24 +395,29 @@ class VllmServerBackend:
 
         self._warm_up(cfg, prompts, point.concurrency or 1)
         run = PointRun()
-        with GpuSampler(off=self.facts.get("gpu_telemetry"), pids=self._server_pids) as tel:
-            for _ in range(cfg.repeats):
-                requests, batch, notes = self._window(cfg, point, prompts)
-                run.add_repeat(requests, [batch])
-                run.notes += [n for n in notes if n not in run.notes]
-        run.telemetry = tel.record
+        for i in range(cfg.repeats):
+            # GPU telemetry over the first window's load alone: not the /metrics polling around it
+            sampler = GpuSampler(off=self.facts.get("gpu_telemetry"), pids=self._server_pids) if i == 0 else None
+            requests, batch, notes = self._window(cfg, point, prompts, sampler)
+            run.add_repeat(requests, [batch])
+            run.notes += [n for n in notes if n not in run.notes]
+            if sampler is not None:
+                run.telemetry = {**sampler.record, "timed_runs": 1}
         return run
 
-    def _window(self, cfg: SweepConfig, point: GridPoint,
-                prompts: list[Prompt]) -> tuple[list[RequestRecord], BatchRecord, list[str]]:
-        """One measured window: the load, and the /metrics deltas around it."""
+    def _window(self, cfg: SweepConfig, point: GridPoint, prompts: list[Prompt],
+                sampler=None) -> tuple[list[RequestRecord], BatchRecord, list[str]]:
+        """One measured window: the load (under ``sampler``, if any), and the /metrics deltas around it."""
+        from contextlib import nullcontext
+
         from mtpbench.loadgen import run_load
 
         base, s = self.server.base_url, self.server
         before = read_metrics(base)
-        load = run_load(base, s.model, prompts, api=cfg.api, max_tokens=cfg.max_tokens,
-                        temperature=cfg.temperature, seed=cfg.seed, concurrency=point.concurrency or 1,
-                        request_rate=point.request_rate if point.request_rate is not None else math.inf)
+        with sampler if sampler is not None else nullcontext():
+            load = run_load(base, s.model, prompts, api=cfg.api, max_tokens=cfg.max_tokens,
+                            temperature=cfg.temperature, seed=cfg.seed, concurrency=point.concurrency or 1,
+                            request_rate=point.request_rate if point.request_rate is not None else math.inf)
         if load.errors:
             raise RuntimeError(f"{len(load.errors)} of {len(prompts)} requests failed; first: {load.errors[0]}")
         after = settled_metrics(base, before, len(prompts))
