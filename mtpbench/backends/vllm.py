@@ -386,8 +386,9 @@ def worker(spec_path: str, result_path: str) -> None:
         from vllm.engine.arg_utils import EngineArgs
 
         kwargs = dict(spec["engine_kwargs"])
-        if "per_request_spec_decode_metrics" in EngineArgs.__dataclass_fields__:
-            # each request's verify steps; on every point, so the k = 0 baseline runs the same engine settings
+        if spec["k"] > 0 and "per_request_spec_decode_metrics" in EngineArgs.__dataclass_fields__:
+            # each request's verify steps (vLLM refuses the setting without a speculative config: the k = 0
+            # baseline runs without it; the recorded engine_kwargs say so)
             kwargs.setdefault("per_request_spec_decode_metrics", "detailed")
         t0 = time.perf_counter()
         llm = LLM(**kwargs)

@@ -205,8 +205,8 @@ def server_args(cfg: SweepConfig, model: str, k: int) -> dict:
     (stats are always on in a server; its batch size stays vLLM's default unless an engine argument sets it)."""
     args = engine_kwargs(cfg, model, k)
     args.pop("disable_log_stats")
-    if vllm_has_engine_arg("per_request_spec_decode_metrics"):  # each request's verify steps (all points alike)
-        args.setdefault("per_request_spec_decode_metrics", "detailed")
+    if k > 0 and vllm_has_engine_arg("per_request_spec_decode_metrics"):  # each request's verify steps
+        args.setdefault("per_request_spec_decode_metrics", "detailed")  # (refused without drafting)
     if "max_num_seqs" not in cfg.engine_args:
         args.pop("max_num_seqs")
     args.setdefault("disable_uvicorn_access_log", True)
