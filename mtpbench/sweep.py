@@ -75,7 +75,7 @@ def run_sweep(cfg: SweepConfig, on_point: Callable[[int, int, str], None] | None
             if on_point:
                 on_point(i, len(points), point.name)
             prompts = psets[point.context_tokens].prompts
-            too_long = context_problem(cfg, prompts, window)
+            too_long = window_problem(cfg, prompts, window)
             if too_long:  # said for this point, the others still run
                 write_json(out / f"{point.name}.failure.json",
                            {"point": point.to_json(cfg.backend), "fingerprint": fp, "error": too_long})
@@ -110,10 +110,10 @@ def sweep_prompts(cfg: SweepConfig, context_tokens: int = 0) -> PromptSet:
 
 def context_window(cfg: SweepConfig) -> tuple[int, str] | None:
     """The positions the engine can hold and where that limit comes from (None: unknown here)."""
+    if cfg.server:
+        return None  # an attached server's model and tokenizer are not here to count with
     if cfg.max_model_len and cfg.backend != "native":
         return cfg.max_model_len, "max_model_len"
-    if cfg.server:
-        return None
     from mtpbench.config import read_config
 
     c = read_config(cfg.model_dir)
@@ -121,9 +121,10 @@ def context_window(cfg: SweepConfig) -> tuple[int, str] | None:
     return (int(n), "the model's max_position_embeddings") if n else None
 
 
-def context_problem(cfg: SweepConfig, prompts, window) -> str | None:
-    """Why a point's longest prompt plus its output does not fit the model's context window, if it does not."""
-    if window is None or not any(p.context_tokens for p in prompts):
+def window_problem(cfg: SweepConfig, prompts, window) -> str | None:
+    """Why a point's longest prompt (with its context) plus its output does not fit the model's context
+    window, if it does not: said in one line, instead of an engine error or positions the model never saw."""
+    if window is None:
         return None
     from mtpbench.prompts import load_tokenizer
 
@@ -132,8 +133,9 @@ def context_problem(cfg: SweepConfig, prompts, window) -> str | None:
     need = longest + cfg.max_tokens + max(cfg.k, default=0)  # the verify step reaches k positions past the output
     limit, source = window
     if need > limit:
-        return (f"context window: the longest prompt with its context is {longest} tokens; with "
-                f"{cfg.max_tokens} output tokens it needs {need} positions, {source} is {limit}")
+        what = "with its context " if any(p.context_tokens for p in prompts) else ""
+        return (f"context window: the longest prompt {what}is {longest} tokens; with {cfg.max_tokens} output "
+                f"tokens it needs {need} positions, {source} is {limit}")
     return None
 
 

@@ -144,3 +144,17 @@ def test_context_dimension_gives_rows_the_plot_and_says_when_the_window_is_too_s
     points = json.loads((out / "chain-L3-k2-ctx256.json").read_text())["requests"]
     assert all(q["context_tokens"] >= 254 and q["num_prompt_tokens"] > 254 for q in points)
     assert (out / "acceptance_vs_context.png").stat().st_size > 1000
+
+
+def test_prompts_longer_than_the_window_are_said_before_an_engine_fails():
+    from mtpbench.config import SweepConfig
+    from mtpbench.sweep import context_window, window_problem
+
+    cfg = SweepConfig(prompts="spec-bench", max_tokens=64, k=(0, 2))
+    window = context_window(cfg)
+    assert window == (2048, "the model's max_position_embeddings")
+    problem = window_problem(cfg, load_prompts("spec-bench"), window)
+    assert problem.startswith("context window: the longest prompt is ") and "2048" in problem
+    assert window_problem(cfg, load_prompts("builtin"), window) is None
+    vllm = SweepConfig(backend="vllm", max_model_len=1024)
+    assert context_window(vllm) == (1024, "max_model_len")
