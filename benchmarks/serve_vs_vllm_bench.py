@@ -29,7 +29,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from mtpbench.backends.vllm import derived_checkpoint
+from mtpbench.checkpoint import derived_checkpoint
 from mtpbench.backends.vllm_server import (VllmServerBackend, free_port, probe, server_args, server_command,
                                            server_env, wait_healthy)
 from mtpbench.config import SweepConfig

@@ -24,7 +24,8 @@ def main():
     args = ap.parse_args()
     from vllm import LLM, SamplingParams
 
-    from mtpbench.backends.vllm import derived_checkpoint, engine_models
+    from mtpbench.backends.vllm import engine_models
+    from mtpbench.checkpoint import derived_checkpoint
     from mtpbench.prompts import BUILTIN_MODEL_DIR, load_prompts
     from mtpbench.trace import LayerTracer
 

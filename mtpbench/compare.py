@@ -155,7 +155,7 @@ def compare_points(name: str, pa: tuple[GridPoint, PointRun], pb: tuple[GridPoin
                    rows_a: list[PointResult], rows_b: list[PointResult],
                    base: tuple[PointRun, PointRun] | None = None) -> list[CompareRow]:
     """Rows for one pair of points; ``base``: both runs' k = 0 points of the same load (for speedup)."""
-    (ga, ra), (gb, rb) = pa, pb
+    (ga, ra), (_, rb) = pa, pb
     out = []
     for row_a in rows_a:
         row_b = next((r for r in rows_b if r.category == row_a.category), None)

@@ -6,15 +6,14 @@ and wrong types are errors that name the file and the key.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import tomllib
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
+from mtpbench.checkpoint import no_mtp_layers, resolve_model_dir
 from mtpbench.errors import MtpBenchError
-from mtpbench.prompts import BUILTIN_MODEL_DIR
 
 MODES = ("reuse", "chain")
 DTYPES = ("float32", "bfloat16", "float16", "auto")
@@ -71,73 +70,6 @@ class SweepConfig:
 
 
 _TYPES = {f.name: f.type for f in fields(SweepConfig)}
-
-
-def resolve_model_dir(model: str) -> Path:
-    """'builtin', a local directory, or a hub id already in the local Hugging Face cache."""
-    if model == "builtin":
-        return BUILTIN_MODEL_DIR
-    path = Path(model)
-    if path.is_dir() or model.count("/") != 1 or path.exists():
-        return path
-    try:
-        from huggingface_hub import snapshot_download
-
-        return Path(snapshot_download(model, local_files_only=True))
-    except Exception:  # not cached, or huggingface_hub missing: say what to do
-        raise MtpBenchError(f"model {model!r} is not a local directory nor in the Hugging Face cache: "
-                            f"download it first (huggingface-cli download {model}) or give a local path") from None
-
-
-def read_config(model_dir: Path) -> dict:
-    """The checkpoint's config.json, as a dict."""
-    model_dir = Path(model_dir)
-    path = model_dir / "config.json"
-    if not model_dir.is_dir():
-        raise MtpBenchError(f"model directory not found: {model_dir}")
-    if not path.is_file():
-        raise MtpBenchError(f"{model_dir} has no config.json")
-    try:
-        cfg = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise MtpBenchError(f"{path} is not valid JSON: {e}") from None
-    if not isinstance(cfg, dict):
-        raise MtpBenchError(f"{path} is not a JSON object")
-    return cfg
-
-
-MTP_LAYER_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers")  # DeepSeek/MiMo/GLM; Qwen3.5
-
-
-def mtp_layer_field(cfg: dict) -> tuple[dict, str]:
-    """Where the checkpoint's config declares its MTP layer count: (the dict holding it, the key).
-
-    Looked for as vLLM does: at the top level, then in ``text_config``. Absent: the top level and
-    ``num_nextn_predict_layers``."""
-    for holder in (cfg, cfg.get("text_config")):
-        if isinstance(holder, dict):
-            for key in MTP_LAYER_KEYS:
-                if holder.get(key) is not None:
-                    return holder, key
-    return cfg, MTP_LAYER_KEYS[0]
-
-
-def num_hidden_layers(cfg: dict) -> int:
-    holder = cfg if "num_hidden_layers" in cfg else cfg.get("text_config") or {}
-    return int(holder.get("num_hidden_layers") or 0)
-
-
-def num_mtp_layers(model_dir: Path) -> int:
-    """How many MTP layers the checkpoint declares."""
-    holder, key = mtp_layer_field(read_config(model_dir))
-    value = holder.get(key) or 0
-    if not isinstance(value, int) or value < 0:
-        raise MtpBenchError(f"{model_dir}/config.json: {key} must be a non-negative integer")
-    return value
-
-
-def no_mtp_layers(model_dir: Path) -> MtpBenchError:
-    return MtpBenchError(f"{model_dir} has no MTP layers (num_nextn_predict_layers is 0 or missing)")
 
 
 def profile_dirs() -> list[Path]:

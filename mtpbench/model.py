@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mtpbench.config import read_config
+from mtpbench.checkpoint import read_config
 from mtpbench.errors import MtpBenchError
 
 

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Callable
 
 from mtpbench.backends import get_backend
-from mtpbench.config import SweepConfig, num_mtp_layers, validate
+from mtpbench.checkpoint import num_mtp_layers
+from mtpbench.config import SweepConfig, validate
 from mtpbench.environment import environment, provenance
 from mtpbench.errors import MtpBenchError
 from mtpbench.metrics import GridPoint, PointResult, check_requests_against_counters
@@ -114,7 +115,7 @@ def context_window(cfg: SweepConfig) -> tuple[int, str] | None:
         return None  # an attached server's model and tokenizer are not here to count with
     if cfg.max_model_len and cfg.backend != "native":
         return cfg.max_model_len, "max_model_len"
-    from mtpbench.config import read_config
+    from mtpbench.checkpoint import read_config
 
     c = read_config(cfg.model_dir)
     n = c.get("max_position_embeddings") or (c.get("text_config") or {}).get("max_position_embeddings")

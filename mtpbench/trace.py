@@ -364,7 +364,7 @@ def run_trace(cfg, k: int, mode: str = "reuse", backend=None) -> dict:
     from mtpbench.backends import get_backend
     from mtpbench.config import validate
     from mtpbench.prompts import prompt_set
-    from mtpbench.config import num_mtp_layers
+    from mtpbench.checkpoint import mtp_layer_bytes, num_mtp_layers
     from mtpbench.report import write_json, write_text
     from mtpbench.environment import provenance
 
@@ -390,7 +390,6 @@ def run_trace(cfg, k: int, mode: str = "reuse", backend=None) -> dict:
     except (RuntimeError, OSError) as e:  # the engine did not start (a crash while drafting is a verdict)
         raise MtpBenchError(f"the {cfg.backend} engine could not run the trace: {e}") from None
     records: list[CallRecord] = data["records"]
-    from mtpbench.backends.vllm import mtp_layer_bytes  # reads safetensors headers only; no vLLM import
 
     # weight bytes per layer as stored in the checkpoint: the same figure for every backend, whatever
     # form (dtype, prepacked) the engine keeps them in

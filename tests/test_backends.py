@@ -4,7 +4,7 @@ import sys
 
 from safetensors import safe_open
 
-from mtpbench.backends.vllm import derived_checkpoint, mtp_layer_of
+from mtpbench.checkpoint import derived_checkpoint, mtp_layer_of
 from mtpbench.engine import generate
 from mtpbench.model import load_model
 from mtpbench.prompts import BUILTIN_MODEL_DIR
@@ -61,8 +61,7 @@ def test_qwen35_style_config_layer_count_and_derived_checkpoint(tmp_path):
     import torch
     from safetensors.torch import save_file
 
-    from mtpbench.backends.vllm import mtp_layer_bytes
-    from mtpbench.config import num_mtp_layers
+    from mtpbench.checkpoint import mtp_layer_bytes, num_mtp_layers
 
     src = tmp_path / "qwen35"
     src.mkdir()

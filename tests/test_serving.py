@@ -3,7 +3,6 @@ arithmetic, the process guard, and the one-line errors for bad served-run input.
 
 import json
 import math
-import os
 import signal
 import subprocess
 import sys

@@ -71,7 +71,7 @@ def test_vllm_acceptance_agrees_with_native_reuse(vllm_runs):
 
 def test_our_k_rule_is_vllms_rule(tmp_path):
     """vLLM itself rejects k = 3 over 2 MTP layers with the reason our pre-check gives."""
-    from mtpbench.backends.vllm import derived_checkpoint
+    from mtpbench.checkpoint import derived_checkpoint
     from mtpbench.prompts import BUILTIN_MODEL_DIR
     from vllm.config import SpeculativeConfig, ModelConfig
 

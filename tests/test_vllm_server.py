@@ -5,7 +5,6 @@ a server this test starts itself. Every test checks that no process of any serve
 """
 
 import json
-import math
 import os
 import signal
 import subprocess

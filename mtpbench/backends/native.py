@@ -23,7 +23,7 @@ def model_dtype(name: str, model_dir) -> torch.dtype:
     """``auto`` is the checkpoint's own dtype (config.json ``torch_dtype``/``dtype``), as in vLLM."""
     if name != "auto":
         return DTYPES[name]
-    from mtpbench.config import read_config
+    from mtpbench.checkpoint import read_config
 
     cfg = read_config(model_dir)
     declared = cfg.get("torch_dtype") or cfg.get("dtype") or (cfg.get("text_config") or {}).get("torch_dtype")

@@ -14,7 +14,6 @@ tensors of layers >= L left out of the shards that hold them, every other file l
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -24,7 +23,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from mtpbench.config import SweepConfig, mtp_layer_field, num_hidden_layers, read_config
+from mtpbench.checkpoint import derived_checkpoint, mtp_layer_bytes
+from mtpbench.config import SweepConfig
 from mtpbench.errors import MtpBenchError
 from mtpbench.metrics import BatchRecord, GridPoint, PointRun, RequestRecord
 from mtpbench.prompts import Prompt, batches
@@ -58,96 +58,6 @@ def check_num_speculative_tokens(k: int, n_predict: int) -> str | None:
         return (f"num_speculative_tokens:{k} must be divisible by n_predict={n_predict} "
                 f"(vLLM allows k <= n_predict or k a multiple of it)")
     return None
-
-
-def mtp_layer_of(name: str, num_hidden_layers: int) -> int | None:
-    """Which MTP layer a checkpoint tensor belongs to, across the naming schemes MTP models use."""
-    parts = name.split(".")
-    for prefix in (["model", "mtp_layers"], ["mtp", "layers"], ["model", "mtp", "layers"]):  # MiMo, Qwen3-Next/3.5
-        n = len(prefix)
-        if parts[:n] == prefix and len(parts) > n and parts[n].isdigit():
-            return int(parts[n])
-    if parts[:2] == ["model", "layers"] and len(parts) > 2 and parts[2].isdigit():  # DeepSeek-V3, GLM-4.5
-        i = int(parts[2])
-        return i - num_hidden_layers if i >= num_hidden_layers else None
-    return None
-
-
-def checkpoint_shards(model_dir: Path) -> list[Path]:
-    index = model_dir / "model.safetensors.index.json"
-    if not index.exists():
-        return [model_dir / "model.safetensors"]
-    return sorted({model_dir / f for f in json.loads(index.read_text())["weight_map"].values()})
-
-
-def mtp_layer_bytes(model_dir: Path) -> list[int]:
-    """Bytes each MTP layer's tensors take in the checkpoint files (read from the safetensors headers)."""
-    import struct
-
-    model_dir = Path(model_dir)
-    cfg = read_config(model_dir)
-    holder, key = mtp_layer_field(cfg)
-    sizes = [0] * int(holder.get(key) or 0)
-    for shard in checkpoint_shards(model_dir):
-        if not shard.is_file():  # e.g. a .bin checkpoint: sizes stay unknown (0)
-            continue
-        with open(shard, "rb") as f:
-            header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
-        for name, meta in header.items():
-            j = mtp_layer_of(name, num_hidden_layers(cfg)) if name != "__metadata__" else None
-            if j is not None and j < len(sizes):
-                start, end = meta["data_offsets"]
-                sizes[j] += end - start
-    return sizes
-
-
-def derived_checkpoint(model_dir: Path, layers: int, cache: Path | None = None) -> Path:
-    """A checkpoint directory that vLLM reads as having ``layers`` MTP layers (see module docstring)."""
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-
-    model_dir = Path(model_dir).resolve()
-    cfg = read_config(model_dir)
-    holder, count_key = mtp_layer_field(cfg)
-    have = int(holder.get(count_key) or 0)
-    if layers == have:
-        return model_dir
-    stamp = "|".join(f"{p.name}:{p.stat().st_mtime_ns}:{p.stat().st_size}" for p in sorted(model_dir.iterdir()))
-    key = hashlib.sha256(f"{model_dir}|{layers}|{stamp}".encode()).hexdigest()[:16]
-    cache = cache or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mtpbench" / "derived"
-    out = cache / f"{model_dir.name}-mtp{layers}-{key}"
-    if (out / "config.json").exists():
-        return out
-    tmp = out.with_name(out.name + ".partial")
-    if tmp.exists():
-        import shutil
-
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    n_hidden = num_hidden_layers(cfg)
-    drop = lambda name: (j := mtp_layer_of(name, n_hidden)) is not None and j >= layers  # noqa: E731
-    index_path = model_dir / "model.safetensors.index.json"
-    shards = checkpoint_shards(model_dir)
-    for shard in shards:
-        with safe_open(str(shard), framework="pt") as f:
-            names = list(f.keys())
-            if not any(drop(n) for n in names):
-                os.symlink(shard, tmp / shard.name)
-                continue
-            save_file({n: f.get_tensor(n) for n in names if not drop(n)}, str(tmp / shard.name),
-                      metadata={"format": "pt"})
-    if index_path.exists():
-        index = json.loads(index_path.read_text())
-        index["weight_map"] = {n: f for n, f in index["weight_map"].items() if not drop(n)}
-        (tmp / index_path.name).write_text(json.dumps(index, indent=1))
-    holder[count_key] = layers  # the same key vLLM reads (num_nextn_predict_layers, or Qwen3.5's mtp_num_hidden_layers)
-    (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
-    done = {s.name for s in shards} | {"config.json", index_path.name}
-    for p in model_dir.iterdir():
-        if p.name not in done:
-            os.symlink(p, tmp / p.name)
-    os.replace(tmp, out)
-    return out
 
 
 def engine_kwargs(cfg: SweepConfig, model: str, k: int) -> dict:

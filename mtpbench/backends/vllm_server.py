@@ -33,8 +33,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from mtpbench.backends.vllm import (check_num_speculative_tokens, counter_delta, derived_checkpoint,
-                                    engine_kwargs, mtp_layer_bytes, require_vllm)
+from mtpbench.backends.vllm import check_num_speculative_tokens, counter_delta, engine_kwargs, require_vllm
+from mtpbench.checkpoint import derived_checkpoint, mtp_layer_bytes
 from mtpbench.config import SweepConfig
 from mtpbench.errors import MtpBenchError
 from mtpbench.metrics import BatchRecord, GridPoint, PointRun, RequestRecord
