@@ -39,18 +39,25 @@ class CallRecord:
     predictor_spec_step_idx: int | str = ABSENT
     layer_spec_step_idx: int | str = ABSENT
     logits_spec_step_idx: int | str = ABSENT
-    executed_layer: int | None = None
+    executed_layer: int | None = None  # -1: several layers ran in this one call
     expected_layer: int = 0
     num_tokens: int = 0
     forced: bool = False  # --force-spec-step-idx put the step into this call
+    predictor: str = ""  # the module between wrapper and layers whose forward ran (its path)
+    layers_run: str = ""  # every layer that ran in this call, in order ("0 1 2"), when there were several
 
 
 @dataclass
 class Structure:
     wrapper: nn.Module
-    predictor: nn.Module
+    ancestors: list[tuple[str, nn.Module]]  # the modules from the wrapper (excluded) down to the layers' holder
     layers: list[nn.Module]
     path: str  # where the layers sit, e.g. "model.mtp_layers"
+
+    @property
+    def predictor(self) -> nn.Module:
+        """The layers' holder; which module between wrapper and layers really runs is seen while tracing."""
+        return self.ancestors[-1][1] if self.ancestors else self.wrapper
 
     def describe(self) -> dict:
         return {"wrapper": type(self.wrapper).__name__, "predictor": type(self.predictor).__name__,
@@ -58,18 +65,21 @@ class Structure:
 
 
 def discover(draft: nn.Module) -> Structure:
-    """Find the predictor and its MTP layers: the shallowest container of same-class blocks."""
-    queue = [("", draft)]
+    """Find the MTP layers (the shallowest container of same-class blocks with attention) and the modules
+    between the wrapper and them; the tracer wraps them all, and the predictor is the deepest whose
+    forward actually runs (vLLM's MiMoV2MTP keeps its layers in a holder, ``model.mtp.layers``, whose own
+    forward never runs)."""
+    queue = [("", draft, [])]
     while queue:
-        name, mod = queue.pop(0)
+        name, mod, chain = queue.pop(0)
         for child_name, child in mod.named_children():
             path = f"{name}.{child_name}" if name else child_name
             if isinstance(child, (nn.ModuleList, nn.ModuleDict)) and len(child):
                 blocks = list(child.values()) if isinstance(child, nn.ModuleDict) else list(child)
                 if len({type(b) for b in blocks}) == 1 and any(
                         "attn" in n or "attention" in n for n, _ in blocks[0].named_modules()):
-                    return Structure(draft, mod, blocks, path)
-            queue.append((path, child))
+                    return Structure(draft, chain, blocks, path)
+            queue.append((path, child, chain + [(path, child)]))
     raise MtpBenchError(f"unrecognised draft-model structure ({type(draft).__name__}): "
                         "no ModuleList/ModuleDict of MTP layers with attention found under it")
 
@@ -140,6 +150,8 @@ class LayerTracer:
         self.proposal = 0
         self.step = 0
         self.current: CallRecord | None = None
+        self.draft_error: str | None = None  # an exception raised inside the draft model's forward
+        self._depth: dict[str, int] = {}  # depth of each wrapped module between wrapper and layers
         self._undo: list[tuple[nn.Module, str, object]] = []
 
     @property
@@ -158,8 +170,10 @@ class LayerTracer:
         for attr in ("compute_logits", "get_top_tokens"):
             if hasattr(s.wrapper, attr):
                 self._patch(s.wrapper, attr, self._logits_call)
-        if s.predictor is not s.wrapper:
-            self._patch(s.predictor, "forward", self._predictor_forward)
+        for depth, (path, module) in enumerate(s.ancestors):
+            if not isinstance(module, (nn.ModuleList, nn.ModuleDict)):  # containers have no forward of their own
+                self._depth[path] = depth
+                self._patch(module, "forward", lambda orig, sig, path=path: self._predictor_forward(orig, sig, path))
         for j, layer in enumerate(s.layers):
             self._patch(layer, "forward", lambda orig, sig, j=j: self._layer_forward(orig, sig, j))
         return self
@@ -197,11 +211,15 @@ class LayerTracer:
             if self.force:
                 args, kwargs = sig.with_spec_step_idx(args, kwargs, s)
                 rec.wrapper_spec_step_idx, rec.forced = s, True
-            if self.structure.predictor is self.structure.wrapper:  # layers sit right under the wrapper
+            if not self._depth:  # layers sit right under the wrapper
                 rec.predictor_spec_step_idx = rec.wrapper_spec_step_idx
             self.current = rec
             self.records.append(rec)
-            return orig(*args, **kwargs)
+            try:
+                return orig(*args, **kwargs)
+            except Exception as e:  # raised inside the draft model: the model refused this step
+                self.draft_error = self.draft_error or f"{type(e).__name__}: {e}".strip()[:2000]
+                raise
         return forward
 
     def _logits_call(self, orig, sig):
@@ -213,10 +231,12 @@ class LayerTracer:
             return orig(*args, **kwargs)
         return call
 
-    def _predictor_forward(self, orig, sig):
+    def _predictor_forward(self, orig, sig, path: str):
         def forward(*args, **kwargs):
-            if self.enabled and self.current is not None:
-                self.current.predictor_spec_step_idx = sig.spec_step_idx(args, kwargs)
+            rec = self.current
+            # the deepest module that runs between wrapper and layers is the predictor
+            if self.enabled and rec is not None and (not rec.predictor or self._depth[path] >= self._depth[rec.predictor]):
+                rec.predictor, rec.predictor_spec_step_idx = path, sig.spec_step_idx(args, kwargs)
             return orig(*args, **kwargs)
         return forward
 
@@ -227,8 +247,11 @@ class LayerTracer:
                 if rec.executed_layer is None:
                     rec.executed_layer = j
                     rec.layer_spec_step_idx = sig.spec_step_idx(args, kwargs)
-                elif rec.executed_layer != j:
-                    rec.executed_layer = -1  # several layers in one call: reported as a mismatch
+                else:
+                    if not rec.layers_run:
+                        rec.layers_run = str(rec.executed_layer)
+                    rec.layers_run += f" {j}"
+                    rec.executed_layer = -1  # several layers in one call
             return orig(*args, **kwargs)
         return forward
 
@@ -244,52 +267,95 @@ class Verdict:
     unused_layer_bytes: int = 0
 
 
+VERDICTS = ("multi-module", "layer-0 reuse", "swallowed", "multi-layer calls", "mismatch", "inconclusive",
+            "crashed", "engine error")
+
+
 def _is_zero_or_absent(v) -> bool:
     return v == ABSENT or v == 0
 
 
 def judge(records: list[CallRecord], num_layers: int, k: int, layer_bytes: list[int],
-          crash: str | None = None) -> Verdict:
-    """The verdict and the evidence behind it (see the README for what each verdict means)."""
+          crash: str | None = None, crash_in_draft: bool = True) -> Verdict:
+    """The verdict and the evidence behind it (see the README for what each verdict means).
+
+    Judged from what executed first (which layer ran at each step), then from what was passed. A layer
+    counts as unused only if a correct schedule at this k (step s runs layer s mod L) would have run it.
+    ``crash_in_draft``: the exception was raised inside the draft model's forward (else the engine's)."""
+    if crash and crash_in_draft:
+        step = next((r.draft_step for r in reversed(records)), None)
+        where = f" at draft step {step}" if step is not None else ""
+        return Verdict("crashed", [f"the draft model raised{where}: {crash}"])
     if crash:
-        where = f" at draft step {records[-1].draft_step}" if records else ""
-        return Verdict("crashed", [f"the model raised{where}: {crash}"])
+        return Verdict("engine error", [f"the engine raised outside the draft model (not a drafting verdict): {crash}"])
     if not records:
         return Verdict("mismatch", ["no draft-model call was recorded: the wrapped forwards never ran "
                                     "(drafting off, or a compiled/graph-replayed draft model)"])
     by_step: dict[int, Counter] = {}
     for r in records:
-        by_step.setdefault(r.draft_step, Counter())[r.executed_layer] += 1
+        by_step.setdefault(r.draft_step, Counter())[r.executed_layer if r.executed_layer != -1 else "all"] += 1
     steps = "; ".join(f"step {s}: " + ", ".join(f"layer {j} x{n}" for j, n in sorted(c.items(), key=str))
                       for s, c in sorted(by_step.items()))
+    scheduled = sorted({s % num_layers for s in range(k)})  # what a correct schedule at this k runs
     ran = {r.executed_layer for r in records}
-    unused = [j for j in range(num_layers) if j not in ran]
-    unused_bytes = sum(layer_bytes[j] for j in unused)
-    swallowed = [r for r in records if isinstance(r.wrapper_spec_step_idx, int) and r.wrapper_spec_step_idx > 0
-                 and _is_zero_or_absent(r.predictor_spec_step_idx)]
-    if swallowed:
-        r = swallowed[0]
-        return Verdict("swallowed", [
-            f"{len(swallowed)} call(s): the wrapper received spec_step_idx={r.wrapper_spec_step_idx} but the "
-            f"predictor received {r.predictor_spec_step_idx} (first at proposal {r.proposal}, step {r.draft_step})",
-            f"layers run per step: {steps}"], unused, unused_bytes)
-    never_reached = all(_is_zero_or_absent(r.wrapper_spec_step_idx) for r in records)
+    unused = [j for j in scheduled if j not in ran and -1 not in ran]
+    unused_bytes = sum(layer_bytes[j] for j in unused if j < len(layer_bytes))
     wrapper_seen = sorted({str(r.wrapper_spec_step_idx) for r in records})
-    if all(r.executed_layer == r.expected_layer for r in records) and not (
-            never_reached and (num_layers == 1 or k == 1)):
-        return Verdict("multi-module", [f"every draft step s ran layer s mod {num_layers}: {steps}",
-                                        f"spec_step_idx received by the wrapper: {', '.join(wrapper_seen)}"],
-                       unused, unused_bytes)
-    if all(r.executed_layer == 0 for r in records) and never_reached:
+    never_reached = all(_is_zero_or_absent(r.wrapper_spec_step_idx) for r in records)
+
+    multi = [r for r in records if r.executed_layer == -1]
+    if multi:
+        return Verdict("multi-layer calls", [
+            f"{len(multi)} of {len(records)} draft calls ran several MTP layers in one call (first: layers "
+            f"{multi[0].layers_run} at step {multi[0].draft_step}): the drafter chains its layers inside one "
+            "forward, so no step-to-layer schedule applies", f"layers run per step: {steps}"])
+    if all(r.executed_layer == r.expected_layer for r in records):
+        if num_layers == 1:
+            return Verdict("inconclusive", [
+                f"with a single MTP layer every schedule runs layer 0: layer-0 reuse and multi-module coincide "
+                f"({steps})", f"spec_step_idx received by the wrapper: {', '.join(wrapper_seen)}"])
+        if k == 1:
+            return Verdict("inconclusive", [
+                f"k = 1 drafts one step, and every schedule runs layer 0 at step 0 ({steps}): trace with "
+                f"k >= {num_layers} (k = {2 * num_layers} shows the wrap-around) to tell reuse from multi-module",
+                f"spec_step_idx received by the wrapper: {', '.join(wrapper_seen)}"])
+        ev = [f"every draft step s ran layer s mod {num_layers}: {steps}",
+              f"spec_step_idx received by the wrapper: {', '.join(wrapper_seen)}"]
+        if k < num_layers:
+            ev.append(f"k = {k} < {num_layers} layers: layers {list(range(k, num_layers))} are not scheduled at "
+                      f"this k (k >= {num_layers} exercises them all)")
+        return Verdict("multi-module", ev, unused, unused_bytes)
+    if all(r.executed_layer == 0 for r in records):
+        swallowed = [r for r in records if isinstance(r.wrapper_spec_step_idx, int) and r.wrapper_spec_step_idx > 0
+                     and _is_zero_or_absent(r.predictor_spec_step_idx)]
+        if swallowed:
+            r = swallowed[0]
+            return Verdict("swallowed", [
+                f"{len(swallowed)} call(s): the wrapper received spec_step_idx={r.wrapper_spec_step_idx} but the "
+                f"predictor ({r.predictor or 'the layers holder'}) received {r.predictor_spec_step_idx} (first at "
+                f"proposal {r.proposal}, step {r.draft_step}), so layer 0 ran", f"layers run per step: {steps}"],
+                unused, unused_bytes)
         ev = [f"every draft step ran layer 0: {steps}",
-              f"spec_step_idx never reached the model (wrapper received: {', '.join(wrapper_seen)})"]
+              f"spec_step_idx {'never reached the model' if never_reached else 'reached the model but layer 0 ran'} "
+              f"(wrapper received: {', '.join(wrapper_seen)})"]
         if unused:
-            ev.append(f"layers never run: {unused}, holding {unused_bytes} bytes of weights in the checkpoint")
+            ev.append(f"layers a correct schedule at k = {k} would run but never ran: {unused}, holding "
+                      f"{unused_bytes} bytes of weights in the checkpoint")
         return Verdict("layer-0 reuse", ev, unused, unused_bytes)
     bad = next((r for r in records if r.executed_layer != r.expected_layer), records[0])
     return Verdict("mismatch", [
         f"proposal {bad.proposal}, step {bad.draft_step} ran layer {bad.executed_layer}, expected "
         f"{bad.expected_layer}", f"layers run per step: {steps}"], unused, unused_bytes)
+
+
+def loaded_vs_checkpoint(checkpoint_layers: int, loaded_layers: int, layer_bytes: list[int]) -> list[str]:
+    """A line naming the MTP layers the checkpoint declares but the engine did not load, with their bytes."""
+    if loaded_layers >= checkpoint_layers:
+        return []
+    dropped = list(range(loaded_layers, checkpoint_layers))
+    size = sum(layer_bytes[j] for j in dropped if j < len(layer_bytes))
+    return [f"the checkpoint declares {checkpoint_layers} MTP layers but the engine loaded {loaded_layers}: "
+            f"layers {dropped} ({size} bytes of weights) never reached memory"]
 
 
 def layer_per_step(records: list[CallRecord]) -> dict[int, int | None]:
@@ -353,6 +419,20 @@ def heatmap(path, records: list[CallRecord], num_layers: int, k: int, title: str
     plt.close(fig)
 
 
+def model_label(model_dir) -> str:
+    """How a picture names the model: its architecture and directory."""
+    from pathlib import Path
+
+    from mtpbench.checkpoint import read_config
+
+    arch = (read_config(model_dir).get("architectures") or ["?"])[0]
+    return f"{arch} ({Path(model_dir).name})"
+
+
+def provenance_versions(summary: dict) -> str:
+    return summary["provenance"]["versions"].get("vllm") or "?"
+
+
 def run_trace(cfg, k: int, mode: str = "reuse", backend=None) -> dict:
     """Trace one short generation and write trace.csv, trace.json and layers.png into ``cfg.out``.
 
@@ -393,8 +473,12 @@ def run_trace(cfg, k: int, mode: str = "reuse", backend=None) -> dict:
 
     # weight bytes per layer as stored in the checkpoint: the same figure for every backend, whatever
     # form (dtype, prepacked) the engine keeps them in
-    layer_bytes = (mtp_layer_bytes(cfg.model_dir) + [0] * data["num_layers"])[: data["num_layers"]]
-    v = judge(records, data["num_layers"], k, layer_bytes, data["crash"])
+    all_bytes = mtp_layer_bytes(cfg.model_dir)
+    layer_bytes = (all_bytes + [0] * data["num_layers"])[: data["num_layers"]]
+    v = judge(records, data["num_layers"], k, layer_bytes, data["crash"], data.get("crash_in_draft", True))
+    # the layers asked of the engine (the derived checkpoint's L) against those it holds
+    dropped = loaded_vs_checkpoint(L, data["num_layers"], all_bytes)
+    v.evidence += dropped
     drafts = data["num_drafts"]
     steps = layer_per_step(records)
     attribution = [{"position": i, "layer": steps.get(i), "num_accepted_tokens": n,
@@ -408,11 +492,13 @@ def run_trace(cfg, k: int, mode: str = "reuse", backend=None) -> dict:
                "force_spec_step_idx": cfg.force_spec_step_idx, "num_draft_calls": len(records),
                "num_proposals": len({(r.batch, r.proposal) for r in records}),
                "unused_layers": v.unused_layers, "unused_layer_bytes": v.unused_layer_bytes,
+               "checkpoint_mtp_layers": L, "dropped_at_load": list(range(data["num_layers"], L)),
                "crash": data["crash"], "per_step": [dict(zip(STEP_HEADERS, row)) for row in
                                                     step_table(records, data["num_layers"])],
                "acceptance_by_layer": attribution, "num_drafts": drafts,
                "config": cfg.to_json(), "provenance": provenance()}
     write_json(out / "trace.json", summary)
+    engine = f"vLLM {provenance_versions(summary)}" if cfg.backend == "vllm" else "mtpbench native"
     heatmap(out / "layers.png", records, data["num_layers"], k,
-            f"{cfg.backend} {mode}: {v.verdict}")
+            f"{model_label(cfg.model_dir)} on {engine} ({mode}, k={k}): {v.verdict}")
     return json.loads((out / "trace.json").read_text())

@@ -1,6 +1,7 @@
 import json
 
 import pytest
+import torch
 from torch import nn
 from typer.testing import CliRunner
 
@@ -9,7 +10,7 @@ from mtpbench.cli import app
 from mtpbench.config import SweepConfig
 from mtpbench.engine import Faults
 from mtpbench.errors import MtpBenchError
-from mtpbench.trace import ABSENT, CallRecord, discover, judge, run_trace
+from mtpbench.trace import ABSENT, CallRecord, LayerTracer, discover, judge, loaded_vs_checkpoint, run_trace
 
 runner = CliRunner()
 
@@ -44,7 +45,7 @@ def test_reuse_is_layer0_reuse_and_names_unused_layers(tmp_path):
 def test_wrapper_that_drops_the_index_is_swallowed(tmp_path):
     s = native_trace(tmp_path, "chain", faults=Faults(wrapper_drops_spec_step_idx=True))
     assert s["verdict"] == "swallowed"
-    assert "the wrapper received spec_step_idx=1 but the predictor received 0" in s["evidence"][0]
+    assert "the wrapper received spec_step_idx=1 but the predictor (model) received 0" in s["evidence"][0]
 
 
 def test_loop_that_never_passes_the_index_is_layer0_reuse(tmp_path):
@@ -85,3 +86,113 @@ def test_cli_model_without_mtp_layers(tmp_path, no_mtp_model):
     assert r.exit_code == 2
     assert r.output.strip().count("\n") == 0 and "has no MTP layers" in r.output
     assert not (tmp_path / "t").exists()
+
+
+# -- tracer fidelity: synthetic drafters shaped like vLLM's, driven by a tiny draft loop ------------------
+
+class Layer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.self_attn = nn.Linear(4, 4)
+
+    def forward(self, x, spec_step_idx=0):
+        return self.self_attn(x)
+
+
+class Holder(nn.Module):  # vLLM's MiMoV2MTP keeps its layers here; this forward never runs
+    def __init__(self, n):
+        super().__init__()
+        self.layers = nn.ModuleList(Layer() for _ in range(n))
+
+    def forward(self, x):
+        raise AssertionError("never called")
+
+
+class NestedPredictor(nn.Module):
+    def __init__(self, n, all_layers=False, boom_at=None):
+        super().__init__()
+        self.mtp = Holder(n)
+        self.all_layers, self.boom_at = all_layers, boom_at
+
+    def forward(self, x, spec_step_idx=0):
+        if self.boom_at is not None and spec_step_idx == self.boom_at:
+            raise AssertionError("only one step supported")
+        layers = self.mtp.layers
+        if self.all_layers:  # like Gemma4MTP: every layer in one call
+            for layer in layers:
+                x = layer(x)
+            return x
+        return layers[spec_step_idx % len(layers)](x, spec_step_idx)
+
+
+class Wrapper(nn.Module):
+    def __init__(self, n, **kw):
+        super().__init__()
+        self.model = NestedPredictor(n, **kw)
+
+    def forward(self, x, spec_step_idx=0):
+        return self.model(x, spec_step_idx)
+
+
+def drive(wrapper, k, proposals=3, target_raises=False):
+    """A draft loop: one target forward, then k draft calls with spec_step_idx = s."""
+    target = nn.Linear(4, 4)
+    tracer = LayerTracer(wrapper, target).install()
+    tracer.enabled = True
+    tracer.start_batch()
+    crash = None
+    try:
+        for _ in range(proposals):
+            if target_raises:
+                raise RuntimeError("prompt longer than max_model_len")
+            x = target(torch.zeros(1, 4))
+            for s in range(k):
+                x = wrapper(x, spec_step_idx=s)
+    except Exception as e:
+        crash = f"{type(e).__name__}: {e}"
+    finally:
+        tracer.remove()
+    v = judge(tracer.records, tracer.num_layers, k, [100] * tracer.num_layers, crash,
+              crash_in_draft=tracer.draft_error is not None)
+    return tracer, v
+
+
+def test_layers_in_a_holder_whose_forward_never_runs_are_multi_module_not_swallowed():
+    tracer, v = drive(Wrapper(2), k=4)
+    assert v.verdict == "multi-module", v.evidence
+    assert {r.predictor for r in tracer.records} == {"model"}
+    assert [r.predictor_spec_step_idx for r in tracer.records[:4]] == [0, 1, 2, 3]
+
+
+def test_k1_and_single_layer_are_inconclusive_not_reuse():
+    _, v = drive(Wrapper(2), k=1)
+    assert v.verdict == "inconclusive" and "k >= 2" in v.evidence[0]
+    _, v = drive(Wrapper(1), k=3)
+    assert v.verdict == "inconclusive" and "coincide" in v.evidence[0]
+
+
+def test_unused_layers_count_only_layers_scheduled_at_this_k():
+    _, v = drive(Wrapper(3), k=2)
+    assert v.verdict == "multi-module" and v.unused_layers == [] and v.unused_layer_bytes == 0
+    recs = [CallRecord(1, 1, s, executed_layer=0, expected_layer=s % 3) for s in range(2)]
+    v = judge(recs, 3, 2, [100, 100, 100])
+    assert v.verdict == "layer-0 reuse" and v.unused_layers == [1] and v.unused_layer_bytes == 100
+
+
+def test_a_drafter_running_all_layers_per_call_has_its_own_verdict():
+    tracer, v = drive(Wrapper(2, all_layers=True), k=2)
+    assert v.verdict == "multi-layer calls"
+    assert tracer.records[0].layers_run == "0 1" and "several MTP layers in one call" in v.evidence[0]
+
+
+def test_crash_inside_the_draft_model_vs_engine_error():
+    _, v = drive(Wrapper(2, boom_at=1), k=2)
+    assert v.verdict == "crashed" and "draft step 1" in v.evidence[0] and "only one step" in v.evidence[0]
+    _, v = drive(Wrapper(2), k=2, target_raises=True)
+    assert v.verdict == "engine error" and "max_model_len" in v.evidence[0]
+
+
+def test_layers_dropped_at_load_are_named_with_their_bytes():
+    assert loaded_vs_checkpoint(2, 2, [5, 7]) == []
+    line, = loaded_vs_checkpoint(3, 1, [5, 7, 11])
+    assert "declares 3 MTP layers but the engine loaded 1" in line and "[1, 2] (18 bytes" in line

@@ -75,7 +75,8 @@ class NativeBackend:
         """One traced generation over the prompts (one batch at a time); see mtpbench.trace."""
         from mtpbench.trace import LayerTracer
 
-        records, crash, totals = [], None, {"num_drafts": 0, "num_accepted_tokens_per_pos": [0] * k}
+        records, crash, in_draft = [], None, False
+        totals = {"num_drafts": 0, "num_accepted_tokens_per_pos": [0] * k}
         tracer = None
         for i, group in enumerate(batches(prompts, cfg.batch_size)):
             g = self.generation(cfg, self.encode(group), k, mode, mtp_layers, cfg.max_tokens)
@@ -85,8 +86,9 @@ class NativeBackend:
             try:
                 for _ in g:
                     pass
-            except Exception as e:  # the model refused: that is the finding, not a tool error
+            except Exception as e:  # the model refused (a finding), or the engine failed: the tracer knows which
                 crash = f"{type(e).__name__}: {e}"
+                in_draft = tracer.draft_error is not None
             finally:
                 tracer.remove()
             for r in tracer.records:  # the engine itself passes the step under --force-spec-step-idx
@@ -99,7 +101,8 @@ class NativeBackend:
             if crash:
                 break
         st = tracer.structure
-        return {"records": records, "crash": crash, "num_layers": len(st.layers), "structure": st.describe(),
+        return {"records": records, "crash": crash, "crash_in_draft": in_draft, "num_layers": len(st.layers),
+                "structure": st.describe(),
                 **totals}
 
     def run_point(self, cfg: SweepConfig, point: GridPoint, prompts: list[Prompt]) -> PointRun:

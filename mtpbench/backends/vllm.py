@@ -282,7 +282,8 @@ def trace(llm, cfg: dict, k: int, prompts: list[Prompt], force: bool) -> dict:
     after = read_spec_counters(llm) if crash is None else before
     st = tracer.structure
     delta = counter_delta(before, after, k)
-    return {"records": [asdict(r) for r in tracer.records], "crash": crash, "num_layers": len(st.layers),
+    return {"records": [asdict(r) for r in tracer.records], "crash": crash,
+            "crash_in_draft": tracer.draft_error is not None, "num_layers": len(st.layers),
             "num_drafts": delta["num_drafts"],
             "num_accepted_tokens_per_pos": delta["num_accepted_tokens_per_pos"], "structure": st.describe()}
 
