@@ -15,6 +15,7 @@ Output: ``trace.csv`` (one row per draft-model forward), ``trace.json`` (summary
 from __future__ import annotations
 
 import csv
+import functools
 import inspect
 import io
 from collections import Counter
@@ -161,7 +162,8 @@ class LayerTracer:
     def _patch(self, obj, attr: str, make):
         orig = getattr(obj, attr)
         self._undo.append((obj, attr, obj.__dict__.get(attr, _MISSING)))
-        setattr(obj, attr, make(orig, ArgReader(orig)))
+        # functools.wraps keeps the signature readable by a second tracer stacked on this one
+        setattr(obj, attr, functools.wraps(orig)(make(orig, ArgReader(orig))))
 
     def install(self) -> "LayerTracer":
         s = self.structure

@@ -118,24 +118,30 @@ class VllmBackend:
             kwargs["enforce_eager"] = True
         spec = {"config": cfg.to_json(), "k": k, "engine_kwargs": kwargs, "trace": trace,
                 "prompts": [asdict(p) for p in prompts]}
-        import tempfile
+        return call_worker(spec)
 
-        with tempfile.TemporaryDirectory(prefix="mtpbench-vllm-") as tmp:
-            spec_path, result_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
-            spec_path.write_text(json.dumps(spec))
-            try:
-                proc = subprocess.run([sys.executable, "-m", "mtpbench.backends.vllm", str(spec_path),
-                                       str(result_path)], env=worker_env(), capture_output=True, text=True,
-                                      timeout=WORKER_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                raise RuntimeError(f"vLLM worker did not finish within {WORKER_TIMEOUT_S} s") from None
-            if result_path.exists():
-                data = json.loads(result_path.read_text())
-                if "error" in data:
-                    raise RuntimeError(data["error"])
-                return data
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
-            raise RuntimeError(f"vLLM worker exited with code {proc.returncode}: " + " | ".join(tail))
+
+def call_worker(spec: dict, env: dict | None = None, timeout: float = WORKER_TIMEOUT_S) -> dict:
+    """Run one engine in a fresh worker process (``python -m mtpbench.backends.vllm``); its result dict,
+    or RuntimeError with the worker's error."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="mtpbench-vllm-") as tmp:
+        spec_path, result_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
+        spec_path.write_text(json.dumps(spec))
+        try:
+            proc = subprocess.run([sys.executable, "-m", "mtpbench.backends.vllm", str(spec_path),
+                                   str(result_path)], env={**worker_env(), **(env or {})}, capture_output=True,
+                                  text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"vLLM worker did not finish within {timeout:.0f} s") from None
+        if result_path.exists():
+            data = json.loads(result_path.read_text())
+            if "error" in data:
+                raise RuntimeError(data["error"])
+            return data
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+        raise RuntimeError(f"vLLM worker exited with code {proc.returncode}: " + " | ".join(tail))
 
 
 # ---- worker side (runs in the subprocess) -------------------------------------------------------
@@ -278,7 +284,9 @@ def trace(llm, cfg: dict, k: int, prompts: list[Prompt], force: bool) -> dict:
             llm.generate(engine_prompts(llm, group), params, use_tqdm=False)
     except Exception as e:  # e.g. MiMo's assert spec_step_idx == 0 under --force-spec-step-idx
         crash = f"{type(e).__name__}: {e}".strip()[:2000]
-    tracer.enabled = False
+    finally:
+        tracer.enabled = False
+        tracer.remove()
     after = read_spec_counters(llm) if crash is None else before
     st = tracer.structure
     delta = counter_delta(before, after, k)
@@ -301,12 +309,19 @@ def worker(spec_path: str, result_path: str) -> None:
             # each request's verify steps (vLLM refuses the setting without a speculative config: the k = 0
             # baseline runs without it; the recorded engine_kwargs say so)
             kwargs.setdefault("per_request_spec_decode_metrics", "detailed")
+        check = None
+        if spec.get("load_check"):
+            from mtpbench.load_check import LoadCheck
+
+            check = LoadCheck().install()
         t0 = time.perf_counter()
         llm = LLM(**kwargs)
         startup = time.perf_counter() - t0
         prompts = [Prompt(**p) for p in spec["prompts"]]
         force = spec["config"].get("force_spec_step_idx", False)
-        if spec.get("trace"):
+        if spec.get("trace_forces"):  # trace-matrix: one engine, traced as it drafts and then forced
+            data = {"traces": [trace(llm, spec["config"], spec["k"], prompts, f) for f in spec["trace_forces"]]}
+        elif spec.get("trace"):
             data = trace(llm, spec["config"], spec["k"], prompts, force)
         else:
             if force and spec["k"] > 0:  # the PR's proposal, applied at run time through the tracer
@@ -319,6 +334,8 @@ def worker(spec_path: str, result_path: str) -> None:
             run.mtp_weight_bytes = held_mtp_bytes(llm) if spec["k"] > 0 else 0
             data = asdict(run)
         data.update({"startup_s": round(startup, 3), "engine": {"engine": "vllm", "engine_kwargs": kwargs}})
+        if check is not None:
+            data["load_check"] = check.report()
     except Exception as e:  # reported as a failed point by the parent
         data = {"error": f"{type(e).__name__}: {e}".strip()[:2000]}
     result.write_text(json.dumps(data))

