@@ -116,6 +116,7 @@ def sweep(
     gpu_memory_utilization: Annotated[Optional[float], typer.Option(help="vLLM gpu_memory_utilization.")] = None,
     engine_arg: Annotated[Optional[list[str]], typer.Option(help="Extra vLLM engine argument KEY=VALUE (repeatable; vllm.LLM's, or vllm serve's as --key value).")] = None,
     force_spec_step_idx: Annotated[Optional[bool], typer.Option("--force-spec-step-idx", help="Pass spec_step_idx = draft step to the draft model (the vLLM PR's proposal).")] = None,
+    draft_model: Annotated[Optional[str], typer.Option(help="A drafter in a checkpoint of its own (vLLM speculative_config model), e.g. Gemma 4's assistant.")] = None,
     server: Annotated[Optional[str], typer.Option(help="URL of a running vLLM server to measure (implies --backend vllm-server; mtpbench neither starts nor stops it).")] = None,
     api: Annotated[Optional[str], typer.Option(help="Served runs: completions (/v1/completions) or chat (/v1/chat/completions).")] = None,
     concurrency: Annotated[Optional[str], typer.Option(help="Served runs: requests in flight at most, e.g. 1,4,16 (closed loop).")] = None,
@@ -143,7 +144,7 @@ def sweep(
                            pipeline_parallel_size=pipeline_parallel_size, data_parallel_size=data_parallel_size,
                            distributed_executor_backend=distributed_executor_backend,
                            gpu_memory_utilization=gpu_memory_utilization, engine_args=extra,
-                           force_spec_step_idx=force_spec_step_idx, server=server, api=api,
+                           force_spec_step_idx=force_spec_step_idx, draft_model=draft_model, server=server, api=api,
                            concurrency=ints(concurrency, "--concurrency"), request_rate=rates(request_rate),
                            server_port=port, out=out), profile)
         if cfg.server and k is None:  # an attached server's k is its own, whatever a profile lists
@@ -190,6 +191,8 @@ def trace_layers(
     mode: Annotated[Optional[str], typer.Option(help="Native drafting mode: reuse or chain [default: reuse].")] = None,
     force_spec_step_idx: Annotated[Optional[bool], typer.Option("--force-spec-step-idx", help="Pass spec_step_idx = draft step to the draft model (the vLLM PR's proposal).")] = None,
     expect: Annotated[Optional[str], typer.Option(help="multi-module or layer-0-reuse: exit 1 if the verdict differs.")] = None,
+    synthetic: Annotated[Optional[str], typer.Option(help="Trace a synthetic checkpoint of this vLLM MTP architecture (mtpbench synth --list), built or taken from the cache; implies --backend vllm.")] = None,
+    draft_model: Annotated[Optional[str], typer.Option(help="A drafter in a checkpoint of its own (vLLM speculative_config model).")] = None,
     prompts: Annotated[Optional[str], typer.Option(help="'builtin' or a JSONL file.")] = None,
     num_prompts: Annotated[Optional[int], typer.Option(help="Number of prompts [default: 2].")] = None,
     max_tokens: Annotated[Optional[int], typer.Option(help="Output tokens per prompt [default: 32].")] = None,
@@ -209,8 +212,25 @@ def trace_layers(
     if expect not in expected:
         fail(f"--expect takes multi-module or layer-0-reuse, got {expect!r}")
     model, profile = model_or_profile(model, profile)
+    method = None
+    if synthetic:
+        if model or profile:
+            fail("--synthetic builds its own checkpoint: give no MODEL_OR_PROFILE or --profile with it")
+        if backend not in (None, "vllm"):
+            fail(f"--synthetic traces vLLM's own model classes: it takes --backend vllm, not {backend}")
+        try:
+            from mtpbench.synth import cached, get_arch
+
+            arch = get_arch(synthetic)
+            model = str(cached(synthetic, mtp_layers))
+        except MtpBenchError as e:
+            fail(str(e))
+        backend, method, dtype = "vllm", arch.method, dtype or "bfloat16"
+        draft_model = str(Path(model) / "draft") if arch.separate_draft else draft_model
+        engine_arg = [f"{k_}={json_text(v)}" for k_, v in arch.engine_args.items()] + list(engine_arg or [])
     try:
-        cfg = resolve(dict(model=model, backend=backend, mtp_layers=None if mtp_layers is None else (mtp_layers,),
+        cfg = resolve(dict(model=model, backend=backend, method=method, draft_model=draft_model,
+                           mtp_layers=None if mtp_layers is None else (mtp_layers,),
                            mode=None if mode is None else (mode,), prompts=prompts, num_prompts=num_prompts,
                            max_tokens=max_tokens, dtype=dtype, max_model_len=max_model_len,
                            engine_args=engine_args(engine_arg), force_spec_step_idx=force_spec_step_idx, out=out,
@@ -233,6 +253,12 @@ def trace_layers(
         raise typer.Exit(1)
 
 
+def json_text(value) -> str:
+    import json
+
+    return value if isinstance(value, str) else json.dumps(value)
+
+
 def engine_args(items: Optional[list[str]]) -> Optional[dict]:
     if not items:
         return None
@@ -243,6 +269,60 @@ def engine_args(items: Optional[list[str]]) -> Optional[dict]:
             fail(f"--engine-arg takes KEY=VALUE, got {item!r}")
         out[key] = parse_value(value)
     return out
+
+
+@app.command()
+def synth(
+    arch: Annotated[Optional[str], typer.Argument(help="Architecture name (see --list).")] = None,
+    list_: Annotated[bool, typer.Option("--list", help="Every MTP class of the installed vLLM's registry, with its status here.")] = False,
+    mtp_layers: Annotated[Optional[int], typer.Option(help="MTP layers in the checkpoint [default: the architecture's, 2 where vLLM allows].")] = None,
+    out: Annotated[Optional[str], typer.Option(help="Output directory (new or empty) [default: synth-ARCH].")] = None,
+) -> None:
+    """Write the smallest checkpoint of a real vLLM MTP architecture (random weights, built-in tokenizer)."""
+    from tabulate import tabulate
+
+    from mtpbench import synth as synth_mod
+
+    try:
+        if list_:
+            rows = synth_mod.listing()
+            typer.echo(tabulate([[r["registry"], r["class"], r["status"]] for r in rows],
+                                headers=["vLLM registry key", "class", "status on this build"]))
+            return
+        if not arch:
+            fail("give an architecture (mtpbench synth --list shows them)")
+        a = synth_mod.get_arch(arch)
+        path = synth_mod.build(arch, Path(out or f"synth-{arch}"), mtp_layers)
+    except MtpBenchError as e:
+        fail(str(e))
+    from mtpbench.checkpoint import num_mtp_layers
+
+    mtp_dir = path / "draft" if a.separate_draft else path
+    typer.echo(f"wrote {path}: {a.target} with {num_mtp_layers(mtp_dir)} MTP layer(s) for vLLM's {a.mtp_class}"
+               + (f"; the drafter is its own checkpoint: {mtp_dir} (--draft-model)" if a.separate_draft else ""))
+
+
+@app.command("trace-matrix")
+def trace_matrix(
+    arch: Annotated[Optional[str], typer.Option(help="Comma-separated architectures [default: every one mtpbench synth --list can run].")] = None,
+    k: Annotated[Optional[int], typer.Option("--k", help="num_speculative_tokens [default: 2L per architecture].")] = None,
+    jobs: Annotated[Optional[int], typer.Option(help="Engines side by side [default: one per core, as free memory allows].")] = None,
+    max_tokens: Annotated[int, typer.Option(help="Output tokens of the traced prompt.")] = 12,
+    out: Annotated[str, typer.Option(help="Output directory for matrix.csv, .json, .md, .png.")] = "matrix",
+) -> None:
+    """Every runnable vLLM MTP architecture x {as vLLM drafts, forced spec_step_idx}: one verdict per cell."""
+    from mtpbench.matrix import run_matrix
+
+    def on_cell(c) -> None:
+        typer.echo(f"  {c.arch:<18} {c.drafting:<13} {c.verdict}" + (f" [{c.layer_per_step}]" if c.layer_per_step else "")
+                   + (f"  {c.error.splitlines()[0][:100]}" if c.error else ""), err=True)
+
+    try:
+        run_matrix(list(strs(arch)) if arch else None, Path(out), k, jobs, max_tokens, on_cell)
+    except MtpBenchError as e:
+        fail(str(e))
+    typer.echo(Path(out, "matrix.md").read_text())
+    typer.echo(f"wrote {out}/matrix.csv, matrix.json, matrix.md, matrix.png")
 
 
 @app.command()

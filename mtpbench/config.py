@@ -26,6 +26,7 @@ class SweepConfig:
     model: str = "builtin"
     backend: str = "native"
     method: str = "mtp"
+    draft_model: str | None = None  # a drafter in a checkpoint of its own (speculative_config["model"])
     k: tuple[int, ...] = (0, 1, 2, 3)
     mtp_layers: tuple[int, ...] = ()  # empty: every MTP layer the checkpoint has
     mode: tuple[str, ...] = MODES
@@ -61,6 +62,11 @@ class SweepConfig:
     @property
     def model_dir(self) -> Path:
         return resolve_model_dir(self.model)
+
+    @property
+    def mtp_dir(self) -> Path:
+        """The checkpoint that holds the MTP layers: the separate draft model's, else the model's."""
+        return resolve_model_dir(self.draft_model) if self.draft_model else self.model_dir
 
     def to_json(self) -> dict:
         """JSON-safe: tuples as lists, an infinite request rate as the string "inf"."""
@@ -200,6 +206,11 @@ def validate(cfg: SweepConfig, checkpoint_layers: int | None) -> None:
     if cfg.backend == "vllm" and cfg.force_spec_step_idx and cfg.tensor_parallel_size > 1:
         raise MtpBenchError("--force-spec-step-idx needs the vLLM engine in one process: "
                             f"use tensor_parallel_size 1 (got {cfg.tensor_parallel_size})")
+    if cfg.draft_model:
+        if cfg.backend == "native":
+            raise MtpBenchError("--draft-model is a vLLM speculative_config model: use --backend vllm or vllm-server")
+        if not (Path(cfg.draft_model) / "config.json").is_file():
+            raise MtpBenchError(f"--draft-model {cfg.draft_model}: no config.json there")
     if cfg.engine_args.get("disable_log_stats"):
         raise MtpBenchError("--engine-arg disable_log_stats=true would switch off the spec-decode counters "
                             "mtpbench reads: leave it out")

@@ -51,7 +51,7 @@ def grid(cfg: SweepConfig, checkpoint_layers: int | None, attached_k: int | None
 
 
 def run_sweep(cfg: SweepConfig, on_point: Callable[[int, int, str], None] | None = None) -> list[PointResult]:
-    n_layers = None if cfg.server else num_mtp_layers(cfg.model_dir)  # an attached server's model is remote
+    n_layers = None if cfg.server else num_mtp_layers(cfg.mtp_dir)  # an attached server's model is remote
     validate(cfg, n_layers)
     pset = sweep_prompts(cfg)
     psets = {x: sweep_prompts(cfg, x) if x else pset for x in sorted(set(cfg.context_tokens)) or [None]}

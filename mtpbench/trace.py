@@ -450,7 +450,7 @@ def run_trace(cfg, k: int, mode: str = "reuse", backend=None) -> dict:
     from mtpbench.report import write_json, write_text
     from mtpbench.environment import provenance
 
-    n_layers = num_mtp_layers(cfg.model_dir)
+    n_layers = num_mtp_layers(cfg.mtp_dir)
     if k < 1:
         raise MtpBenchError(f"--k must be >= 1 to trace drafting, got {k}")
     validate(cfg, n_layers)
@@ -475,7 +475,7 @@ def run_trace(cfg, k: int, mode: str = "reuse", backend=None) -> dict:
 
     # weight bytes per layer as stored in the checkpoint: the same figure for every backend, whatever
     # form (dtype, prepacked) the engine keeps them in
-    all_bytes = mtp_layer_bytes(cfg.model_dir)
+    all_bytes = mtp_layer_bytes(cfg.mtp_dir)
     layer_bytes = (all_bytes + [0] * data["num_layers"])[: data["num_layers"]]
     v = judge(records, data["num_layers"], k, layer_bytes, data["crash"], data.get("crash_in_draft", True))
     # the layers asked of the engine (the derived checkpoint's L) against those it holds

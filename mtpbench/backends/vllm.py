@@ -23,7 +23,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from mtpbench.checkpoint import derived_checkpoint, mtp_layer_bytes
+from mtpbench.checkpoint import derived_checkpoint, mtp_layer_bytes, num_mtp_layers
 from mtpbench.config import SweepConfig
 from mtpbench.errors import MtpBenchError
 from mtpbench.metrics import BatchRecord, GridPoint, PointRun, RequestRecord
@@ -71,15 +71,43 @@ def engine_kwargs(cfg: SweepConfig, model: str, k: int) -> dict:
             kw[name] = getattr(cfg, name)
     if k > 0:
         kw["speculative_config"] = {"method": cfg.method, "num_speculative_tokens": k}
+        if cfg.draft_model:
+            kw["speculative_config"]["model"] = str(cfg.mtp_dir)
     kw.update(cfg.engine_args)
     return kw
 
 
-def worker_env() -> dict:
-    env = dict(os.environ)
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the CPU build reserves ~21 GiB otherwise
+def worker_env(model_dir=None) -> dict:
+    env = engine_env(model_dir)
     env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process: hooks can reach it
     return env
+
+
+def engine_env(model_dir=None) -> dict:
+    """The environment of a vLLM engine process (offline worker or launched server) for this model."""
+    env = dict(os.environ)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the CPU build reserves ~21 GiB otherwise
+    if model_dir is not None and needs_torchvision_shim(model_dir):
+        shims = str(Path(__file__).resolve().parents[1] / "synth" / "shims")
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [shims, env.get("PYTHONPATH")]))
+    return env
+
+
+def needs_torchvision_shim(model_dir) -> bool:
+    """vLLM's Qwen3.5 classes import transformers' vision processors, which import torchvision; with no
+    torchvision installed, a text-only engine of those architectures gets mtpbench's import shim
+    (synth/shims/torchvision). Never for other models: transformers would take the shim for the real one."""
+    import importlib.util
+
+    from mtpbench.checkpoint import read_config
+
+    if importlib.util.find_spec("torchvision") is not None:
+        return False
+    try:
+        arch = (read_config(Path(model_dir)).get("architectures") or [""])[0]
+    except MtpBenchError:
+        return False
+    return arch.startswith("Qwen3_5")
 
 
 class VllmBackend:
@@ -91,7 +119,7 @@ class VllmBackend:
     def run_point(self, cfg: SweepConfig, point: GridPoint, prompts: list[Prompt]) -> PointRun:
         run = PointRun.from_json(self._run_worker(cfg, point.k, point.mtp_layers, prompts, trace=False))
         if run.mtp_weight_bytes is None:  # the engine was out of reach (several workers): the checkpoint's
-            run.mtp_weight_bytes = sum(mtp_layer_bytes(cfg.model_dir)[: point.mtp_layers]) if point.k else 0
+            run.mtp_weight_bytes = sum(mtp_layer_bytes(cfg.mtp_dir)[: point.mtp_layers]) if point.k else 0
         return run
 
     def close(self) -> None:
@@ -110,7 +138,12 @@ class VllmBackend:
             problem = check_num_speculative_tokens(k, mtp_layers)
             if problem:
                 raise RuntimeError(problem)
-            model = str(derived_checkpoint(cfg.model_dir, mtp_layers))
+            if cfg.draft_model:
+                if mtp_layers != num_mtp_layers(cfg.mtp_dir):
+                    raise RuntimeError(f"--mtp-layers {mtp_layers}: a separate draft checkpoint runs whole "
+                                       f"({num_mtp_layers(cfg.mtp_dir)} MTP layers)")
+            else:
+                model = str(derived_checkpoint(cfg.model_dir, mtp_layers))
         kwargs = engine_kwargs(cfg, model, k)
         if trace or cfg.force_spec_step_idx:
             # graph replay and compiled __call__ skip Python wrappers; under --force the k = 0 baseline is
@@ -131,7 +164,8 @@ def call_worker(spec: dict, env: dict | None = None, timeout: float = WORKER_TIM
         spec_path.write_text(json.dumps(spec))
         try:
             proc = subprocess.run([sys.executable, "-m", "mtpbench.backends.vllm", str(spec_path),
-                                   str(result_path)], env={**worker_env(), **(env or {})}, capture_output=True,
+                                   str(result_path)], env={**worker_env(spec["engine_kwargs"]["model"]), **(env or {})},
+                                  capture_output=True,
                                   text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             raise RuntimeError(f"vLLM worker did not finish within {timeout:.0f} s") from None

@@ -25,7 +25,6 @@ from __future__ import annotations
 import http.client
 import json
 import math
-import os
 import socket
 import sys
 import time
@@ -33,7 +32,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from mtpbench.backends.vllm import check_num_speculative_tokens, counter_delta, engine_kwargs, require_vllm
+from mtpbench.backends.vllm import (check_num_speculative_tokens, counter_delta, engine_env, engine_kwargs,
+                                   require_vllm)
 from mtpbench.checkpoint import derived_checkpoint, mtp_layer_bytes
 from mtpbench.config import SweepConfig
 from mtpbench.errors import MtpBenchError
@@ -231,10 +231,8 @@ def server_command(args: dict, port: int) -> list[str]:
             "--port", str(port), *cli_flags(rest)]
 
 
-def server_env() -> dict:
-    env = dict(os.environ)
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the CPU build reserves ~21 GiB otherwise
-    return env
+def server_env(model_dir=None) -> dict:
+    return engine_env(model_dir)
 
 
 class Server:
@@ -354,14 +352,15 @@ class VllmServerBackend:
             problem = check_num_speculative_tokens(point.k, point.mtp_layers)
             if problem:
                 raise RuntimeError(problem)
-            model = derived_checkpoint(cfg.model_dir, point.mtp_layers)
-        self.model_dir = str(model)
+            if not cfg.draft_model:  # a separate draft checkpoint runs whole
+                model = derived_checkpoint(cfg.model_dir, point.mtp_layers)
+        self.model_dir = str(cfg.mtp_dir if cfg.draft_model else model)
         port = cfg.server_port or free_port()
         args = server_args(cfg, str(model), point.k)
         self.facts["server_args"] = args
         log = Path(cfg.out) / f"{GridPoint(point.mode, point.k, point.mtp_layers).name}.server.log"
         t0 = time.perf_counter()
-        guard = Guarded(server_command(args, port), log, env=server_env())
+        guard = Guarded(server_command(args, port), log, env=server_env(model))
         base = f"http://127.0.0.1:{port}"
         self.server = Server(base, "", guard)
         try:

@@ -1,0 +1,299 @@
+"""``mtpbench trace-matrix``: every MTP architecture the installed vLLM can run here x {as vLLM drafts,
+with ``--force-spec-step-idx``}, one verdict per cell.
+
+Each architecture gets its synthetic checkpoint (``mtpbench.synth``, cached) and one engine in a worker
+process (``mtpbench.backends.vllm``), which loads it under ``mtpbench.load_check``, traces a short
+generation as the installed vLLM drafts, then again with ``spec_step_idx`` forced to the draft step.
+An architecture that fails to build or start becomes cells that say why; the matrix goes on.
+
+Every cell is checked against vLLM itself: vLLM's spec-decode counters must show drafts, each proposal
+must make k draft calls, and the layer that ran must be the one the model's own rule picks from what the
+predictor received (``spec_step_idx % L``, the default 0 when nothing was passed).
+
+Output: ``matrix.csv``, ``matrix.json``, ``matrix.md`` and ``matrix.png``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from mtpbench.errors import MtpBenchError
+
+DRAFTING = ("as installed", "forced")
+
+
+@dataclass
+class Cell:
+    """One architecture x one drafting, a row of matrix.csv."""
+
+    arch: str
+    mtp_class: str  # vLLM's registry key
+    target: str
+    drafting: str  # "as installed" or "forced" (spec_step_idx = draft step)
+    k: int
+    mtp_layers: int  # in the checkpoint
+    loaded_layers: int | None  # held by the engine's draft model
+    verdict: str  # a trace verdict, or "build failed" / "did not start"
+    layer_per_step: str  # the layer that ran at draft steps 0..k-1 ("0 1 0 1"; "all" = several in one call)
+    idx_received: str  # spec_step_idx the wrapper received at steps 0..k-1
+    evidence: str
+    error: str  # the exception text of a crash, a failed build or a failed start
+    load_ok: bool | None  # the load check: no missing parameter, no unused checkpoint tensor
+    load_problems: str
+    vllm_check: str  # "consistent" or what disagrees with vLLM's counters / the model's own rule
+    num_drafts: int
+    startup_s: float | None
+
+
+def _steps(records: list, k: int, attr: str) -> str:
+    out = []
+    for s in range(k):
+        vals = {("all" if getattr(r, attr) == -1 else str(getattr(r, attr))) for r in records if r.draft_step == s}
+        out.append("/".join(sorted(vals)) if vals else "-")
+    return " ".join(out)
+
+
+def vllm_check(records: list, num_layers: int, k: int, num_drafts: int, crash: str | None) -> str:
+    """What, if anything, disagrees with vLLM itself (see the module docstring)."""
+    from collections import Counter
+
+    from mtpbench.trace import ABSENT
+
+    if crash:
+        return "consistent" if records else "no draft call before the crash"
+    problems = []
+    if num_drafts <= 0:
+        problems.append("vLLM's counters show no drafts")
+    per_proposal = Counter((r.batch, r.proposal) for r in records)
+    odd = {n for n in per_proposal.values() if n != k}
+    if odd:
+        problems.append(f"proposals with {sorted(odd)} draft calls, not k = {k}")
+    for r in records:
+        if r.executed_layer in (None, -1):
+            continue
+        got = r.predictor_spec_step_idx
+        idx = 0 if got == ABSENT else got
+        if isinstance(idx, int) and idx % num_layers != r.executed_layer:
+            problems.append(f"step {r.draft_step}: the predictor received {got} but layer {r.executed_layer} ran "
+                            f"(the model's rule gives {idx % num_layers})")
+            break
+    return "; ".join(problems) or "consistent"
+
+
+def _cells_for(arch, k: int, L: int, data: dict | None, error: str, verdict: str) -> list[Cell]:
+    from mtpbench.trace import CallRecord, judge, loaded_vs_checkpoint
+
+    cells = []
+    check = (data or {}).get("load_check") or {}
+    problems = "; ".join([f"missing: {n}" for n in check.get("missing", [])] +
+                         [f"unused: {n}" for n in check.get("unexpected", [])])
+    base = dict(arch=arch.name, mtp_class=arch.mtp_class, target=arch.target, k=k, mtp_layers=L,
+                load_ok=check.get("ok"), load_problems=problems, startup_s=(data or {}).get("startup_s"))
+    if data is None:
+        return [Cell(drafting=d, loaded_layers=None, verdict=verdict, layer_per_step="", idx_received="",
+                     evidence="", error=error, vllm_check="", num_drafts=0, **base) for d in DRAFTING]
+    for drafting, tr in zip(DRAFTING, data["traces"]):
+        records = [CallRecord(**r) for r in tr["records"]]
+        n = tr["num_layers"]
+        bytes_ = data.get("layer_bytes", [])
+        v = judge(records, n, k, (bytes_ + [0] * n)[:n], tr["crash"], tr.get("crash_in_draft", True))
+        v.evidence += loaded_vs_checkpoint(L, n, bytes_)
+        cells.append(Cell(drafting=drafting, loaded_layers=n, verdict=v.verdict,
+                          layer_per_step=_steps(records, k, "executed_layer"),
+                          idx_received=_steps(records, k, "wrapper_spec_step_idx"), evidence=" | ".join(v.evidence),
+                          error=tr["crash"] or "", vllm_check=vllm_check(records, n, k, tr["num_drafts"], tr["crash"]),
+                          num_drafts=tr["num_drafts"], **base))
+    return cells
+
+
+def run_arch(arch, k: int | None, max_tokens: int, cpu: int | None) -> list[Cell]:
+    """Build (or reuse), start, load-check and trace one architecture; failures become cells."""
+    from dataclasses import asdict as as_dict
+
+    from mtpbench.backends.vllm import call_worker
+    from mtpbench.checkpoint import mtp_layer_bytes, num_mtp_layers
+    from mtpbench.prompts import prompt_set
+    from mtpbench.synth import cached
+
+    L = arch.mtp_layers
+    k = k or 2 * L
+    try:
+        model = cached(arch.name)
+    except Exception as e:  # a builder that fails is a cell, not a failed command
+        return _cells_for(arch, k, L, None, f"{type(e).__name__}: {e}"[:2000], "build failed")
+    mtp_dir = model / "draft" if arch.separate_draft else model
+    prompts = prompt_set("builtin", 1, model, "none").prompts
+    spec_cfg = {"method": arch.method, "num_speculative_tokens": k}
+    if arch.separate_draft:
+        spec_cfg["model"] = str(mtp_dir)
+    kwargs = {"model": str(model), "dtype": "bfloat16", "seed": 0, "disable_log_stats": False,
+              "max_model_len": 512, "max_num_seqs": 1, "enforce_eager": True, "speculative_config": spec_cfg,
+              **arch.engine_args}
+    spec = {"config": {"temperature": 0.0, "max_tokens": max_tokens, "batch_size": 1}, "k": k,
+            "engine_kwargs": kwargs, "trace_forces": [False, True], "load_check": True,
+            "prompts": [as_dict(p) for p in prompts]}
+    env = {}
+    if cpu is not None:  # engines in parallel: one core each
+        env["VLLM_CPU_OMP_THREADS_BIND"] = str(cpu)
+    try:
+        data = call_worker(spec, env=env, timeout=900)
+    except RuntimeError as e:
+        return _cells_for(arch, k, num_mtp_layers(mtp_dir), None, str(e)[:2000], "did not start")
+    data["layer_bytes"] = mtp_layer_bytes(mtp_dir)
+    return _cells_for(arch, k, num_mtp_layers(mtp_dir), data, "", "")
+
+
+def default_jobs() -> int:
+    """Engines side by side: one per core, as far as ~3 GiB of free memory each allows."""
+    try:
+        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        avail = 0
+    return max(1, min(os.cpu_count() or 1, int(avail // (3 << 30)) or 1))
+
+
+def run_matrix(names: list[str] | None, out: Path, k: int | None = None, jobs: int | None = None,
+               max_tokens: int = 12, on_cell=None) -> list[Cell]:
+    from mtpbench.backends.vllm import require_vllm
+    from mtpbench.config import check_writable
+    from mtpbench.synth import archs
+
+    version = require_vllm()
+    table = archs()
+    names = names or sorted(table)
+    unknown = [n for n in names if n not in table]
+    if unknown:
+        raise MtpBenchError(f"unknown architecture(s) {', '.join(unknown)}: choose from {', '.join(sorted(table))}")
+    if k is not None and k < 1:
+        raise MtpBenchError(f"--k must be >= 1, got {k}")
+    jobs = jobs or default_jobs()
+    if jobs < 1:
+        raise MtpBenchError(f"--jobs must be >= 1, got {jobs}")
+    out = Path(out)
+    check_writable(out)
+    t0 = time.perf_counter()
+    free = list(range(os.cpu_count() or 1))
+    import threading
+
+    lock = threading.Lock()
+
+    def one(name: str) -> list[Cell]:
+        with lock:
+            cpu = free.pop(0) if jobs > 1 and free else None
+        try:
+            cells = run_arch(table[name], k, max_tokens, cpu)
+        finally:
+            if cpu is not None:
+                with lock:
+                    free.append(cpu)
+        if on_cell:
+            for c in cells:
+                on_cell(c)
+        return cells
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        cells = [c for cs in pool.map(one, names) for c in cs]
+    wall = time.perf_counter() - t0
+    write_matrix(out, cells, version, wall, jobs)
+    return cells
+
+
+def write_matrix(out: Path, cells: list[Cell], version: str, wall_s: float, jobs: int) -> None:
+    import csv
+    import io
+
+    from mtpbench.environment import provenance
+    from mtpbench.report import write_json, write_text
+
+    out.mkdir(parents=True, exist_ok=True)
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=[f.name for f in fields(Cell)], lineterminator="\n")
+    w.writeheader()
+    for c in cells:
+        w.writerow({k: ("" if v is None else v) for k, v in asdict(c).items()})
+    write_text(out / "matrix.csv", buf.getvalue())
+    write_json(out / "matrix.json", {"vllm": version, "wall_s": round(wall_s, 1), "jobs": jobs,
+                                     "cells": [asdict(c) for c in cells], "provenance": provenance()})
+    write_text(out / "matrix.md", markdown(cells, version, wall_s, jobs))
+    plot(out / "matrix.png", cells, version)
+
+
+def rows(cells: list[Cell]) -> list[list]:
+    """One row per architecture: both draftings side by side."""
+    by: dict[str, dict[str, Cell]] = {}
+    for c in cells:
+        by.setdefault(c.arch, {})[c.drafting] = c
+    out = []
+    for arch, d in by.items():
+        first = next(iter(d.values()))
+        row = [arch, first.mtp_class, f"{first.loaded_layers if first.loaded_layers is not None else '?'}/{first.mtp_layers}"]
+        for drafting in DRAFTING:
+            c = d.get(drafting)
+            if c is None:
+                row.append("")
+                continue
+            text = c.verdict + (f" ({c.layer_per_step})" if c.layer_per_step else "")
+            if c.error and c.verdict in ("crashed", "engine error", "did not start", "build failed"):
+                text += f": {c.error.splitlines()[0][:90]}"
+            row.append(text)
+        load = first.load_ok
+        row.append("ok" if load else ("-" if load is None else first.load_problems[:80]))
+        checks = {c.vllm_check for c in d.values() if c.vllm_check}
+        row.append("; ".join(sorted(checks)) or "-")
+        out.append(row)
+    return out
+
+
+HEADERS = ["architecture", "vLLM MTP class", "layers loaded/ckpt", "as installed (layer per step)",
+           "forced spec_step_idx (layer per step)", "load check", "vs vLLM"]
+
+
+def markdown(cells: list[Cell], version: str, wall_s: float, jobs: int) -> str:
+    from tabulate import tabulate
+
+    k = cells[0].k if cells else "?"
+    head = (f"MTP layer matrix, vLLM {version}, k = {k} (2L), {len(set(c.arch for c in cells))} architectures, "
+            f"{wall_s:.0f} s with {jobs} engine(s) side by side\n\n")
+    return head + tabulate(rows(cells), headers=HEADERS, tablefmt="github") + "\n"
+
+
+COLORS = {"multi-module": "#7fc97f", "layer-0 reuse": "#fdc086", "swallowed": "#f0027f", "mismatch": "#e31a1c",
+          "multi-layer calls": "#80b1d3", "inconclusive": "#dddddd", "crashed": "#bf5b17",
+          "engine error": "#999999", "did not start": "#666666", "build failed": "#666666"}
+
+
+def plot(path: Path, cells: list[Cell], version: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    archs = list(dict.fromkeys(c.arch for c in cells))
+    fig, ax = plt.subplots(figsize=(11, 0.9 + 0.42 * len(archs)))
+    for i, arch in enumerate(archs):
+        for j, drafting in enumerate(DRAFTING):
+            c = next((c for c in cells if c.arch == arch and c.drafting == drafting), None)
+            if c is None:
+                continue
+            ax.add_patch(plt.Rectangle((j, i), 1, 1, color=COLORS.get(c.verdict, "white"), ec="white"))
+            text = c.verdict + (f"  [{c.layer_per_step}]" if c.layer_per_step else "")
+            if c.error and not c.layer_per_step:
+                text += f": {c.error.splitlines()[0][:48]}"
+            elif c.error:
+                text += f"  {c.error.splitlines()[0][:34]}"
+            ax.text(j + 0.02, i + 0.5, text, va="center", fontsize=7)
+    ax.set_xlim(0, 2)
+    ax.set_ylim(len(archs), 0)
+    ax.set_xticks([0.5, 1.5], ["as installed vLLM drafts", "forced spec_step_idx = draft step"])
+    ax.set_yticks([i + 0.5 for i in range(len(archs))],
+                  [f"{a} ({next(c.mtp_class for c in cells if c.arch == a)})" for a in archs], fontsize=7)
+    k = cells[0].k if cells else "?"
+    ax.set_title(f"Which MTP layer runs at each draft step: synthetic checkpoints on vLLM {version}, k = {k}; "
+                 "[layer at step 0..k-1]", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
