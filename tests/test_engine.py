@@ -1,3 +1,5 @@
+from collections import Counter
+
 import pytest
 import torch
 
@@ -86,33 +88,6 @@ def tiny_random_model(seed=0):
     return m.eval()
 
 
-@torch.inference_mode()
-def test_rejection_sampling_reproduces_target_distribution():
-    """(t1, t2) from speculative sampling (t2 passes through accept/reject) vs the exact target law."""
-    m = tiny_random_model()
-    prompt = [1, 3, 2]
-    N, T = 6000, 1.0
-    g = generate(m, [prompt] * N, 3, k=2, mode="reuse", temperature=T, seed=1)
-    tgt = m.target
-    logits = tgt.compute_logits(tgt(torch.tensor([prompt]), torch.arange(3)[None]))[0, -1]
-    p1 = torch.softmax(logits / T, -1)
-    exact = torch.zeros(4, 4)
-    for t1 in range(4):
-        ids = torch.tensor([prompt + [t1]])
-        l2 = tgt.compute_logits(tgt(ids, torch.arange(4)[None]))[0, -1]
-        exact[t1] = p1[t1] * torch.softmax(l2 / T, -1)
-    counts = torch.zeros(4, 4)
-    for toks in g.tokens:
-        counts[toks[0], toks[1]] += 1
-    expected = exact * N
-    chi2 = float(((counts - expected) ** 2 / expected).sum())
-    assert chi2 < 37.7  # chi-square, 15 degrees of freedom, p = 0.001
-    # the draft disagrees with the target often enough that the rejection path was exercised
-    accepted = sum(c.num_accepted_tokens for c in g.counts)
-    drafted = sum(c.num_draft_tokens for c in g.counts)
-    assert 0.1 < accepted / drafted < 0.95
-
-
 def test_per_sequence_counts_add_up_and_positions_follow_the_tokens(model, prompt_ids):
     """Each row's verify steps: positions start after the prefill token and advance by accepted + 1."""
     g = generate(model, prompt_ids, 40, k=3, mode="chain")
@@ -122,3 +97,132 @@ def test_per_sequence_counts_add_up_and_positions_follow_the_tokens(model, promp
         for (p0, a0), (p1, _) in zip(c.steps, c.steps[1:]):
             assert p1 == p0 + a0 + 1
         assert c.num_accepted_tokens_per_pos == [sum(a > i for _, a in c.steps) for i in range(3)]
+
+
+# -- the engine's drafts against a cache-free reference of the documented geometry ----------------------
+
+def record_draft_calls(g):
+    """Wrap the generation's drafter: per draft call, the output at its last slot and the draft token."""
+    calls, drafter = [], g.drafter
+    fwd, logits = drafter.forward, drafter.compute_logits
+
+    def forward(input_ids, positions, hidden_states, spec_step_idx=0, caches=None):
+        out = fwd(input_ids, positions, hidden_states, spec_step_idx, caches)
+        calls.append({"slot": int(positions[0, -1]), "hidden": out[0, -1].clone()})
+        return out
+
+    def compute_logits(h, spec_step_idx=0):
+        lg = logits(h, spec_step_idx)
+        calls[-1]["draft"] = int(lg[0].argmax())
+        return lg
+
+    drafter.forward, drafter.compute_logits = forward, compute_logits
+    return calls
+
+
+@torch.inference_mode()
+def reference_round(model, known: list[int], k: int, L: int):
+    """One round of drafting, computed from scratch with no cache (the engine module docstring's geometry).
+
+    Slot q of MTP layer j reads token x[q+1] and an input hidden state: for layer 0 the target's hidden
+    state at q while q <= n-2 (final), else the previous step's layer (L-1)'s output at q-1; for layer j > 0
+    layer j-1's output at q-1. Layer j attends over its slots j..q. Step s runs layer s mod L at slot n-2+s
+    and drafts argmax(lm_head(output)). Reuse is L = 1. Everything from earlier rounds is recomputed, so a
+    rejected draft cannot leak into this round: the reference of rollback."""
+    n = len(known)
+    tgt = model.target
+    H = tgt(torch.tensor([known]), torch.arange(n)[None])[0]  # cache-free causal pass
+    layers, embed = model.model.mtp_layers, model.model.embed_tokens
+    x = list(known)
+    drafts, hiddens, memo = [], [], {}
+
+    def run_layer(j: int, last: int) -> torch.Tensor:
+        """Layer j's outputs over slots j..last (row i = slot j + i); x[q+1] never changes once drafted."""
+        if (j, last) in memo:
+            return memo[j, last]
+        slots = list(range(j, last + 1))
+        if j == 0:
+            prev = torch.stack([H[q] if q <= n - 2 else run_layer(L - 1, q - 1)[q - 1 - (L - 1)] for q in slots])
+        else:
+            below = run_layer(j - 1, last - 1)  # slots j-1 .. last-1
+            prev = below[torch.tensor(slots) - 1 - (j - 1)]
+        tokens = torch.tensor([x[q + 1] for q in slots])
+        memo[j, last] = layers[j](embed(tokens)[None], torch.tensor(slots)[None], prev[None])[0]
+        return memo[j, last]
+
+    for s in range(k):
+        j, q = s % L, n - 2 + s
+        out = run_layer(j, q)[q - j]
+        d = int(model.lm_head(out).argmax())
+        drafts.append(d)
+        hiddens.append(out)
+        x.append(d)
+    return drafts, hiddens
+
+
+@pytest.mark.parametrize("mode,k", [("reuse", 3), ("chain", 4), ("chain", 2)])
+def test_drafts_and_hidden_states_follow_the_cache_free_reference(model, prompt_ids, mode, k):
+    """Per round and step: the engine's draft token and MTP output equal the reference's, over rounds that
+    include rejections (so stale provisional slots must have been rolled back)."""
+    from mtpbench.engine import Generation
+
+    prompt = prompt_ids[0][:40]
+    g = Generation(model, [prompt], 24, k, mode=mode)
+    calls = record_draft_calls(g)
+    L = 1 if mode == "reuse" else min(k, model.args.num_nextn_predict_layers)
+    rounds = []
+    emitted: list[int] = []
+    for i, new in enumerate(g):
+        if i > 0:  # a round: the k calls just made were drafted from prompt + emitted tokens so far
+            rounds.append((list(prompt) + emitted, calls[-k:]))
+        emitted += new[0]
+    assert len(calls) == k * len(rounds)
+    partial = [a for _, a in g.counts[0].steps if a < k]
+    assert partial and any(a > 0 for a in partial), "no round with a partial rejection: rollback untested"
+    for known, got in rounds:
+        drafts, hiddens = reference_round(model, known, k, L)
+        assert [c["slot"] for c in got] == [len(known) - 2 + s for s in range(k)]
+        assert [c["draft"] for c in got] == drafts
+        for c, h in zip(got, hiddens):
+            torch.testing.assert_close(c["hidden"], h, atol=2e-4, rtol=1e-3)
+
+
+def chi2_critical(dof: int, z: float = 3.09) -> float:
+    """Wilson-Hilferty approximation of the chi-square quantile (z = 3.09: p = 0.001)."""
+    a = 2 / (9 * dof)
+    return dof * (1 - a + z * a ** 0.5) ** 3
+
+
+@torch.inference_mode()
+def test_rejection_sampling_reproduces_the_target_law_at_every_position_and_the_bonus():
+    """k = 2, four tokens: t1 (prefill), t2 and t3 (draft positions 0 and 1, or the resample after a
+    rejection) and t4 (the bonus token when both drafts were accepted). Their joint law must be the
+    target's, whatever the drafter proposed."""
+    m = tiny_random_model()
+    prompt = [1, 3, 2]
+    N, T, V = 20000, 1.0, 4
+    g = generate(m, [prompt] * N, 4, k=2, mode="reuse", temperature=T, seed=2)
+    tgt = m.target
+    exact = torch.ones([V] * 4)
+    seqs = [[]]
+    for depth in range(4):  # p(t_{depth+1} | prompt, t_1..t_depth) for every prefix
+        ids = torch.tensor([prompt + s for s in seqs])
+        pos = torch.arange(ids.shape[1])[None].expand_as(ids)
+        probs = torch.softmax(tgt.compute_logits(tgt(ids, pos))[:, -1] / T, -1)
+        for s, p in zip(seqs, probs):
+            for t in range(V):
+                exact[tuple(s) + (t,) + (slice(None),) * (3 - depth)] *= p[t]
+        seqs = [s + [t] for s in seqs for t in range(V)]
+    counts = torch.zeros([V] * 4)
+    for toks in g.tokens:
+        counts[tuple(toks)] += 1
+    expected = (exact * N).flatten()
+    counts = counts.flatten()
+    big = expected >= 5
+    obs = torch.cat([counts[big], counts[~big].sum()[None]])
+    exp = torch.cat([expected[big], expected[~big].sum()[None]])
+    chi2 = float(((obs - exp) ** 2 / exp).sum())
+    assert chi2 < chi2_critical(len(obs) - 1), (chi2, len(obs))
+    # every path was exercised: rejection at position 0 and at position 1, and both accepted (bonus)
+    first_steps = Counter(c.steps[0][1] for c in g.counts)
+    assert all(first_steps[a] > N // 50 for a in (0, 1, 2)), first_steps
