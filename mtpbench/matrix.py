@@ -84,15 +84,33 @@ def vllm_check(records: list, num_layers: int, k: int, num_drafts: int, crash: s
     return "; ".join(problems) or "consistent"
 
 
-def _cells_for(arch, k: int, L: int, data: dict | None, error: str, verdict: str) -> list[Cell]:
+def load_verdict(check: dict, loaded_layers: int | None, hidden_layers: int) -> tuple[bool | None, str]:
+    """(ok, problems) of a load check. Tensors of MTP layers the engine did not build (vLLM caps MiMo-V2 at
+    one) are not a checkpoint fault: they are named as dropped at load, and the trace reports them too."""
+    from mtpbench.checkpoint import mtp_layer_of
+
+    if not check:
+        return None, ""
+    dropped, unused = [], []
+    for name in check.get("unexpected", []):
+        j = mtp_layer_of(name, hidden_layers)
+        (dropped if j is not None and loaded_layers is not None and j >= loaded_layers else unused).append(name)
+    problems = [f"missing: {n}" for n in check.get("missing", [])] + [f"unused: {n}" for n in unused]
+    if dropped:
+        layers = sorted({mtp_layer_of(n, hidden_layers) for n in dropped})
+        problems.append(f"dropped at load: MTP layer(s) {layers} ({len(dropped)} tensors)")
+    return not check.get("missing") and not unused, "; ".join(problems)
+
+
+def _cells_for(arch, k: int, L: int, data: dict | None, error: str, verdict: str, hidden_layers: int = 0) -> list[Cell]:
     from mtpbench.trace import CallRecord, judge, loaded_vs_checkpoint
 
     cells = []
     check = (data or {}).get("load_check") or {}
-    problems = "; ".join([f"missing: {n}" for n in check.get("missing", [])] +
-                         [f"unused: {n}" for n in check.get("unexpected", [])])
+    loaded = data["traces"][0]["num_layers"] if data and data.get("traces") else None
+    ok, problems = load_verdict(check, loaded, hidden_layers)
     base = dict(arch=arch.name, mtp_class=arch.mtp_class, target=arch.target, k=k, mtp_layers=L,
-                load_ok=check.get("ok"), load_problems=problems, startup_s=(data or {}).get("startup_s"))
+                load_ok=ok, load_problems=problems, startup_s=(data or {}).get("startup_s"))
     if data is None:
         return [Cell(drafting=d, loaded_layers=None, verdict=verdict, layer_per_step="", idx_received="",
                      evidence="", error=error, vllm_check="", num_drafts=0, **base) for d in DRAFTING]
@@ -115,7 +133,7 @@ def run_arch(arch, k: int | None, max_tokens: int, cpu: int | None) -> list[Cell
     from dataclasses import asdict as as_dict
 
     from mtpbench.backends.vllm import call_worker
-    from mtpbench.checkpoint import mtp_layer_bytes, num_mtp_layers
+    from mtpbench.checkpoint import mtp_layer_bytes, num_hidden_layers, num_mtp_layers, read_config
     from mtpbench.prompts import prompt_set
     from mtpbench.synth import cached
 
@@ -148,7 +166,8 @@ def run_arch(arch, k: int | None, max_tokens: int, cpu: int | None) -> list[Cell
     except RuntimeError as e:
         return _cells_for(arch, k, num_mtp_layers(mtp_dir), None, str(e)[:2000], "did not start")
     data["layer_bytes"] = mtp_layer_bytes(mtp_dir)
-    return _cells_for(arch, k, num_mtp_layers(mtp_dir), data, "", "")
+    hidden = num_hidden_layers(read_config(mtp_dir))
+    return _cells_for(arch, k, num_mtp_layers(mtp_dir), data, "", "", hidden)
 
 
 def default_jobs() -> int:
@@ -245,7 +264,8 @@ def rows(cells: list[Cell]) -> list[list]:
                 text += f": {c.error.splitlines()[0][:90]}"
             row.append(text)
         load = first.load_ok
-        row.append("ok" if load else ("-" if load is None else first.load_problems[:80]))
+        row.append(("ok" + (f" ({first.load_problems})" if first.load_problems else "")) if load
+                   else ("-" if load is None else first.load_problems[:80]))
         checks = {c.vllm_check for c in d.values() if c.vllm_check}
         row.append("; ".join(sorted(checks)) or "-")
         out.append(row)

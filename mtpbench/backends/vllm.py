@@ -94,12 +94,14 @@ def engine_env(model_dir=None) -> dict:
 
 
 def needs_torchvision_shim(model_dir) -> bool:
-    """vLLM's Qwen3.5 classes import transformers' vision processors, which import torchvision; with no
-    torchvision installed, a text-only engine of those architectures gets mtpbench's import shim
-    (synth/shims/torchvision). Never for other models: transformers would take the shim for the real one."""
+    """vLLM's classes for some architectures (Qwen3.5, GLM-OCR, MiMo-V2-Omni: ``Arch.needs_torchvision_stub``)
+    import transformers' vision processors, which import torchvision; with no torchvision installed, a
+    text-only engine of those gets mtpbench's import shim (synth/shims/torchvision). Never for other models:
+    transformers would take the shim for the real thing."""
     import importlib.util
 
     from mtpbench.checkpoint import read_config
+    from mtpbench.synth import archs
 
     if importlib.util.find_spec("torchvision") is not None:
         return False
@@ -107,7 +109,7 @@ def needs_torchvision_shim(model_dir) -> bool:
         arch = (read_config(Path(model_dir)).get("architectures") or [""])[0]
     except MtpBenchError:
         return False
-    return arch.startswith("Qwen3_5")
+    return arch in {a.target for a in archs().values() if a.needs_torchvision_stub}
 
 
 class VllmBackend:
