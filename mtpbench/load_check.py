@@ -10,7 +10,8 @@ For each load it:
 - records each checkpoint tensor the loader yields, and which of them a weight loader copied from
   (``Tensor.copy_`` / ``__setitem__`` sources, matched by storage, so slices and views count).
 
-A checkpoint tensor that no load of the engine consumed is *unexpected*; a parameter left NaN is *missing*.
+A checkpoint tensor that no load of the engine consumed is *unexpected*; a parameter left NaN is *missing*,
+unless the engine replaced it after loading with one of the target's (``after_build``).
 Buffers and vLLM's KV-cache scale parameters (which no checkpoint has to carry) are not counted.
 """
 
@@ -26,6 +27,7 @@ class LoadCheck:
         self.loads: list[dict] = []  # one per model load: class, params, missing
         self.yielded: dict[str, int] = {}  # checkpoint tensor name -> loads that saw it
         self.consumed: set[str] = set()
+        self._models: list = []  # the loaded models, in load order (not reported)
 
     def install(self) -> "LoadCheck":
         from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
@@ -84,8 +86,27 @@ class LoadCheck:
             missing = [n for n, p in model.named_parameters()
                        if p.is_floating_point() and not n.endswith(KV_SCALE_SUFFIXES) and bool(torch.isnan(p.data).any())]
             self.loads.append({"model": type(model).__name__, "params": sum(1 for _ in model.parameters()),
-                               "missing": sorted(missing)})
+                               "missing": sorted(missing), "shared_after_load": []})
+            self._models.append(model)
             keep.clear()
+
+    def after_build(self, target) -> None:
+        """A parameter left unwritten at load that the engine then replaced by the target's own (vLLM's
+        proposer shares embeddings and heads with the draft model, e.g. HY-V3's per-layer heads) is not
+        missing: it is moved to ``shared_after_load``."""
+        import torch
+
+        target_params = {id(p) for p in target.parameters()}
+        for load, model in zip(self.loads, self._models):
+            if model is target:
+                continue
+            now = dict(model.named_parameters(remove_duplicate=False))
+            still = []
+            for name in load["missing"]:
+                p = now.get(name)
+                shared = p is not None and (id(p) in target_params or not bool(torch.isnan(p.data).any()))
+                (load["shared_after_load"] if shared else still).append(name)
+            load["missing"] = still
 
     def report(self) -> dict:
         unexpected = sorted(n for n in self.yielded if n not in self.consumed)

@@ -353,6 +353,8 @@ def worker(spec_path: str, result_path: str) -> None:
         t0 = time.perf_counter()
         llm = LLM(**kwargs)
         startup = time.perf_counter() - t0
+        if check is not None and spec["k"] > 0:
+            check.after_build(engine_models(llm)[1])
         prompts = [Prompt(**p) for p in spec["prompts"]]
         force = spec["config"].get("force_spec_step_idx", False)
         if spec.get("trace_forces"):  # trace-matrix: one engine, traced as it drafts and then forced

@@ -1,4 +1,6 @@
-"""DeepSeek-V3 and the architectures that share its MTP layout (decoder layer n + i plus enorm, hnorm,
+"""(Agents building synth families: read mtpbench/synth/READ_ME_FIRST_helpers.md first.)
+
+DeepSeek-V3 and the architectures that share its MTP layout (decoder layer n + i plus enorm, hnorm,
 eh_proj, shared_head): GLM-4.5, GLM-4-MoE-Lite."""
 
 from __future__ import annotations

