@@ -82,6 +82,13 @@ def num_mtp_layers(model_dir: Path) -> int:
     return value
 
 
+def drafter_layers(model_dir: Path) -> int:
+    """The MTP layers of a drafter in a checkpoint of its own (Gemma 4's assistant): the count it declares,
+    else all its decoder layers."""
+    n = num_mtp_layers(model_dir)
+    return n or num_hidden_layers(read_config(model_dir))
+
+
 def no_mtp_layers(model_dir: Path) -> MtpBenchError:
     return MtpBenchError(f"{model_dir} has no MTP layers (num_nextn_predict_layers is 0 or missing)")
 

@@ -68,6 +68,12 @@ class SweepConfig:
         """The checkpoint that holds the MTP layers: the separate draft model's, else the model's."""
         return resolve_model_dir(self.draft_model) if self.draft_model else self.model_dir
 
+    def num_mtp_layers(self) -> int:
+        """MTP layers of the drafter: the checkpoint's count, or every layer of a separate draft model."""
+        from mtpbench.checkpoint import drafter_layers, num_mtp_layers
+
+        return drafter_layers(self.mtp_dir) if self.draft_model else num_mtp_layers(self.model_dir)
+
     def to_json(self) -> dict:
         """JSON-safe: tuples as lists, an infinite request rate as the string "inf"."""
         def safe(v):

@@ -52,7 +52,9 @@ class Cell:
 def _steps(records: list, k: int, attr: str) -> str:
     out = []
     for s in range(k):
-        vals = {("all" if getattr(r, attr) == -1 else str(getattr(r, attr))) for r in records if r.draft_step == s}
+        # "all": several layers in one call; "!": the call raised before any layer ran
+        vals = {{-1: "all", None: "!"}.get(getattr(r, attr), str(getattr(r, attr))) for r in records
+                if r.draft_step == s}
         out.append("/".join(sorted(vals)) if vals else "-")
     return " ".join(out)
 
@@ -133,7 +135,7 @@ def run_arch(arch, k: int | None, max_tokens: int, cpu: int | None) -> list[Cell
     from dataclasses import asdict as as_dict
 
     from mtpbench.backends.vllm import call_worker
-    from mtpbench.checkpoint import mtp_layer_bytes, num_hidden_layers, num_mtp_layers, read_config
+    from mtpbench.checkpoint import drafter_layers, mtp_layer_bytes, num_hidden_layers, num_mtp_layers, read_config
     from mtpbench.prompts import prompt_set
     from mtpbench.synth import cached
 
@@ -144,6 +146,7 @@ def run_arch(arch, k: int | None, max_tokens: int, cpu: int | None) -> list[Cell
     except Exception as e:  # a builder that fails is a cell, not a failed command
         return _cells_for(arch, k, L, None, f"{type(e).__name__}: {e}"[:2000], "build failed")
     mtp_dir = model / "draft" if arch.separate_draft else model
+    declared = drafter_layers(mtp_dir) if arch.separate_draft else num_mtp_layers(mtp_dir)
     prompts = prompt_set("builtin", 1, model, "none").prompts
     spec_cfg = {"method": arch.method, "num_speculative_tokens": k}
     if arch.separate_draft:
@@ -164,10 +167,10 @@ def run_arch(arch, k: int | None, max_tokens: int, cpu: int | None) -> list[Cell
                                timeout=900)
             data["traces"] += rest["traces"]
     except RuntimeError as e:
-        return _cells_for(arch, k, num_mtp_layers(mtp_dir), None, str(e)[:2000], "did not start")
+        return _cells_for(arch, k, declared, None, str(e)[:2000], "did not start")
     data["layer_bytes"] = mtp_layer_bytes(mtp_dir)
     hidden = num_hidden_layers(read_config(mtp_dir))
-    return _cells_for(arch, k, num_mtp_layers(mtp_dir), data, "", "", hidden)
+    return _cells_for(arch, k, declared, data, "", "", hidden)
 
 
 def default_jobs() -> int:
@@ -272,6 +275,11 @@ def rows(cells: list[Cell]) -> list[list]:
     return out
 
 
+def k_text(cells: list[Cell]) -> str:
+    ks = sorted({c.k for c in cells})
+    return str(ks[0]) if len(ks) == 1 else "2L per architecture (" + ", ".join(map(str, ks)) + ")"
+
+
 HEADERS = ["architecture", "vLLM MTP class", "layers loaded/ckpt", "as installed (layer per step)",
            "forced spec_step_idx (layer per step)", "load check", "vs vLLM"]
 
@@ -279,8 +287,7 @@ HEADERS = ["architecture", "vLLM MTP class", "layers loaded/ckpt", "as installed
 def markdown(cells: list[Cell], version: str, wall_s: float, jobs: int) -> str:
     from tabulate import tabulate
 
-    k = cells[0].k if cells else "?"
-    head = (f"MTP layer matrix, vLLM {version}, k = {k} (2L), {len(set(c.arch for c in cells))} architectures, "
+    head = (f"MTP layer matrix, vLLM {version}, k = {k_text(cells)}, {len(set(c.arch for c in cells))} architectures, "
             f"{wall_s:.0f} s with {jobs} engine(s) side by side\n\n")
     return head + tabulate(rows(cells), headers=HEADERS, tablefmt="github") + "\n"
 
@@ -305,19 +312,18 @@ def plot(path: Path, cells: list[Cell], version: str) -> None:
                 continue
             ax.add_patch(plt.Rectangle((j, i), 1, 1, color=COLORS.get(c.verdict, "white"), ec="white"))
             text = c.verdict + (f"  [{c.layer_per_step}]" if c.layer_per_step else "")
-            if c.error and not c.layer_per_step:
-                text += f": {c.error.splitlines()[0][:48]}"
-            elif c.error:
-                text += f"  {c.error.splitlines()[0][:34]}"
+            if c.error:
+                text += f"  {c.error.splitlines()[0][:60]}"
             ax.text(j + 0.02, i + 0.5, text, va="center", fontsize=7)
     ax.set_xlim(0, 2)
     ax.set_ylim(len(archs), 0)
     ax.set_xticks([0.5, 1.5], ["as installed vLLM drafts", "forced spec_step_idx = draft step"])
     ax.set_yticks([i + 0.5 for i in range(len(archs))],
                   [f"{a} ({next(c.mtp_class for c in cells if c.arch == a)})" for a in archs], fontsize=7)
-    k = cells[0].k if cells else "?"
-    ax.set_title(f"Which MTP layer runs at each draft step: synthetic checkpoints on vLLM {version}, k = {k}; "
-                 "[layer at step 0..k-1]", fontsize=9)
-    fig.tight_layout()
+    ax.set_title(f"Which MTP layer runs at each draft step: synthetic checkpoints on vLLM {version}, "
+                 f"k = {k_text(cells)}", fontsize=9)
+    fig.text(0.01, 0.005, "[layer that ran at draft step 0..k-1]  all: several layers in one call;  !: the call raised "
+             "before a layer ran;  -: no call", fontsize=7)
+    fig.tight_layout(rect=(0, 0.02, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)

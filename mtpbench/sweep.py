@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Callable
 
 from mtpbench.backends import get_backend
-from mtpbench.checkpoint import num_mtp_layers
 from mtpbench.config import SweepConfig, validate
 from mtpbench.environment import environment, provenance
 from mtpbench.errors import MtpBenchError
@@ -51,7 +50,7 @@ def grid(cfg: SweepConfig, checkpoint_layers: int | None, attached_k: int | None
 
 
 def run_sweep(cfg: SweepConfig, on_point: Callable[[int, int, str], None] | None = None) -> list[PointResult]:
-    n_layers = None if cfg.server else num_mtp_layers(cfg.mtp_dir)  # an attached server's model is remote
+    n_layers = None if cfg.server else cfg.num_mtp_layers()  # an attached server's model is remote
     validate(cfg, n_layers)
     pset = sweep_prompts(cfg)
     psets = {x: sweep_prompts(cfg, x) if x else pset for x in sorted(set(cfg.context_tokens)) or [None]}

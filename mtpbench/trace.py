@@ -351,8 +351,13 @@ def judge(records: list[CallRecord], num_layers: int, k: int, layer_bytes: list[
 
 
 def loaded_vs_checkpoint(checkpoint_layers: int, loaded_layers: int, layer_bytes: list[int]) -> list[str]:
-    """A line naming the MTP layers the checkpoint declares but the engine did not load, with their bytes."""
-    if loaded_layers >= checkpoint_layers:
+    """A line naming the MTP layers the checkpoint declares but the engine did not load, with their bytes
+    (or saying that the engine's blocks are finer than the checkpoint's MTP layers)."""
+    if loaded_layers > checkpoint_layers:
+        return [f"the draft model holds {loaded_layers} blocks for the checkpoint's {checkpoint_layers} MTP layer(s): "
+                "an MTP layer is made of several blocks here (e.g. Nemotron-H's mtp_hybrid_override_pattern), so "
+                "a 'layer' of this trace is one block"]
+    if loaded_layers == checkpoint_layers:
         return []
     dropped = list(range(loaded_layers, checkpoint_layers))
     size = sum(layer_bytes[j] for j in dropped if j < len(layer_bytes))
@@ -446,11 +451,11 @@ def run_trace(cfg, k: int, mode: str = "reuse", backend=None) -> dict:
     from mtpbench.backends import get_backend
     from mtpbench.config import validate
     from mtpbench.prompts import prompt_set
-    from mtpbench.checkpoint import mtp_layer_bytes, num_mtp_layers
+    from mtpbench.checkpoint import mtp_layer_bytes
     from mtpbench.report import write_json, write_text
     from mtpbench.environment import provenance
 
-    n_layers = num_mtp_layers(cfg.mtp_dir)
+    n_layers = cfg.num_mtp_layers()
     if k < 1:
         raise MtpBenchError(f"--k must be >= 1 to trace drafting, got {k}")
     validate(cfg, n_layers)

@@ -196,3 +196,5 @@ def test_layers_dropped_at_load_are_named_with_their_bytes():
     assert loaded_vs_checkpoint(2, 2, [5, 7]) == []
     line, = loaded_vs_checkpoint(3, 1, [5, 7, 11])
     assert "declares 3 MTP layers but the engine loaded 1" in line and "[1, 2] (18 bytes" in line
+    line, = loaded_vs_checkpoint(1, 2, [5])
+    assert "2 blocks for the checkpoint's 1 MTP layer" in line

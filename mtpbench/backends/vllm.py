@@ -23,7 +23,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from mtpbench.checkpoint import derived_checkpoint, mtp_layer_bytes, num_mtp_layers
+from mtpbench.checkpoint import derived_checkpoint, mtp_layer_bytes
 from mtpbench.config import SweepConfig
 from mtpbench.errors import MtpBenchError
 from mtpbench.metrics import BatchRecord, GridPoint, PointRun, RequestRecord
@@ -141,9 +141,9 @@ class VllmBackend:
             if problem:
                 raise RuntimeError(problem)
             if cfg.draft_model:
-                if mtp_layers != num_mtp_layers(cfg.mtp_dir):
+                if mtp_layers != cfg.num_mtp_layers():
                     raise RuntimeError(f"--mtp-layers {mtp_layers}: a separate draft checkpoint runs whole "
-                                       f"({num_mtp_layers(cfg.mtp_dir)} MTP layers)")
+                                       f"({cfg.num_mtp_layers()} layers)")
             else:
                 model = str(derived_checkpoint(cfg.model_dir, mtp_layers))
         kwargs = engine_kwargs(cfg, model, k)

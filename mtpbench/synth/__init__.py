@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import threading
 from pathlib import Path
 
 from mtpbench.errors import MtpBenchError
@@ -115,6 +116,9 @@ def build(arch: str | Arch, out: Path, mtp_layers: int | None = None) -> Path:
     return out
 
 
+_BUILD_LOCK = threading.Lock()  # one build at a time: transformers' lazy module is not thread-safe
+
+
 def cached(arch: str | Arch, mtp_layers: int | None = None) -> Path:
     """The checkpoint from the cache (~/.cache/mtpbench/synth), built on first use; keyed by the builders'
     source, so a changed builder rebuilds."""
@@ -122,7 +126,8 @@ def cached(arch: str | Arch, mtp_layers: int | None = None) -> Path:
     n = arch.mtp_layers if mtp_layers is None else mtp_layers
     root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mtpbench" / "synth"
     out = root / f"{arch.name}-mtp{n}-{_source_hash()}"
-    if not (out / "config.json").exists():
-        root.mkdir(parents=True, exist_ok=True)
-        build(arch, out, n)
+    with _BUILD_LOCK:
+        if not (out / "config.json").exists():
+            root.mkdir(parents=True, exist_ok=True)
+            build(arch, out, n)
     return out

@@ -1,6 +1,4 @@
-"""(Agents building synth families: read mtpbench/synth/READ_ME_FIRST_helpers.md first.)
-
-Ling / Ring (inclusionAI "Bailing") hybrid models with MTP: Bailing-MoE-V2.5 (``BailingMoeV2_5ForCausalLM``,
+"""Ling / Ring (inclusionAI "Bailing") hybrid models with MTP: Bailing-MoE-V2.5 (``BailingMoeV2_5ForCausalLM``,
 drafted by ``BailingMoeV25MTPModel``) and Bailing-MoE-V3 (``BailingMoeV3ForCausalLM``, drafted by
 ``BailingMoeV3MTPModel``).
 

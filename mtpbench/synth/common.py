@@ -1,6 +1,4 @@
-"""(Agents building synth families: read mtpbench/synth/READ_ME_FIRST_helpers.md first.)
-
-What every synthetic builder shares: a tiny transformers model of the target architecture (its tensor
+"""What every synthetic builder shares: a tiny transformers model of the target architecture (its tensor
 names are the checkpoint names vLLM's loaders expect), the tokenizer, and the writer.
 
 Weights are random (seed 0, the architecture's own initialiser: normal(0, 0.02) for matrices, norms at

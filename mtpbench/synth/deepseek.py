@@ -1,7 +1,5 @@
-"""(Agents building synth families: read mtpbench/synth/READ_ME_FIRST_helpers.md first.)
-
-DeepSeek-V3 and the architectures that share its MTP layout (decoder layer n + i plus enorm, hnorm,
-eh_proj, shared_head): GLM-4.5, GLM-4-MoE-Lite."""
+"""DeepSeek-V3: MTP layer i is decoder layer n + i plus enorm, hnorm, eh_proj and shared_head (the layout
+GLM's models share, glm.py), with MLA attention and a sigmoid-routed MoE."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""(Agents building synth families: read mtpbench/synth/READ_ME_FIRST_helpers.md first.)
-
-ERNIE-4.5 (MoE): target Ernie4_5_MoeForCausalLM, drafter vllm ernie_mtp.py ErnieMTP. The checkpoint keeps
+"""ERNIE-4.5 (MoE): target Ernie4_5_MoeForCausalLM, drafter vllm ernie_mtp.py ErnieMTP. The checkpoint keeps
 the MTP layer i in flat blocks ``model.mtp_emb_norm.<i>``, ``model.mtp_hidden_norm.<i>``,
 ``model.mtp_linear_proj.<i>`` (2H -> H, over [norm(embed), norm(hidden)]) and ``model.mtp_block.<i>`` (a
 Llama-style dense decoder layer); embed_tokens and lm_head are the target's. vLLM's mapper rewrites only

@@ -1,6 +1,4 @@
-"""(Agents building synth families: read mtpbench/synth/READ_ME_FIRST_helpers.md first.)
-
-EXAONE's MTP layout (vllm exaone_moe_mtp.py, shared by exaone4_5_mtp.py): the draft's tensors live under
+"""EXAONE's MTP layout (vllm exaone_moe_mtp.py, shared by exaone4_5_mtp.py): the draft's tensors live under
 ``mtp.`` - ``mtp.fc`` (2H -> H, over [norm(embed), norm(hidden)]), ``mtp.pre_fc_norm_embedding``,
 ``mtp.pre_fc_norm_hidden``, ``mtp.layers.<i>`` (an ordinary dense decoder layer of the target, indexed from
 0) and ``mtp.norm``; embed_tokens and lm_head are the target's.

@@ -1,6 +1,4 @@
-"""(Agents building synth families: read mtpbench/synth/READ_ME_FIRST_helpers.md first.)
-
-Gemma 4 (``Gemma4ForCausalLM``, transformers' ``gemma4_text``) and its MTP drafter, the separate "assistant"
+"""Gemma 4 (``Gemma4ForCausalLM``, transformers' ``gemma4_text``) and its MTP drafter, the separate "assistant"
 checkpoint (``gemma4_assistant``: ``Gemma4AssistantForCausalLM``), which vLLM loads as ``Gemma4MTPModel``
 (speculative method ``mtp`` with ``speculative_config["model"]`` = the assistant; vllm/config/speculative.py
 rewrites ``gemma4_assistant`` to ``gemma4_mtp``).

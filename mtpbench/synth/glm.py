@@ -1,6 +1,4 @@
-"""(Agents building synth families: read mtpbench/synth/READ_ME_FIRST_helpers.md first.)
-
-Zhipu GLM with DeepSeek-V3's MTP layout (MTP layer i is decoder layer N + i plus enorm, hnorm, eh_proj,
+"""Zhipu GLM with DeepSeek-V3's MTP layout (MTP layer i is decoder layer N + i plus enorm, hnorm, eh_proj,
 shared_head): GLM-4.5 (Glm4Moe, GQA + MoE), GLM-4-MoE-Lite (GLM-4.7-Flash: MLA + MoE) and GLM-OCR (a dense
 GLM-4 text model inside a vision-language wrapper)."""
 

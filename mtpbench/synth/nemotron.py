@@ -1,6 +1,4 @@
-"""(Agents building synth families: read mtpbench/synth/READ_ME_FIRST_helpers.md first.)
-
-NVIDIA Nemotron-H (``NemotronHForCausalLM``, transformers' ``nemotron_h``: a hybrid of Mamba-2, attention and
+"""NVIDIA Nemotron-H (``NemotronHForCausalLM``, transformers' ``nemotron_h``: a hybrid of Mamba-2, attention and
 latent-free MoE layers) and its MTP (``NemotronHMTPModel``).
 
 Nemotron-H's MTP is *one* step module (vLLM asserts ``num_nextn_predict_layers == 1``) made of the

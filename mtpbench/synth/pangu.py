@@ -1,6 +1,4 @@
-"""(Agents building synth families: read mtpbench/synth/READ_ME_FIRST_helpers.md first.)
-
-openPangu Ultra MoE (``PanguUltraMoEForCausalLM``, model_type ``pangu_ultra_moe``) and its MTP
+"""openPangu Ultra MoE (``PanguUltraMoEForCausalLM``, model_type ``pangu_ultra_moe``) and its MTP
 (``OpenPanguMTPModel``): DeepSeek-V3's layout (MLA, sigmoid-routed MoE with a correction bias, MTP layer i
 = decoder layer n + i with enorm, hnorm, eh_proj, shared_head).
 

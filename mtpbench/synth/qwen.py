@@ -1,6 +1,4 @@
-"""(Agents building synth families: read mtpbench/synth/READ_ME_FIRST_helpers.md first.)
-
-Qwen3-Next, Qwen3.5 and Qwen3.5-MoE: hybrid targets (gated-delta-net "linear_attention" layers with a
+"""Qwen3-Next, Qwen3.5 and Qwen3.5-MoE: hybrid targets (gated-delta-net "linear_attention" layers with a
 gated full-attention layer every fourth) whose MTP module is a checkpoint section of its own, ``mtp.*``:
 
 - ``mtp.fc`` (2H -> H, over [norm(embedding), norm(hidden)]), ``mtp.pre_fc_norm_embedding``,
