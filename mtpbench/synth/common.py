@@ -34,9 +34,11 @@ class Arch:
     note: str = ""
 
 
-def transformers_tensors(config_class: str, **kwargs) -> tuple[dict, dict]:
+def transformers_tensors(config_class: str, model_class: str | None = None, **kwargs) -> tuple[dict, dict]:
     """(config dict, tensors) of a randomly initialised transformers model, as save_pretrained writes them
-    (save_pretrained undoes transformers' in-memory fusions, so the names are the checkpoint's)."""
+    (save_pretrained undoes transformers' in-memory fusions, so the names are the checkpoint's).
+    ``model_class``: a transformers class name, for configs AutoModelForCausalLM does not map (vision-language
+    wrappers); default AutoModelForCausalLM."""
     import torch
     import transformers
     from safetensors.torch import load_file
@@ -44,7 +46,10 @@ def transformers_tensors(config_class: str, **kwargs) -> tuple[dict, dict]:
 
     cfg = getattr(transformers, config_class)(**kwargs)
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    if model_class:
+        model = getattr(transformers, model_class)(cfg).to(torch.bfloat16)
+    else:
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
     with tempfile.TemporaryDirectory() as tmp:
         model.save_pretrained(tmp)
         config = json.loads((Path(tmp) / "config.json").read_text())

@@ -59,28 +59,6 @@ def build_exaone_moe(out: Path, n_mtp: int) -> None:
     write_checkpoint(out, config, tensors)
 
 
-def _vlm_tensors(config_class: str, model_class: str, **kwargs) -> tuple[dict, dict]:
-    """common.transformers_tensors for a model AutoModelForCausalLM does not map (a vision-language model):
-    the named transformers class, saved with save_pretrained."""
-    import json
-    import tempfile
-
-    import torch
-    import transformers
-    from safetensors.torch import load_file
-
-    cfg = getattr(transformers, config_class)(**kwargs)
-    torch.manual_seed(0)
-    model = getattr(transformers, model_class)(cfg).to(torch.bfloat16)
-    with tempfile.TemporaryDirectory() as tmp:
-        model.save_pretrained(tmp)
-        config = json.loads((Path(tmp) / "config.json").read_text())
-        tensors = {}
-        for shard in sorted(Path(tmp).glob("*.safetensors")):
-            tensors.update(load_file(str(shard)))
-    return config, tensors
-
-
 def build_exaone_4_5(out: Path, n_mtp: int) -> None:
     # global attention only, for the same KV-cache-group reason as EXAONE-MoE (the MTP layer i takes
     # text_config.layer_types[i])
@@ -88,7 +66,7 @@ def build_exaone_4_5(out: Path, n_mtp: int) -> None:
     text = dict(vocab_size=VOCAB, num_hidden_layers=n, layer_types=["full_attention"] * n, **ATTN)
     vision = dict(depth=1, hidden_size=64, intermediate_size=128, num_heads=2, num_key_value_heads=1,
                   out_hidden_size=H, fullatt_block_indexes=[0])
-    config, tensors = _vlm_tensors("Exaone4_5_Config", "Exaone4_5_ForConditionalGeneration",
+    config, tensors = transformers_tensors("Exaone4_5_Config", "Exaone4_5_ForConditionalGeneration",
                                    text_config=text, vision_config=vision)
     # text-only engine (limit_mm_per_prompt 0): vLLM builds no vision tower and leaves its tensors unread,
     # so the checkpoint carries none (the config keeps vision_config, which the class reads)

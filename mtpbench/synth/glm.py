@@ -46,33 +46,11 @@ def _build_glm4_moe_lite(out: Path, n_mtp: int) -> None:
     write_checkpoint(out, config, tensors)
 
 
-def _vlm_tensors(config_class: str, model_class: str, **kwargs) -> tuple[dict, dict]:
-    """transformers_tensors for a vision-language model (no AutoModelForCausalLM mapping): (config dict,
-    tensors) as save_pretrained writes them. A local twin of common.transformers_tensors."""
-    import json
-    import tempfile
-
-    import torch
-    import transformers
-    from safetensors.torch import load_file
-
-    cfg = getattr(transformers, config_class)(**kwargs)
-    torch.manual_seed(0)
-    model = getattr(transformers, model_class)(cfg).to(torch.bfloat16)
-    with tempfile.TemporaryDirectory() as tmp:
-        model.save_pretrained(tmp)
-        config = json.loads((Path(tmp) / "config.json").read_text())
-        tensors = {}
-        for shard in sorted(Path(tmp).glob("*.safetensors")):
-            tensors.update(load_file(str(shard)))
-    return config, tensors
-
-
 def _build_glm_ocr(out: Path, n_mtp: int) -> None:
     # GLM-OCR: a dense GLM-4 text model (sandwich norms, fused gate_up_proj) under model.language_model,
     # run text only: every modality is limited to 0, so vLLM never builds the vision tower and no vision
     # tensor is written. MTP layer i is text layer N + i plus DeepSeek-V3's extras.
-    config, tensors = _vlm_tensors(
+    config, tensors = transformers_tensors(
         "GlmOcrConfig", "GlmOcrForConditionalGeneration",
         text_config=dict(vocab_size=VOCAB, hidden_size=H, intermediate_size=256, num_hidden_layers=N + n_mtp,
                          num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=2048),
