@@ -72,6 +72,7 @@ class SweepConfig:
         """MTP layers of the drafter: the checkpoint's count, or every layer of a separate draft model."""
         from mtpbench.checkpoint import drafter_layers, num_mtp_layers
 
+        check_draft_model(self)
         return drafter_layers(self.mtp_dir) if self.draft_model else num_mtp_layers(self.model_dir)
 
     def to_json(self) -> dict:
@@ -212,16 +213,20 @@ def validate(cfg: SweepConfig, checkpoint_layers: int | None) -> None:
     if cfg.backend == "vllm" and cfg.force_spec_step_idx and cfg.tensor_parallel_size > 1:
         raise MtpBenchError("--force-spec-step-idx needs the vLLM engine in one process: "
                             f"use tensor_parallel_size 1 (got {cfg.tensor_parallel_size})")
-    if cfg.draft_model:
-        if cfg.backend == "native":
-            raise MtpBenchError("--draft-model is a vLLM speculative_config model: use --backend vllm or vllm-server")
-        if not (Path(cfg.draft_model) / "config.json").is_file():
-            raise MtpBenchError(f"--draft-model {cfg.draft_model}: no config.json there")
+    check_draft_model(cfg)
     if cfg.engine_args.get("disable_log_stats"):
         raise MtpBenchError("--engine-arg disable_log_stats=true would switch off the spec-decode counters "
                             "mtpbench reads: leave it out")
     validate_serving(cfg)
     check_writable(Path(cfg.out))
+
+
+def check_draft_model(cfg: SweepConfig) -> None:
+    if cfg.draft_model:
+        if cfg.backend == "native":
+            raise MtpBenchError("--draft-model is a vLLM speculative_config model: use --backend vllm or vllm-server")
+        if not (Path(cfg.draft_model) / "config.json").is_file():
+            raise MtpBenchError(f"--draft-model {cfg.draft_model}: no config.json there")
 
 
 def validate_serving(cfg: SweepConfig) -> None:

@@ -505,7 +505,9 @@ def run_trace(cfg, k: int, mode: str = "reuse", backend=None) -> dict:
                "acceptance_by_layer": attribution, "num_drafts": drafts,
                "config": cfg.to_json(), "provenance": provenance()}
     write_json(out / "trace.json", summary)
-    engine = f"vLLM {provenance_versions(summary)}" if cfg.backend == "vllm" else "mtpbench native"
+    from mtpbench import __version__
+
+    engine = f"vLLM {provenance_versions(summary)}" if cfg.backend == "vllm" else f"mtpbench {__version__} native"
     heatmap(out / "layers.png", records, data["num_layers"], k,
             f"{model_label(cfg.model_dir)} on {engine} ({mode}, k={k}): {v.verdict}")
     return json.loads((out / "trace.json").read_text())

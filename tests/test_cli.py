@@ -30,11 +30,14 @@ def bad_inputs(tmp_path, no_mtp_model):
         "no MTP layers": ([str(no_mtp_model)], "has no MTP layers"),
         "malformed prompts": (["--prompts", str(bad_jsonl)], "bad.jsonl:2: not valid JSON"),
         "unwritable out": (["--out", str(a_file / "sub")], "output directory is not writable"),
+        "draft model with native": (["--draft-model", str(tmp_path)], "--draft-model is a vLLM speculative_config"),
+        "draft model not a checkpoint": (["--backend", "vllm", "--draft-model", str(tmp_path)], "no config.json there"),
     }
 
 
 @pytest.mark.parametrize("case", ["negative k", "too many layers", "unknown profile", "unknown mode",
-                                  "missing model", "no MTP layers", "malformed prompts", "unwritable out"])
+                                  "missing model", "no MTP layers", "malformed prompts", "unwritable out",
+                                  "draft model with native", "draft model not a checkpoint"])
 def test_bad_input_one_line_exit_2_nothing_written(tmp_path, no_mtp_model, case):
     args, message = bad_inputs(tmp_path, no_mtp_model)[case]
     out = tmp_path / "out"

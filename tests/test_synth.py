@@ -168,3 +168,15 @@ def test_trace_layers_synthetic(tmp_path):
     s = json.loads((out / "trace.json").read_text())
     assert s["verdict"] == "layer-0 reuse" and s["structure"]["wrapper"] == "DeepSeekMTP"
     assert s["unused_layers"] == [1] and s["dropped_at_load"] == []
+
+
+def test_a_separate_drafter_through_draft_model(tmp_path):
+    """Gemma 4's assistant is a checkpoint of its own: --synthetic passes it as --draft-model
+    (speculative_config["model"]); its layers count as the drafter's MTP layers."""
+    out = tmp_path / "g"
+    r = runner.invoke(app, ["trace-layers", "--synthetic", "gemma-4", "--k", "2", "--num-prompts", "1",
+                            "--max-tokens", "6", "--max-model-len", "256", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    s = json.loads((out / "trace.json").read_text())
+    assert s["config"]["draft_model"].endswith("/draft") and s["structure"]["wrapper"] == "Gemma4MTP"
+    assert s["verdict"] == "multi-layer calls" and s["checkpoint_mtp_layers"] == 2
