@@ -96,13 +96,17 @@ def no_mtp_layers(model_dir: Path) -> MtpBenchError:
 def mtp_layer_of(name: str, num_hidden_layers: int) -> int | None:
     """Which MTP layer a checkpoint tensor belongs to, across the naming schemes MTP models use."""
     parts = name.split(".")
-    for prefix in (["model", "mtp_layers"], ["mtp", "layers"], ["model", "mtp", "layers"]):  # MiMo, Qwen3-Next/3.5
+    for prefix in (["model", "mtp_layers"], ["mtp", "layers"], ["model", "mtp", "layers"],  # MiMo, Qwen, MiMo-V2
+                   ["model", "mtp_block"], ["model", "mtp_emb_norm"], ["model", "mtp_hidden_norm"],  # ERNIE-4.5
+                   ["model", "mtp_linear_proj"]):
         n = len(prefix)
         if parts[:n] == prefix and len(parts) > n and parts[n].isdigit():
             return int(parts[n])
-    if parts[:2] == ["model", "layers"] and len(parts) > 2 and parts[2].isdigit():  # DeepSeek-V3, GLM-4.5
-        i = int(parts[2])
-        return i - num_hidden_layers if i >= num_hidden_layers else None
+    for prefix in (["model", "layers"], ["model", "language_model", "layers"]):  # DeepSeek-V3, GLM-4.5; GLM-OCR
+        n = len(prefix)
+        if parts[:n] == prefix and len(parts) > n and parts[n].isdigit():
+            i = int(parts[n])
+            return i - num_hidden_layers if i >= num_hidden_layers else None
     return None
 
 
@@ -113,21 +117,23 @@ def checkpoint_shards(model_dir: Path) -> list[Path]:
     return sorted({model_dir / f for f in json.loads(index.read_text())["weight_map"].values()})
 
 
-def mtp_layer_bytes(model_dir: Path) -> list[int]:
-    """Bytes each MTP layer's tensors take in the checkpoint files (read from the safetensors headers)."""
+def mtp_layer_bytes(model_dir: Path, drafter: bool = False) -> list[int]:
+    """Bytes each MTP layer's tensors take in the checkpoint files (read from the safetensors headers).
+    ``drafter``: a separate draft checkpoint, whose decoder layers are its MTP layers."""
     import struct
 
     model_dir = Path(model_dir)
     cfg = read_config(model_dir)
     holder, key = mtp_layer_field(cfg)
-    sizes = [0] * int(holder.get(key) or 0)
+    sizes = [0] * (drafter_layers(model_dir) if drafter else int(holder.get(key) or 0))
+    offset = 0 if drafter else num_hidden_layers(cfg)
     for shard in checkpoint_shards(model_dir):
         if not shard.is_file():  # e.g. a .bin checkpoint: sizes stay unknown (0)
             continue
         with open(shard, "rb") as f:
             header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
         for name, meta in header.items():
-            j = mtp_layer_of(name, num_hidden_layers(cfg)) if name != "__metadata__" else None
+            j = mtp_layer_of(name, offset) if name != "__metadata__" else None
             if j is not None and j < len(sizes):
                 start, end = meta["data_offsets"]
                 sizes[j] += end - start

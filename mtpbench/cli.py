@@ -219,9 +219,11 @@ def trace_layers(
         if backend not in (None, "vllm"):
             fail(f"--synthetic traces vLLM's own model classes: it takes --backend vllm, not {backend}")
         try:
+            from mtpbench.config import check_writable
             from mtpbench.synth import cached, get_arch
 
             arch = get_arch(synthetic)
+            check_writable(Path(out or TRACE_DEFAULTS["out"]))  # before building anything
             model = str(cached(synthetic, mtp_layers))
         except MtpBenchError as e:
             fail(str(e))
@@ -295,10 +297,11 @@ def synth(
         path = synth_mod.build(arch, Path(out or f"synth-{arch}"), mtp_layers)
     except MtpBenchError as e:
         fail(str(e))
-    from mtpbench.checkpoint import num_mtp_layers
+    from mtpbench.checkpoint import drafter_layers, num_mtp_layers
 
     mtp_dir = path / "draft" if a.separate_draft else path
-    typer.echo(f"wrote {path}: {a.target} with {num_mtp_layers(mtp_dir)} MTP layer(s) for vLLM's {a.mtp_class}"
+    n = drafter_layers(mtp_dir) if a.separate_draft else num_mtp_layers(mtp_dir)
+    typer.echo(f"wrote {path}: {a.target} with {n} MTP layer(s) for vLLM's {a.mtp_class}"
                + (f"; the drafter is its own checkpoint: {mtp_dir} (--draft-model)" if a.separate_draft else ""))
 
 

@@ -210,6 +210,9 @@ def validate(cfg: SweepConfig, checkpoint_layers: int | None) -> None:
         for L in cfg.mtp_layers:
             if not 1 <= L <= checkpoint_layers:
                 raise MtpBenchError(f"--mtp-layers {L}: the checkpoint has {checkpoint_layers} MTP layer(s)")
+            if cfg.draft_model and L != checkpoint_layers:
+                raise MtpBenchError(f"--mtp-layers {L}: a separate draft checkpoint runs whole "
+                                    f"({checkpoint_layers} layers)")
     if cfg.backend == "vllm" and cfg.force_spec_step_idx and cfg.tensor_parallel_size > 1:
         raise MtpBenchError("--force-spec-step-idx needs the vLLM engine in one process: "
                             f"use tensor_parallel_size 1 (got {cfg.tensor_parallel_size})")
@@ -225,7 +228,7 @@ def check_draft_model(cfg: SweepConfig) -> None:
     if cfg.draft_model:
         if cfg.backend == "native":
             raise MtpBenchError("--draft-model is a vLLM speculative_config model: use --backend vllm or vllm-server")
-        if not (Path(cfg.draft_model) / "config.json").is_file():
+        if not (resolve_model_dir(cfg.draft_model) / "config.json").is_file():
             raise MtpBenchError(f"--draft-model {cfg.draft_model}: no config.json there")
 
 

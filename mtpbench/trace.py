@@ -230,7 +230,12 @@ class LayerTracer:
                 self.current.logits_spec_step_idx = sig.spec_step_idx(args, kwargs)
                 if self.force and sig.idx_name is not None:
                     args, kwargs = sig.with_spec_step_idx(args, kwargs, self.current.draft_step)
-            return orig(*args, **kwargs)
+            try:
+                return orig(*args, **kwargs)
+            except Exception as e:  # the draft model's head raised (e.g. MiMo's unbounded layer index)
+                if self.enabled:
+                    self.draft_error = self.draft_error or f"{type(e).__name__}: {e}".strip()[:2000]
+                raise
         return call
 
     def _predictor_forward(self, orig, sig, path: str):
@@ -305,6 +310,7 @@ def judge(records: list[CallRecord], num_layers: int, k: int, layer_bytes: list[
     wrapper_seen = sorted({str(r.wrapper_spec_step_idx) for r in records})
     never_reached = all(_is_zero_or_absent(r.wrapper_spec_step_idx) for r in records)
 
+    decisive = sorted({r.draft_step for r in records if r.draft_step % num_layers != 0})  # steps that tell
     multi = [r for r in records if r.executed_layer == -1]
     if multi:
         return Verdict("multi-layer calls", [
@@ -316,11 +322,18 @@ def judge(records: list[CallRecord], num_layers: int, k: int, layer_bytes: list[
             return Verdict("inconclusive", [
                 f"with a single MTP layer every schedule runs layer 0: layer-0 reuse and multi-module coincide "
                 f"({steps})", f"spec_step_idx received by the wrapper: {', '.join(wrapper_seen)}"])
-        if k == 1:
+        if not decisive:
+            why = ("k = 1 drafts one step" if k == 1 else
+                   f"only draft step(s) {sorted({r.draft_step for r in records})} were called (k = {k})")
             return Verdict("inconclusive", [
-                f"k = 1 drafts one step, and every schedule runs layer 0 at step 0 ({steps}): trace with "
-                f"k >= {num_layers} (k = {2 * num_layers} shows the wrap-around) to tell reuse from multi-module",
+                f"{why}, and every schedule runs layer 0 there ({steps}): trace with k >= {num_layers} "
+                f"(k = {2 * num_layers} shows the wrap-around) to tell reuse from multi-module",
                 f"spec_step_idx received by the wrapper: {', '.join(wrapper_seen)}"])
+        if unused:
+            return Verdict("mismatch", [
+                f"the steps that were called ran layer s mod {num_layers} ({steps}), but layers {unused}, which "
+                f"k = {k} schedules, never ran: the proposer made fewer than k draft calls per proposal"],
+                unused, unused_bytes)
         ev = [f"every draft step s ran layer s mod {num_layers}: {steps}",
               f"spec_step_idx received by the wrapper: {', '.join(wrapper_seen)}"]
         if k < num_layers:
@@ -337,8 +350,16 @@ def judge(records: list[CallRecord], num_layers: int, k: int, layer_bytes: list[
                 f"predictor ({r.predictor or 'the layers holder'}) received {r.predictor_spec_step_idx} (first at "
                 f"proposal {r.proposal}, step {r.draft_step}), so layer 0 ran", f"layers run per step: {steps}"],
                 unused, unused_bytes)
+        ignored = [r for r in records if isinstance(r.predictor_spec_step_idx, int)
+                   and r.predictor_spec_step_idx % num_layers != 0]
+        if ignored:
+            r = ignored[0]
+            return Verdict("mismatch", [
+                f"the predictor ({r.predictor or 'the layers holder'}) received spec_step_idx="
+                f"{r.predictor_spec_step_idx} at proposal {r.proposal}, step {r.draft_step}, but layer 0 ran: the "
+                f"model ignores the index it gets", f"layers run per step: {steps}"], unused, unused_bytes)
         ev = [f"every draft step ran layer 0: {steps}",
-              f"spec_step_idx {'never reached the model' if never_reached else 'reached the model but layer 0 ran'} "
+              f"spec_step_idx {'never reached the model' if never_reached else 'reached the predictor only as 0'} "
               f"(wrapper received: {', '.join(wrapper_seen)})"]
         if unused:
             ev.append(f"layers a correct schedule at k = {k} would run but never ran: {unused}, holding "
@@ -480,7 +501,7 @@ def run_trace(cfg, k: int, mode: str = "reuse", backend=None) -> dict:
 
     # weight bytes per layer as stored in the checkpoint: the same figure for every backend, whatever
     # form (dtype, prepacked) the engine keeps them in
-    all_bytes = mtp_layer_bytes(cfg.mtp_dir)
+    all_bytes = mtp_layer_bytes(cfg.mtp_dir, drafter=bool(cfg.draft_model))
     layer_bytes = (all_bytes + [0] * data["num_layers"])[: data["num_layers"]]
     v = judge(records, data["num_layers"], k, layer_bytes, data["crash"], data.get("crash_in_draft", True))
     # the layers asked of the engine (the derived checkpoint's L) against those it holds

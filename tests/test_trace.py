@@ -133,21 +133,27 @@ class Wrapper(nn.Module):
     def forward(self, x, spec_step_idx=0):
         return self.model(x, spec_step_idx)
 
+    def compute_logits(self, x, spec_step_idx=0):  # like MiMoMTP: a head per layer, indexed without modulo
+        return [x, x][spec_step_idx]
 
-def drive(wrapper, k, proposals=3, target_raises=False):
-    """A draft loop: one target forward, then k draft calls with spec_step_idx = s."""
+
+def drive(wrapper, k, proposals=3, target_raises=False, logits=False):
+    """A draft loop: one target forward, then k draft calls with spec_step_idx = s (and, with ``logits``, the
+    wrapper's compute_logits after each); ``target_raises``: the engine fails after the first proposal."""
     target = nn.Linear(4, 4)
     tracer = LayerTracer(wrapper, target).install()
     tracer.enabled = True
     tracer.start_batch()
     crash = None
     try:
-        for _ in range(proposals):
-            if target_raises:
+        for p in range(proposals):
+            if target_raises and p == 1:
                 raise RuntimeError("prompt longer than max_model_len")
             x = target(torch.zeros(1, 4))
             for s in range(k):
                 x = wrapper(x, spec_step_idx=s)
+                if logits:
+                    wrapper.compute_logits(x, spec_step_idx=s)
     except Exception as e:
         crash = f"{type(e).__name__}: {e}"
     finally:
@@ -188,8 +194,28 @@ def test_a_drafter_running_all_layers_per_call_has_its_own_verdict():
 def test_crash_inside_the_draft_model_vs_engine_error():
     _, v = drive(Wrapper(2, boom_at=1), k=2)
     assert v.verdict == "crashed" and "draft step 1" in v.evidence[0] and "only one step" in v.evidence[0]
-    _, v = drive(Wrapper(2), k=2, target_raises=True)
-    assert v.verdict == "engine error" and "max_model_len" in v.evidence[0]
+    tracer, v = drive(Wrapper(2), k=2, target_raises=True)  # after a whole proposal was drafted
+    assert tracer.records and v.verdict == "engine error" and "max_model_len" in v.evidence[0]
+    _, v = drive(Wrapper(2), k=3, logits=True)  # the head raises at step 2: the draft model did
+    assert v.verdict == "crashed" and "IndexError" in v.evidence[0]
+
+
+def test_what_was_not_observed_is_not_judged():
+    # k = 4 asked, but only step 0 was ever called: nothing tells reuse from multi-module
+    recs = [CallRecord(1, p, 0, executed_layer=0, expected_layer=0) for p in range(1, 6)]
+    v = judge(recs, 2, 4, [100, 100])
+    assert v.verdict == "inconclusive" and "only draft step(s) [0]" in v.evidence[0]
+    # steps 0 and 1 ran layers 0 and 1, but k = 3 with 3 layers schedules layer 2 too: fewer calls than k
+    recs = [CallRecord(1, 1, s, executed_layer=s, expected_layer=s) for s in range(2)]
+    v = judge(recs, 3, 3, [100] * 3)
+    assert v.verdict == "mismatch" and v.unused_layers == [2]
+
+
+def test_a_model_that_ignores_the_index_it_receives_is_not_reuse():
+    recs = [CallRecord(1, 1, s, wrapper_spec_step_idx=s, predictor_spec_step_idx=s, executed_layer=0,
+                       expected_layer=s % 2) for s in range(4)]
+    v = judge(recs, 2, 4, [100, 100])
+    assert v.verdict == "mismatch" and "ignores the index" in v.evidence[0]
 
 
 def test_layers_dropped_at_load_are_named_with_their_bytes():

@@ -121,7 +121,7 @@ class VllmBackend:
     def run_point(self, cfg: SweepConfig, point: GridPoint, prompts: list[Prompt]) -> PointRun:
         run = PointRun.from_json(self._run_worker(cfg, point.k, point.mtp_layers, prompts, trace=False))
         if run.mtp_weight_bytes is None:  # the engine was out of reach (several workers): the checkpoint's
-            run.mtp_weight_bytes = sum(mtp_layer_bytes(cfg.mtp_dir)[: point.mtp_layers]) if point.k else 0
+            run.mtp_weight_bytes = sum(mtp_layer_bytes(cfg.mtp_dir, drafter=bool(cfg.draft_model))[: point.mtp_layers]) if point.k else 0
         return run
 
     def close(self) -> None:

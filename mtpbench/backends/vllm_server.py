@@ -311,7 +311,8 @@ class VllmServerBackend:
             startup, weights = None, None
         else:
             startup = self._ensure_server(cfg, point, prompts)
-            weights = sum(mtp_layer_bytes(Path(self.model_dir))[: point.mtp_layers]) if point.k else 0
+            weights = (sum(mtp_layer_bytes(Path(self.model_dir), drafter=bool(cfg.draft_model))[: point.mtp_layers])
+                       if point.k else 0)
         run = self._measure(cfg, point, prompts)
         run.startup_s, run.mtp_weight_bytes = startup, weights
         run.notes = notes + run.notes

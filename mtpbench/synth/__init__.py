@@ -15,9 +15,11 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import tempfile
 import threading
 from pathlib import Path
 
+from mtpbench.config import check_writable
 from mtpbench.errors import MtpBenchError
 from mtpbench.synth.common import Arch
 
@@ -100,16 +102,20 @@ def build(arch: str | Arch, out: Path, mtp_layers: int | None = None) -> Path:
     n = arch.mtp_layers if mtp_layers is None else mtp_layers
     if n < 1:
         raise MtpBenchError(f"--mtp-layers must be >= 1, got {n}")
+    if arch.max_mtp_layers is not None and n > arch.max_mtp_layers:
+        raise MtpBenchError(f"--mtp-layers {n}: vLLM's {arch.mtp_class} loads at most {arch.max_mtp_layers} "
+                            "MTP layer(s)")
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise MtpBenchError(f"{out} exists and is not an empty directory: give a new one")
-    tmp = out.with_name(out.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
+    check_writable(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
     try:
         arch.build(tmp, n)
-    except Exception:
+    except Exception as e:  # a builder's failure (a transformers without this architecture, ...): one line
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        raise MtpBenchError(f"building {arch.name} failed: {type(e).__name__}: {e}".splitlines()[0][:500]) from e
     if out.exists():
         out.rmdir()
     os.replace(tmp, out)
@@ -127,7 +133,20 @@ def cached(arch: str | Arch, mtp_layers: int | None = None) -> Path:
     root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mtpbench" / "synth"
     out = root / f"{arch.name}-mtp{n}-{_source_hash()}"
     with _BUILD_LOCK:
-        if not (out / "config.json").exists():
-            root.mkdir(parents=True, exist_ok=True)
-            build(arch, out, n)
+        if (out / "config.json").exists():
+            return out
+        root.mkdir(parents=True, exist_ok=True)
+        # built under a name of its own, then renamed: another process building the same one loses the race
+        # harmlessly
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=root))
+        build(arch, tmp / "ckpt", n)
+        try:
+            os.rename(tmp / "ckpt", out)
+        except OSError:
+            if not (out / "config.json").exists():
+                raise
+        shutil.rmtree(tmp, ignore_errors=True)
+        for old in root.glob(f"{arch.name}-mtp{n}-*"):  # builds of older builder sources
+            if old != out:
+                shutil.rmtree(old, ignore_errors=True)
     return out

@@ -28,6 +28,7 @@ class Arch:
     build: Callable[[Path, int], None]  # writes config.json and model.safetensors with L MTP layers
     engine_args: dict = field(default_factory=dict)  # what vLLM needs for it on CPU
     mtp_layers: int = 2  # the matrix's L
+    max_mtp_layers: int | None = None  # what vLLM's class loads at most (None: no limit known)
     method: str = "mtp"  # speculative_config["method"]
     separate_draft: bool = False  # the drafter is a checkpoint of its own, written to <out>/draft
     needs_torchvision_stub: bool = False  # vLLM's class imports transformers' vision processors

@@ -42,7 +42,7 @@ def build(out: Path, n_mtp: int) -> None:
 
 
 ARCHS = [
-    Arch("ernie-4.5", "ErnieMTPModel", "Ernie4_5_MoeForCausalLM", build, mtp_layers=1,
+    Arch("ernie-4.5", "ErnieMTPModel", "Ernie4_5_MoeForCausalLM", build, mtp_layers=1, max_mtp_layers=1,
          note="vLLM maps only the .0. MTP blocks: with 2 the load fails (\"There is no module or parameter "
               "named 'model.mtp_block' in ErnieMTP\"), and ErnieMTP.forward asserts spec_step_idx == 0"),
 ]

