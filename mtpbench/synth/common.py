@@ -91,19 +91,20 @@ def write_checkpoint(out: Path, config: dict, tensors: dict) -> None:
     (out / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": 0}))
 
 
-def deepseek_style_mtp(tensors: dict, config: dict, n_hidden: int, n_mtp: int, hidden: int,
-                       shared_embed: bool = False) -> dict:
-    """DeepSeek-V3's MTP layout, shared by GLM-4.5 and others: MTP layer i is decoder layer n_hidden + i
-    (built by transformers as an ordinary layer) plus enorm, hnorm, eh_proj, shared_head.{norm,head}; with ``shared_embed``
-    its own copy of embed_tokens (classes that load it per layer)."""
+def deepseek_style_mtp(tensors: dict, n_hidden: int, n_mtp: int, hidden: int, prefix: str = "model.",
+                       embed_in_first: bool = False) -> dict:
+    """DeepSeek-V3's MTP layout, shared by GLM and OpenPangu: MTP layer i is decoder layer n_hidden + i (built by
+    transformers as an ordinary layer, under ``<prefix>layers``) plus enorm, hnorm, eh_proj and
+    shared_head.{norm,head}. ``embed_in_first``: the first MTP layer also carries its own copy of the
+    embedding, for the classes that load it from there and never from ``<prefix>embed_tokens``."""
     out = dict(tensors)
     for i in range(n_hidden, n_hidden + n_mtp):
-        p = f"model.layers.{i}."
+        p = f"{prefix}layers.{i}."
         out[p + "enorm.weight"] = ones(hidden)
         out[p + "hnorm.weight"] = ones(hidden)
         out[p + "eh_proj.weight"] = randn(hidden, 2 * hidden)
         out[p + "shared_head.norm.weight"] = ones(hidden)
         out[p + "shared_head.head.weight"] = randn(VOCAB, hidden)
-        if shared_embed:
-            out[p + "embed_tokens.weight"] = tensors["model.embed_tokens.weight"].clone()
+    if embed_in_first:
+        out[f"{prefix}layers.{n_hidden}.embed_tokens.weight"] = tensors[f"{prefix}embed_tokens.weight"].clone()
     return out

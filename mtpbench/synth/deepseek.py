@@ -22,7 +22,7 @@ def _build(config_class: str, arch: str, extra: dict, config_extra: dict | None 
         kw = dict(vocab_size=VOCAB, hidden_size=H, intermediate_size=256, num_attention_heads=2,
                   num_key_value_heads=2, max_position_embeddings=2048, tie_word_embeddings=False, **extra)
         config, tensors = transformers_tensors(config_class, num_hidden_layers=N + n_mtp, **kw)
-        tensors = deepseek_style_mtp(tensors, config, N, n_mtp, H)
+        tensors = deepseek_style_mtp(tensors, N, n_mtp, H)
         config.update(num_hidden_layers=N, num_nextn_predict_layers=n_mtp, architectures=[arch], **config_extra)
         write_checkpoint(out, config, tensors)
     return build

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mtpbench.synth.common import (VOCAB, Arch, deepseek_style_mtp, ones, randn, transformers_tensors,
-                                   write_checkpoint)
+from mtpbench.synth.common import VOCAB, Arch, deepseek_style_mtp, transformers_tensors, write_checkpoint
 
 N = 2  # target decoder layers: one dense, one MoE (the MTP layers are MoE, as in the real checkpoints)
 H = 128
@@ -26,7 +25,7 @@ def _build_glm45(out: Path, n_mtp: int) -> None:
         head_dim=64, attention_bias=True, first_k_dense_replace=1,
         rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0, "partial_rotary_factor": 0.5},
         **MOE, **BASE)
-    tensors = deepseek_style_mtp(tensors, config, N, n_mtp, H)
+    tensors = deepseek_style_mtp(tensors, N, n_mtp, H)
     config.update(num_hidden_layers=N, num_nextn_predict_layers=n_mtp, architectures=["Glm4MoeForCausalLM"])
     write_checkpoint(out, config, tensors)
 
@@ -37,10 +36,9 @@ def _build_glm4_moe_lite(out: Path, n_mtp: int) -> None:
     config, tensors = transformers_tensors(
         "Glm4MoeLiteConfig", num_hidden_layers=N + n_mtp, num_attention_heads=2, num_key_value_heads=2,
         mlp_layer_types=["dense"] + ["sparse"] * (N + n_mtp - 1), **MLA, **MOE, **BASE)
-    tensors = deepseek_style_mtp(tensors, config, N, n_mtp, H)
     # vLLM's Glm4MoeLiteMTP never reads model.embed_tokens: it loads the embedding from the first MTP
     # layer's own copy (and skips any later layer's), so only layer N carries one
-    tensors[f"model.layers.{N}.embed_tokens.weight"] = tensors["model.embed_tokens.weight"].clone()
+    tensors = deepseek_style_mtp(tensors, N, n_mtp, H, embed_in_first=True)
     config.update(num_hidden_layers=N, num_nextn_predict_layers=n_mtp, first_k_dense_replace=1,
                   mlp_layer_types=config["mlp_layer_types"][:N], architectures=["Glm4MoeLiteForCausalLM"])
     write_checkpoint(out, config, tensors)
@@ -59,17 +57,9 @@ def _build_glm_ocr(out: Path, n_mtp: int) -> None:
         image_end_token_id=VOCAB - 3, video_start_token_id=VOCAB - 2, video_end_token_id=VOCAB - 1,
         tie_word_embeddings=False)
     tensors = {n: t for n, t in tensors.items() if not n.startswith("model.visual.")}
-    for i in range(N, N + n_mtp):
-        p = f"model.language_model.layers.{i}."
-        tensors[p + "enorm.weight"] = ones(H)
-        tensors[p + "hnorm.weight"] = ones(H)
-        tensors[p + "eh_proj.weight"] = randn(H, 2 * H)
-        tensors[p + "shared_head.norm.weight"] = ones(H)
-        tensors[p + "shared_head.head.weight"] = randn(VOCAB, H)
     # GlmOcrMTP reads the embedding only from the first MTP layer's own copy (model.language_model.embed_tokens
     # is not among the names it loads)
-    tensors[f"model.language_model.layers.{N}.embed_tokens.weight"] = (
-        tensors["model.language_model.embed_tokens.weight"].clone())
+    tensors = deepseek_style_mtp(tensors, N, n_mtp, H, prefix="model.language_model.", embed_in_first=True)
     tc = config["text_config"]
     tc.update(num_hidden_layers=N, num_nextn_predict_layers=n_mtp, vocab_size=VOCAB, bos_token_id=0,
               eos_token_id=0, pad_token_id=0)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mtpbench.synth.common import VOCAB, Arch, ones, randn, transformers_tensors, write_checkpoint
+from mtpbench.synth.common import VOCAB, Arch, deepseek_style_mtp, transformers_tensors, write_checkpoint
 
 N = 2  # target decoder layers: one dense, one MoE
 H = 128
@@ -54,14 +54,7 @@ def build(out: Path, n_mtp: int) -> None:
             if layer < N:  # the target loader adds "gate." itself
                 name = name.replace("mlp.gate.e_score_correction_bias", "mlp.e_score_correction_bias")
         out_t[name] = t
-    for i in range(N, N + n_mtp):
-        p = f"model.layers.{i}."
-        out_t[p + "enorm.weight"] = ones(H)
-        out_t[p + "hnorm.weight"] = ones(H)
-        out_t[p + "eh_proj.weight"] = randn(H, 2 * H)
-        out_t[p + "shared_head.norm.weight"] = ones(H)
-        out_t[p + "shared_head.head.weight"] = randn(VOCAB, H)
-    out_t[f"model.layers.{N}.embed_tokens.weight"] = tensors["model.embed_tokens.weight"].clone()
+    out_t = deepseek_style_mtp(out_t, N, n_mtp, H, embed_in_first=True)
     config = dict(common, model_type="pangu_ultra_moe", architectures=["PanguUltraMoEForCausalLM"],
                   auto_map={"AutoConfig": "configuration_openpangu_moe.PanguUltraMoEConfig"},
                   num_hidden_layers=N, num_nextn_predict_layers=n_mtp, routed_scaling_factor=2.5,
