@@ -212,7 +212,7 @@ def trace_layers(
     if expect not in expected:
         fail(f"--expect takes multi-module or layer-0-reuse, got {expect!r}")
     model, profile = model_or_profile(model, profile)
-    method = None
+    method, extra = None, engine_args(engine_arg)
     if synthetic:
         if model or profile:
             fail("--synthetic builds its own checkpoint: give no MODEL_OR_PROFILE or --profile with it")
@@ -229,13 +229,13 @@ def trace_layers(
             fail(str(e))
         backend, method, dtype = "vllm", arch.method, dtype or "bfloat16"
         draft_model = str(Path(model) / "draft") if arch.separate_draft else draft_model
-        engine_arg = [f"{k_}={json_text(v)}" for k_, v in arch.engine_args.items()] + list(engine_arg or [])
+        extra = {**arch.engine_args, **(extra or {})}  # what vLLM needs for it on CPU, then the user's
     try:
         cfg = resolve(dict(model=model, backend=backend, method=method, draft_model=draft_model,
                            mtp_layers=None if mtp_layers is None else (mtp_layers,),
                            mode=None if mode is None else (mode,), prompts=prompts, num_prompts=num_prompts,
                            max_tokens=max_tokens, dtype=dtype, max_model_len=max_model_len,
-                           engine_args=engine_args(engine_arg), force_spec_step_idx=force_spec_step_idx, out=out,
+                           engine_args=extra, force_spec_step_idx=force_spec_step_idx, out=out,
                            k=None if k is None else (k,)), profile, defaults=TRACE_DEFAULTS)
         # a profile may list several k and modes: trace the largest k, first mode
         summary = run_trace(cfg, max(cfg.k), cfg.mode[0])
@@ -253,12 +253,6 @@ def trace_layers(
     if expected[expect] and summary["verdict"] != expected[expect]:
         typer.echo(f"expected {expected[expect]}, got {summary['verdict']}", err=True)
         raise typer.Exit(1)
-
-
-def json_text(value) -> str:
-    import json
-
-    return value if isinstance(value, str) else json.dumps(value)
 
 
 def engine_args(items: Optional[list[str]]) -> Optional[dict]:

@@ -135,8 +135,9 @@ def run_arch(arch, k: int | None, max_tokens: int, cpu: int | None) -> list[Cell
     """Build (or reuse), start, load-check and trace one architecture; failures become cells."""
     from dataclasses import asdict as as_dict
 
-    from mtpbench.backends.vllm import call_worker
+    from mtpbench.backends.vllm import call_worker, engine_kwargs
     from mtpbench.checkpoint import drafter_layers, mtp_layer_bytes, num_hidden_layers, num_mtp_layers, read_config
+    from mtpbench.config import SweepConfig
     from mtpbench.prompts import prompt_set
     from mtpbench.synth import cached
 
@@ -149,15 +150,12 @@ def run_arch(arch, k: int | None, max_tokens: int, cpu: int | None) -> list[Cell
     mtp_dir = model / "draft" if arch.separate_draft else model
     declared = drafter_layers(mtp_dir) if arch.separate_draft else num_mtp_layers(mtp_dir)
     prompts = prompt_set("builtin", 1, model, "none").prompts
-    spec_cfg = {"method": arch.method, "num_speculative_tokens": k}
-    if arch.separate_draft:
-        spec_cfg["model"] = str(mtp_dir)
-    kwargs = {"model": str(model), "dtype": "bfloat16", "seed": 0, "disable_log_stats": False,
-              "max_model_len": 512, "max_num_seqs": 1, "enforce_eager": True, "speculative_config": spec_cfg,
-              **arch.engine_args}
-    spec = {"config": {"temperature": 0.0, "max_tokens": max_tokens, "batch_size": 1}, "k": k,
-            "engine_kwargs": kwargs, "trace_forces": [False, True], "load_check": True,
-            "prompts": [as_dict(p) for p in prompts]}
+    # the engine a `trace-layers --synthetic` run would start, with the same speculative config
+    cfg = SweepConfig(model=str(model), backend="vllm", method=arch.method, dtype="bfloat16", max_model_len=512,
+                      max_tokens=max_tokens, draft_model=str(mtp_dir) if arch.separate_draft else None,
+                      engine_args={**arch.engine_args, "enforce_eager": True})
+    spec = {"config": cfg.to_json(), "k": k, "engine_kwargs": engine_kwargs(cfg, str(model), k),
+            "trace_forces": [False, True], "load_check": True, "prompts": [as_dict(p) for p in prompts]}
     env = {}
     if cpu is not None:  # engines in parallel: one core each
         env["VLLM_CPU_OMP_THREADS_BIND"] = str(cpu)
