@@ -6,9 +6,11 @@ first token), the gaps between token deliveries (ITL; with drafting a delivery c
 latency (send to last token) and the output tokens (their ids, which vLLM returns with
 ``return_token_ids``; the count from the final ``usage`` block). Load is ``vllm bench serve``'s:
 ``concurrency`` requests in flight at most (closed loop) and arrivals spaced by a Poisson process of
-``request_rate`` per second (``inf``: all at once), drawn from a seeded generator.
+``request_rate`` per second (``inf``: all at once), drawn from a seeded generator. A request arrives when
+the arrival process releases it (``arrival_s``) and is sent when the concurrency gate lets it through
+(``sent_s``, from which TTFT and latency count, as in ``vllm bench serve``).
 
-The window runs from the first send to the last completion. The client's own cost is measured in the
+The window runs from the first arrival to the last completion. The client's own cost is measured in the
 same window as the CPU seconds of the event loop's thread (``client_cpu_s``), so a reader can see whether the
 client could have been the bottleneck.
 """
@@ -39,6 +41,8 @@ class LoadResult:
     wall_s: float
     client_cpu_s: float
     errors: list[str] = field(default_factory=list)
+    # when the arrival process released each request (before the concurrency gate), from the window's start
+    arrival_s: list[float] = field(default_factory=list)
 
 
 def payload(api: str, model: str, prompt: Prompt, max_tokens: int, temperature: float, seed: int | None) -> dict:
@@ -138,8 +142,9 @@ async def _run(base_url, api, model, prompts, max_tokens, temperature, seed, con
 
         # the event loop's thread is the client: its CPU time, not the process's (a GPU sampler runs beside)
         cpu0, t0 = time.thread_time(), time.perf_counter()
-        tasks = []
+        tasks, arrivals = [], []
         for i, p in enumerate(prompts):
+            arrivals.append(time.perf_counter() - t0)  # the arrival, not the send: the gate may hold it
             tasks.append(asyncio.create_task(one(p)))
             if math.isfinite(request_rate) and i < len(prompts) - 1:
                 await asyncio.sleep(rng.expovariate(request_rate))
@@ -147,7 +152,7 @@ async def _run(base_url, api, model, prompts, max_tokens, temperature, seed, con
         wall, cpu = time.perf_counter() - t0, time.thread_time() - cpu0
     records = [r for r, _ in results]
     errors = [e for _, e in results if e]
-    return LoadResult(records, wall, cpu, errors)
+    return LoadResult(records, wall, cpu, errors, arrivals)
 
 
 def run_load(base_url: str, model: str, prompts: list[Prompt], *, api: str = "completions", max_tokens: int,

@@ -263,3 +263,68 @@ def test_parse_requests_in_flight_from_the_gauges():
     text = text.replace('vllm:num_requests_waiting{engine="0",model_name="/work/main/mtpbench/assets/tiny"} 0.0',
                         'vllm:num_requests_waiting{engine="0",model_name="/work/main/mtpbench/assets/tiny"} 1.0')
     assert text != METRICS and parse_metrics(text)["num_requests_in_flight"] == 3
+
+
+# ---- the load generator and the window's counters, against a stand-in server ---------------------
+
+class FakeVllm(SimpleHTTPRequestHandler):
+    """Streams ``tokens`` one-token chunks after ``delay_s`` per completion, and serves ``metrics()`` at
+    /metrics: the shape of a vLLM server's answers, not its timing."""
+
+    delay_s, tokens = 0.0, 4
+    metrics = staticmethod(lambda: "")
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        body = self.metrics().encode() if self.path == "/metrics" else b""
+        self.send_response(200 if self.path == "/metrics" else 404)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        time.sleep(self.delay_s)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for i in range(self.tokens):
+            chunk = {"choices": [{"index": 0, "text": "x", "token_ids": [7]}]}
+            self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        usage = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": self.tokens}}
+        self.wfile.write(b"data: " + json.dumps(usage).encode() + b"\n\ndata: [DONE]\n\n")
+
+
+@pytest.fixture
+def fake_vllm():
+    handler = type("Handler", (FakeVllm,), {})
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}", handler
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_poisson_arrivals_are_taken_before_the_concurrency_gate(fake_vllm):
+    """Arrivals follow the seeded Poisson draws, whatever the gate does to the sends."""
+    import random
+
+    from mtpbench.loadgen import run_load
+    from mtpbench.prompts import Prompt
+
+    url, handler = fake_vllm
+    handler.delay_s = 0.2  # each request holds the one slot 0.2 s: sends are spaced by the gate
+    rate, n = 20.0, 10
+    load = run_load(url, "m", [Prompt(f"p{i}", id=str(i)) for i in range(n)], max_tokens=4, seed=3,
+                    concurrency=1, request_rate=rate)
+    assert not load.errors and len(load.arrival_s) == n
+    rng = random.Random(3)
+    gaps = [rng.expovariate(rate) for _ in range(n - 1)]  # the draws the arrival process takes
+    measured = [b - a for a, b in zip(load.arrival_s, load.arrival_s[1:])]
+    assert all(m >= g - 1e-3 for m, g in zip(measured, gaps)), (measured, gaps)  # spaced, not all at once
+    sent = [r.sent_s for r in load.requests]
+    assert all(a <= s + 1e-6 for a, s in zip(load.arrival_s, sent))
+    # the gate holds request i until i requests of 0.2 s finished; the arrivals do not wait for it
+    assert sent[-1] >= 0.2 * (n - 1) and load.arrival_s[-1] < sum(gaps) + 0.5 < sent[-1]
