@@ -328,3 +328,62 @@ def test_poisson_arrivals_are_taken_before_the_concurrency_gate(fake_vllm):
     assert all(a <= s + 1e-6 for a, s in zip(load.arrival_s, sent))
     # the gate holds request i until i requests of 0.2 s finished; the arrivals do not wait for it
     assert sent[-1] >= 0.2 * (n - 1) and load.arrival_s[-1] < sum(gaps) + 0.5 < sent[-1]
+
+
+def _metrics_text(finished: int, tokens: int) -> str:
+    return ("# TYPE vllm:request_success_total counter\n"
+            f'vllm:request_success_total{{engine="0",finished_reason="length"}} {finished}.0\n'
+            "# TYPE vllm:generation_tokens_total counter\n"
+            f'vllm:generation_tokens_total{{engine="0"}} {tokens}.0\n'
+            "# TYPE vllm:num_requests_running gauge\n"
+            'vllm:num_requests_running{engine="0"} 0.0\n')
+
+
+def _one_window(url: str, n: int = 2):
+    from mtpbench.backends.vllm_server import Server, VllmServerBackend
+    from mtpbench.config import SweepConfig
+    from mtpbench.prompts import Prompt
+
+    backend = VllmServerBackend()
+    backend.server = Server(url, "m")
+    cfg = SweepConfig(backend="vllm-server", max_tokens=FakeVllm.tokens, num_prompts=n)
+    _, batch, notes = backend._window(cfg, GridPoint("vllm", 0, None, 1), [Prompt(f"p{i}") for i in range(n)])
+    return batch, notes
+
+
+def test_window_counts_the_servers_finished_requests(fake_vllm):
+    url, handler = fake_vllm
+    served = []
+    handler.do_POST = lambda self: (served.append(1), FakeVllm.do_POST(self))
+    handler.metrics = staticmethod(lambda: _metrics_text(len(served), len(served) * FakeVllm.tokens))
+    batch, notes = _one_window(url)
+    assert batch.foreign_requests == 0 and notes == [], notes
+
+
+def test_counters_that_never_settle_are_a_note_not_silence(fake_vllm, monkeypatch):
+    """/metrics that never counts the window's requests: the wait gives up with a note, and the negative
+    'foreign' count is reported as incomplete counters, not clamped to 0."""
+    from mtpbench.backends import vllm_server
+
+    monkeypatch.setattr(vllm_server, "COUNTER_SETTLE_S", 0.3)
+    url, handler = fake_vllm
+    handler.metrics = staticmethod(lambda: _metrics_text(5, 50))  # stuck: our 2 requests never counted
+    batch, notes = _one_window(url)
+    assert any("had counted 0 of the 2 finished requests after 0.3 s" in n for n in notes), notes
+    assert any("counters show 0 finished request(s) and 0 token(s) in the window, fewer than our 2 and 8" in n
+               for n in notes), notes
+    assert batch.foreign_requests is None  # unknown, not 0
+
+
+def test_a_warm_up_whose_counts_never_settle_is_noted(fake_vllm, monkeypatch):
+    from mtpbench.backends import vllm_server
+    from mtpbench.config import SweepConfig
+    from mtpbench.prompts import Prompt
+
+    monkeypatch.setattr(vllm_server, "COUNTER_SETTLE_S", 0.3)
+    url, handler = fake_vllm
+    handler.metrics = staticmethod(lambda: _metrics_text(5, 50))
+    backend = vllm_server.VllmServerBackend()
+    backend.server = vllm_server.Server(url, "m")
+    notes = backend._warm_up(SweepConfig(backend="vllm-server"), [Prompt("p")], 2)
+    assert len(notes) == 1 and notes[0].startswith("warm-up: /metrics had counted 0 of the 2"), notes

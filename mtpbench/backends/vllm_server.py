@@ -110,9 +110,10 @@ def read_metrics(base_url: str) -> dict:
     return parse_metrics(text)
 
 
-def settled_metrics(base_url: str, before: dict, sent: int) -> dict:
+def settled_metrics(base_url: str, before: dict, sent: int) -> tuple[dict, str | None]:
     """/metrics once ``vllm:request_success_total`` has counted the ``sent`` requests finished since
-    ``before`` (the stat logger may count the last ones a moment after their final chunk went out)."""
+    ``before`` (the stat logger may count the last ones a moment after their final chunk went out), and
+    what a reader must know when it had not within ``COUNTER_SETTLE_S`` (None when it had)."""
     after = read_metrics(base_url)
     end = time.monotonic() + COUNTER_SETTLE_S
     while after["num_requests_finished"] - before["num_requests_finished"] < sent and time.monotonic() < end:
@@ -122,7 +123,11 @@ def settled_metrics(base_url: str, before: dict, sent: int) -> dict:
     while after["num_requests_in_flight"] and time.monotonic() < end:
         time.sleep(0.05)
         after = read_metrics(base_url)
-    return after
+    counted = after["num_requests_finished"] - before["num_requests_finished"]
+    if counted >= sent:
+        return after, None
+    return after, (f"/metrics had counted {counted} of the {sent} finished requests after {COUNTER_SETTLE_S:g} s "
+                   "of waiting: the counters read may miss the last steps (acceptance, foreign traffic)")
 
 
 def probe(base_url: str) -> dict:
@@ -376,9 +381,10 @@ class VllmServerBackend:
                                f"server log ({log.name}): {guard.log_tail()}") from None
         return startup
 
-    def _warm_up(self, cfg: SweepConfig, prompts: list[Prompt], n: int) -> None:
+    def _warm_up(self, cfg: SweepConfig, prompts: list[Prompt], n: int) -> list[str]:
         """``n`` requests at once, before (and so excluded from) a window: shapes the engine has not
-        seen yet (a new batch size) are compiled or cached here, not inside the measurement."""
+        seen yet (a new batch size) are compiled or cached here, not inside the measurement. Returns the
+        notes a point measured after it must carry."""
         from mtpbench.loadgen import run_load
 
         before = read_metrics(self.server.base_url)
@@ -386,15 +392,15 @@ class VllmServerBackend:
                           max_tokens=WARMUP_TOKENS, temperature=0.0, seed=cfg.seed, concurrency=n)
         if result.errors:
             raise RuntimeError(f"warm-up request failed: {result.errors[0]}")
-        settled_metrics(self.server.base_url, before, n)  # so no warm-up count lands in the first window
+        _, late = settled_metrics(self.server.base_url, before, n)  # so no warm-up count lands in the window
+        return [f"warm-up: {late}; the rest may land in the first window, as foreign traffic"] if late else []
 
     # -- one load point -------------------------------------------------------------------------------
 
     def _measure(self, cfg: SweepConfig, point: GridPoint, prompts: list[Prompt]) -> PointRun:
         from mtpbench.telemetry import GpuSampler
 
-        self._warm_up(cfg, prompts, point.concurrency or 1)
-        run = PointRun()
+        run = PointRun(notes=self._warm_up(cfg, prompts, point.concurrency or 1))
         for i in range(cfg.repeats):
             # GPU telemetry over the first window's load alone: not the /metrics polling around it
             sampler = GpuSampler(off=self.facts.get("gpu_telemetry"), pids=self._server_pids) if i == 0 else None
@@ -420,7 +426,7 @@ class VllmServerBackend:
                             request_rate=point.request_rate if point.request_rate is not None else math.inf)
         if load.errors:
             raise RuntimeError(f"{len(load.errors)} of {len(prompts)} requests failed; first: {load.errors[0]}")
-        after = settled_metrics(base, before, len(prompts))
+        after, late = settled_metrics(base, before, len(prompts))
         if any(after[c] < before[c] for c in ("num_requests_finished", "num_drafts", "num_generation_tokens")):
             raise RuntimeError("the server's counters went backwards during the window: was it restarted?")
         # requests of others active in the window: those that finished in it, and those still in flight
@@ -428,12 +434,18 @@ class VllmServerBackend:
             + after["num_requests_in_flight"]
         ours = sum(len(r.output_token_ids) for r in load.requests)
         extra_tokens = after["num_generation_tokens"] - before["num_generation_tokens"] - ours
-        batch = BatchRecord("all", load.wall_s, **counter_delta(before, after, point.k),
-                            foreign_requests=max(foreign, 0), client_cpu_s=load.client_cpu_s)
-        notes = []
+        notes = [late] if late else []
         if foreign > 0 or extra_tokens > 0:
             notes.append(f"the server served {max(foreign, 0)} request(s) and {max(extra_tokens, 0)} token(s) "
                          "that were not ours during the window: its counters (acceptance) include them")
+        if foreign < 0 or extra_tokens < 0:  # fewer than we saw finish: the counters are short, not the traffic
+            notes.append(f"the server's counters show {after['num_requests_finished'] - before['num_requests_finished']} "
+                         f"finished request(s) and {after['num_generation_tokens'] - before['num_generation_tokens']} "
+                         f"token(s) in the window, fewer than our {len(prompts)} and {ours}: they are incomplete, "
+                         "and other traffic in the window is unknown")
+        batch = BatchRecord("all", load.wall_s, **counter_delta(before, after, point.k),
+                            foreign_requests=foreign if foreign >= 0 and extra_tokens >= 0 else None,
+                            client_cpu_s=load.client_cpu_s)
         share = load.client_cpu_s / load.wall_s if load.wall_s > 0 else 0
         if share > 0.5:
             notes.append(f"the load generator used {share:.0%} of a CPU core: it may have limited the load")
