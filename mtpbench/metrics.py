@@ -77,7 +77,7 @@ class RequestRecord:
     num_drafts: int | None = None
     num_draft_tokens: int | None = None
     num_accepted_tokens: int | None = None
-    num_accepted_tokens_per_pos: list[int] | None = None
+    num_accepted_tokens_per_pos: list[int | None] | None = None
     # one [sequence length when the drafts were verified, drafts accepted] per verify step (None: unknown)
     draft_steps: list[list[int]] | None = None
     prompt_id: str = ""  # which prompt of the set: pairs a request with its twin in another run
@@ -99,8 +99,9 @@ def request_acceptance(k: int, accepted: list[int], drafted: list[int] | None = 
     steps = None
     if first_position is not None:
         steps, pos = [], first_position
-        for a in accepted:
-            steps.append([pos, a])
+        for a, d in zip(accepted, drafted):
+            if d > 0:  # a step that proposed nothing is no draft (as in num_drafts), though it moves on
+                steps.append([pos, a])
             pos += a + 1
     return {"num_drafts": sum(d > 0 for d in drafted), "num_draft_tokens": sum(drafted),
             "num_accepted_tokens": sum(accepted), "num_accepted_tokens_per_pos": per_pos, "draft_steps": steps}
@@ -133,7 +134,8 @@ class BatchRecord:
     num_drafts: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
-    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+    # per draft position; None (or a shorter list): the engine did not report that position
+    num_accepted_tokens_per_pos: list[int | None] = field(default_factory=list)
     draft_time_s: float | None = None  # summed draft-model call time (native backend only)
     num_draft_calls: int = 0
     # summed target call time: verify forwards, or decode steps at k = 0
@@ -190,16 +192,16 @@ class PointResult:
     num_drafts: int | None = None
     num_draft_tokens: int | None = None
     num_accepted_tokens: int | None = None
-    num_accepted_tokens_per_pos: tuple[int, ...] = ()
+    num_accepted_tokens_per_pos: tuple[int | None, ...] = ()  # None: the engine did not report that position
     acceptance_length: float | None = None
     acceptance_length_ci_low: float | None = None  # 95 % bootstrap over prompts (per-request data)
     acceptance_length_ci_high: float | None = None
     draft_acceptance_rate: float | None = None
     draft_acceptance_rate_ci_low: float | None = None
     draft_acceptance_rate_ci_high: float | None = None
-    acceptance_rate_per_pos: tuple[float, ...] = ()  # joint, as vLLM reports it
-    acceptance_rate_per_pos_ci_low: tuple[float, ...] = ()
-    acceptance_rate_per_pos_ci_high: tuple[float, ...] = ()
+    acceptance_rate_per_pos: tuple[float | None, ...] = ()  # joint, as vLLM reports it
+    acceptance_rate_per_pos_ci_low: tuple[float | None, ...] = ()
+    acceptance_rate_per_pos_ci_high: tuple[float | None, ...] = ()
     conditional_acceptance_per_pos: tuple[float | None, ...] = ()
     alpha: float | None = None
     draft_cost_ratio: float | None = None
@@ -357,7 +359,9 @@ def acceptance_intervals(requests: list[RequestRecord], k: int) -> dict:
     acc = [r.num_accepted_tokens for r in requests]
     al = stats.ratio_ci(acc, drafts)
     dar = stats.ratio_ci(acc, [r.num_draft_tokens for r in requests])
-    pos = [stats.ratio_ci([r.num_accepted_tokens_per_pos[i] for r in requests], drafts) for i in range(k)]
+    # a position some request lacks has no interval (a bootstrap would resample around the holes)
+    counts = [[position_count([r], i) for r in requests] for i in range(k)]
+    pos = [stats.ratio_ci(c, drafts) if None not in c else None for c in counts]
     if al is None:
         return {}
     return {"acceptance_length_ci_low": _round(1 + al[0]), "acceptance_length_ci_high": _round(1 + al[1]),
@@ -398,8 +402,7 @@ def summarize(backend: str, point: GridPoint, category: str, requests: list[Requ
     drafts = sum(b.num_drafts for b in counted)
     drafted = sum(b.num_draft_tokens for b in counted)
     accepted = sum(b.num_accepted_tokens for b in counted)
-    per_pos = [sum(b.num_accepted_tokens_per_pos[i] for b in counted if i < len(b.num_accepted_tokens_per_pos))
-               for i in range(k)]
+    per_pos = [position_count(counted, i) for i in range(k)]
     wall = sum(b.wall_s for b in batches)
     out_tokens = sum(len(r.output_token_ids) for r in requests)
     rep = [repetition(r.output_token_ids) for r in requests]
@@ -408,15 +411,20 @@ def summarize(backend: str, point: GridPoint, category: str, requests: list[Requ
     q = {name: [_round(percentile(xs, p), 3) for p in (0.5, 0.9, 0.99)] for name, xs in lat.items()}
 
     al = dar = alpha = tps = c = None
-    joint: list[float] = []
+    joint: list[float | None] = []
     cond: list[float | None] = []
     if k > 0 and drafts:
         al = 1 + accepted / drafts
         dar = accepted / drafted if drafted else None
-        joint = [p / drafts for p in per_pos]
-        cond = [joint[0]] + [(per_pos[i] / per_pos[i - 1]) if per_pos[i - 1] else None for i in range(1, k)]
-        rejections = drafts - per_pos[-1]  # drafts that stopped before accepting all k
-        alpha = accepted / (accepted + rejections) if accepted + rejections else None
+        joint = [None if p is None else p / drafts for p in per_pos]
+        cond = [joint[0]] + [per_pos[i] / per_pos[i - 1] if per_pos[i] is not None and per_pos[i - 1] else None
+                             for i in range(1, k)]
+        missing = [i for i, p in enumerate(per_pos) if p is None]
+        if missing:
+            notes = [*notes, unknown_positions_note(missing, k)]
+        if per_pos[-1] is not None:
+            rejections = drafts - per_pos[-1]  # drafts that stopped before accepting all k
+            alpha = accepted / (accepted + rejections) if accepted + rejections else None
         if alpha is not None:
             tps = float(k + 1) if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
         draft_s, step_s = mean_call_s(batches, "draft"), target_step_s or mean_call_s(batches, "target")
@@ -462,5 +470,26 @@ def summarize(backend: str, point: GridPoint, category: str, requests: list[Requ
         client_cpu_ms_per_request=_round(sum(cpu) / len(requests) * 1e3, 3) if cpu and requests else None,
         notes="; ".join(notes) or None,
     )
-    return replace(row, **acceptance_intervals(requests, k), **repeat_intervals(list(repeats)),
-                   **acceptance_by_position(requests))
+    intervals = acceptance_intervals(requests, k)
+    if intervals and None in joint:  # an interval where the engine's own count is unknown would stand alone
+        for side in ("low", "high"):
+            name = f"acceptance_rate_per_pos_ci_{side}"
+            intervals[name] = tuple(None if v is None else x for v, x in zip(joint, intervals[name]))
+    return replace(row, **intervals, **repeat_intervals(list(repeats)), **acceptance_by_position(requests))
+
+
+def position_count(records: list, i: int) -> int | None:
+    """Accepted tokens at draft position ``i`` summed over batches (or requests); None when one of them
+    lacks the count (an engine that did not report that position): unknown, never 0."""
+    values = [(r.num_accepted_tokens_per_pos or [])[i:i + 1] for r in records]
+    if any(not v or v[0] is None for v in values):
+        return None
+    return sum(v[0] for v in values)
+
+
+def unknown_positions_note(missing: list[int], k: int) -> str:
+    what = "the joint and conditional rates there"
+    if k - 1 in missing:
+        what += ", alpha and the theoretical speedup"
+    return (f"the engine reported no accepted-token count for draft position(s) {', '.join(map(str, missing))} "
+            f"of 0..{k - 1}: {what} are unknown")

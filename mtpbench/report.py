@@ -307,10 +307,15 @@ def plots(out: Path, rows: list[PointResult]) -> list[Path]:
         xs = [p + i * width for p in range(len(r.acceptance_rate_per_pos))]
         err = None
         if r.acceptance_rate_per_pos_ci_low:
-            err = [[0 if lo is None else v - lo for v, lo in zip(r.acceptance_rate_per_pos, r.acceptance_rate_per_pos_ci_low)],
-                   [0 if hi is None else hi - v for v, hi in zip(r.acceptance_rate_per_pos, r.acceptance_rate_per_pos_ci_high)]]
-        ax.bar(xs, r.acceptance_rate_per_pos, width=width, yerr=err, capsize=3,
+            err = [[0 if lo is None or v is None else v - lo for v, lo in zip(r.acceptance_rate_per_pos, r.acceptance_rate_per_pos_ci_low)],
+                   [0 if hi is None or v is None else hi - v for v, hi in zip(r.acceptance_rate_per_pos, r.acceptance_rate_per_pos_ci_high)]]
+        # a position the engine did not report has no bar, and a "?" where it would stand (not a 0 %)
+        ax.bar(xs, [0 if v is None else v for v in r.acceptance_rate_per_pos], width=width, yerr=err,
+               capsize=3,
                label=_line_label(r.mode, r.mtp_layers, r.concurrency, r.request_rate, r.context_tokens) + f", k={r.k}")
+        for x, v in zip(xs, r.acceptance_rate_per_pos):
+            if v is None:
+                ax.text(x, 0.02, "?", ha="center", fontsize=12)
     npos = max(len(r.acceptance_rate_per_pos) for r in tops)
     ax.set(xlabel="draft position", ylabel="acceptance rate (joint: positions 0..i accepted)",
            title="Per-position acceptance", ylim=(0, 1), xticks=[p + width * (len(tops) - 1) / 2 for p in range(npos)],

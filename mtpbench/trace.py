@@ -510,7 +510,7 @@ def run_trace(cfg, k: int, mode: str = "reuse", backend=None) -> dict:
     drafts = data["num_drafts"]
     steps = layer_per_step(records)
     attribution = [{"position": i, "layer": steps.get(i), "num_accepted_tokens": n,
-                    "acceptance_rate": round(n / drafts, 4) if drafts else None}
+                    "acceptance_rate": round(n / drafts, 4) if drafts and n is not None else None}
                    for i, n in enumerate(data["num_accepted_tokens_per_pos"])]
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -199,11 +199,13 @@ def read_spec_counters(llm) -> dict:
 
 
 def counter_delta(before: dict, after: dict, k: int) -> dict:
-    """What the counters gained between two readings; per-position padded/cut to k."""
-    old = before["num_accepted_tokens_per_pos"]
-    per_pos = [a - (old[i] if i < len(old) else 0) for i, a in enumerate(after["num_accepted_tokens_per_pos"])]
-    return {**{n: after[n] - before[n] for n in SPEC_COUNTERS},
-            "num_accepted_tokens_per_pos": (per_pos + [0] * k)[:k]}
+    """What the counters gained between two readings, per position for the first k. A position the later
+    reading lacks is unknown (None), not 0; one only the earlier reading lacks was created in between,
+    from 0 (a Prometheus child appears on its first count)."""
+    old, new = before["num_accepted_tokens_per_pos"], after["num_accepted_tokens_per_pos"]
+    per_pos = [None if i >= len(new) or new[i] is None
+               else new[i] - (old[i] if i < len(old) and old[i] is not None else 0) for i in range(k)]
+    return {**{n: after[n] - before[n] for n in SPEC_COUNTERS}, "num_accepted_tokens_per_pos": per_pos}
 
 
 def measure(llm, cfg: dict, k: int, prompts: list[Prompt]) -> PointRun:

@@ -84,8 +84,10 @@ def parse_metrics(text: str) -> dict:
                 per_pos[pos] = per_pos.get(pos, 0) + s.value
     for key in (*scalar.values(), "num_requests_in_flight"):
         out[key] = int(out[key])
-    out["num_positions"] = len(per_pos)
-    out["num_accepted_tokens_per_pos"] = [int(per_pos.get(i, 0)) for i in range(len(per_pos))]
+    # a position missing between reported ones is unknown (None), not 0
+    out["num_accepted_tokens_per_pos"] = [int(per_pos[i]) if i in per_pos else None
+                                          for i in range(max(per_pos, default=-1) + 1)]
+    out["num_positions"] = len(out["num_accepted_tokens_per_pos"])
     return out
 
 
