@@ -139,17 +139,26 @@ def _as_int(v):
 
 
 class LayerTracer:
-    """Wraps forward methods on live modules; ``enabled`` gates recording (off during engine start-up)."""
+    """Wraps forward methods on live modules; ``enabled`` gates recording (off during engine start-up).
 
-    def __init__(self, draft: nn.Module, target: nn.Module, force_spec_step_idx: bool = False):
+    ``record=False`` (with ``force_spec_step_idx``) only forces the index: it wraps the target forward (to
+    count draft steps), the wrapper's forward and its logits call, keeps no record and leaves the predictor
+    and the layers unwrapped, so a timed run pays a few Python calls per draft step and no memory."""
+
+    def __init__(self, draft: nn.Module, target: nn.Module, force_spec_step_idx: bool = False,
+                 record: bool = True):
+        if not record and not force_spec_step_idx:
+            raise ValueError("a tracer that neither records nor forces does nothing")
         self.structure = discover(draft)
         self.target = target
         self.force = force_spec_step_idx
+        self.record = record
         self.enabled = False
         self.records: list[CallRecord] = []
         self.batch = 0
         self.proposal = 0
         self.step = 0
+        self.current_step: int | None = None  # the draft step of the call in progress
         self.current: CallRecord | None = None
         self.draft_error: str | None = None  # an exception raised inside the draft model's forward
         self._depth: dict[str, int] = {}  # depth of each wrapped module between wrapper and layers
@@ -172,6 +181,8 @@ class LayerTracer:
         for attr in ("compute_logits", "get_top_tokens"):
             if hasattr(s.wrapper, attr):
                 self._patch(s.wrapper, attr, self._logits_call)
+        if not self.record:
+            return self
         for depth, (path, module) in enumerate(s.ancestors):
             if not isinstance(module, (nn.ModuleList, nn.ModuleDict)):  # containers have no forward of their own
                 self._depth[path] = depth
@@ -206,8 +217,11 @@ class LayerTracer:
         def forward(*args, **kwargs):
             if not self.enabled:
                 return orig(*args, **kwargs)
-            s = self.step
+            s = self.current_step = self.step
             self.step += 1
+            if not self.record:  # forcing only
+                args, kwargs = sig.with_spec_step_idx(args, kwargs, s)
+                return orig(*args, **kwargs)
             rec = CallRecord(self.batch, self.proposal, s, wrapper_spec_step_idx=sig.spec_step_idx(args, kwargs),
                              expected_layer=s % self.num_layers, num_tokens=sig.num_tokens(args, kwargs))
             if self.force:
@@ -226,10 +240,11 @@ class LayerTracer:
 
     def _logits_call(self, orig, sig):
         def call(*args, **kwargs):
-            if self.enabled and self.current is not None:
-                self.current.logits_spec_step_idx = sig.spec_step_idx(args, kwargs)
+            if self.enabled and self.current_step is not None:
+                if self.current is not None:
+                    self.current.logits_spec_step_idx = sig.spec_step_idx(args, kwargs)
                 if self.force and sig.idx_name is not None:
-                    args, kwargs = sig.with_spec_step_idx(args, kwargs, self.current.draft_step)
+                    args, kwargs = sig.with_spec_step_idx(args, kwargs, self.current_step)
             try:
                 return orig(*args, **kwargs)
             except Exception as e:  # the draft model's head raised (e.g. MiMo's unbounded layer index)
@@ -266,6 +281,14 @@ class LayerTracer:
 _MISSING = object()
 
 
+def force_spec_step_idx(draft: nn.Module, target: nn.Module) -> LayerTracer:
+    """``--force-spec-step-idx`` for timed runs: every draft call from now on gets spec_step_idx = its draft
+    step, and nothing is recorded (``tracer.remove()`` undoes it)."""
+    tracer = LayerTracer(draft, target, force_spec_step_idx=True, record=False).install()
+    tracer.enabled = True
+    return tracer
+
+
 @dataclass
 class Verdict:
     verdict: str
@@ -298,6 +321,24 @@ def judge(records: list[CallRecord], num_layers: int, k: int, layer_bytes: list[
     if not records:
         return Verdict("mismatch", ["no draft-model call was recorded: the wrapped forwards never ran "
                                     "(drafting off, or a compiled/graph-replayed draft model)"])
+    # a call in which no MTP layer ran tells nothing about the schedule: judge from the calls that ran one
+    silent = [r for r in records if r.executed_layer is None]
+    if len(silent) == len(records):
+        return Verdict("inconclusive", [
+            f"none of the {len(records)} draft calls ran an MTP layer the tracer could see: the layers' "
+            "forwards were skipped or replaced (a compiled or fused path, or a draft model that bypasses its "
+            "layers), so which layer serves a draft step was not observed",
+            "spec_step_idx received by the wrapper: " + ", ".join(sorted({str(r.wrapper_spec_step_idx)
+                                                                          for r in records}))])
+    v = _judge_observed([r for r in records if r.executed_layer is not None], num_layers, k, layer_bytes)
+    if silent:
+        v.evidence.append(f"{len(silent)} of {len(records)} draft calls (at step(s) "
+                          f"{sorted({r.draft_step for r in silent})}) ran no MTP layer: judged from the others")
+    return v
+
+
+def _judge_observed(records: list[CallRecord], num_layers: int, k: int, layer_bytes: list[int]) -> Verdict:
+    """The verdict from calls that each ran at least one MTP layer."""
     by_step: dict[int, Counter] = {}
     for r in records:
         by_step.setdefault(r.draft_step, Counter())[r.executed_layer if r.executed_layer != -1 else "all"] += 1

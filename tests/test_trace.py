@@ -224,3 +224,47 @@ def test_layers_dropped_at_load_are_named_with_their_bytes():
     assert "declares 3 MTP layers but the engine loaded 1" in line and "[1, 2] (18 bytes" in line
     line, = loaded_vs_checkpoint(1, 2, [5])
     assert "2 blocks for the checkpoint's 1 MTP layer" in line
+
+
+def test_calls_that_ran_no_mtp_layer_are_inconclusive_not_a_mismatch():
+    # the wrapper was called at steps 0..3, but no layer forward was seen in any call
+    recs = [CallRecord(1, p, s, wrapper_spec_step_idx=s, expected_layer=s % 2) for p in (1, 2) for s in range(4)]
+    v = judge(recs, 2, 4, [100, 100])
+    assert v.verdict == "inconclusive", v.evidence
+    assert "none of the 8 draft calls ran an MTP layer" in v.evidence[0] and "None" not in " ".join(v.evidence)
+    # some calls ran no layer: judged from those that did, and said so
+    recs = [CallRecord(1, 1, s, executed_layer=s % 2, expected_layer=s % 2) for s in range(4)]
+    recs.append(CallRecord(1, 2, 0, expected_layer=0))
+    v = judge(recs, 2, 4, [100, 100])
+    assert v.verdict == "multi-module", v.evidence
+    assert "1 of 5 draft calls (at step(s) [0]) ran no MTP layer" in v.evidence[-1]
+
+
+def test_forcing_in_timed_runs_records_nothing_and_wraps_only_the_wrapper():
+    """sweep --force-spec-step-idx on vLLM: the timed run gets the forced index but no tracer records, so
+    nothing grows with the run and the predictor and layers run unwrapped."""
+    from mtpbench.trace import force_spec_step_idx
+
+    class IdxLogits(Wrapper):
+        def compute_logits(self, x, spec_step_idx=0):
+            return spec_step_idx
+
+    wrapper, target = IdxLogits(2), nn.Linear(4, 4)
+    ran = []
+    for j, layer in enumerate(wrapper.model.mtp.layers):
+        layer.register_forward_hook(lambda m, i, o, j=j: ran.append(j))
+    tracer = force_spec_step_idx(wrapper, target)
+    heads = []
+    for _ in range(300):  # proposals of a long timed run; the draft loop passes no index (layer 0 unforced)
+        x = target(torch.zeros(1, 4))
+        for _s in range(3):
+            x = wrapper(x)
+            heads.append(wrapper.compute_logits(x))
+    assert ran[:6] == [0, 1, 0, 0, 1, 0] and heads[:6] == [0, 1, 2, 0, 1, 2]  # forced: step s
+    assert tracer.records == [] and tracer.current is None
+    assert "forward" not in wrapper.model.__dict__
+    assert all("forward" not in layer.__dict__ for layer in wrapper.model.mtp.layers)
+    tracer.remove()
+    x = target(torch.zeros(1, 4))
+    wrapper(x), wrapper(x)
+    assert ran[-2:] == [0, 0]  # removed: the loop's own (absent) index again
