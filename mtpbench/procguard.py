@@ -9,6 +9,13 @@ the whole process group rather than one child. On end-of-file the guard stops th
 server (vLLM shuts down cleanly on it), SIGTERM to the group after ``INT_GRACE_S``, SIGKILL after
 ``TERM_GRACE_S``. When the server exits on its own, the guard takes down what it left in its group too.
 
+A process group id is only the group's while a member lives: once the group is empty the kernel may give
+the number to a new process (and its group). So the guard does not reap the server (the group's leader)
+until the rest of its group is gone: an unreaped server is a zombie that keeps its pid, so every signal
+the guard sends reaches this group and no other. Then it tells mtpbench (a ``stopped`` line), and
+mtpbench never signals that id again; its last-resort SIGKILL, for a guard that died or hung, goes only
+to a group that still answers.
+
 The server's stdout and stderr go to the log file, which starts with one header line naming the
 command and the process group.
 """
@@ -76,33 +83,47 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
+def _exited(server: subprocess.Popen) -> bool:
+    """Whether the server has exited, without reaping it (``WNOWAIT``): an unreaped server is a zombie
+    that still holds its pid, which is its group's id, so the number cannot go to another process."""
+    if server.returncode is not None:
+        return True
+    if not hasattr(os, "waitid"):  # no WNOWAIT here: reap, as poll does
+        return server.poll() is not None
+    try:
+        return os.waitid(os.P_PID, server.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return server.poll() is not None
+
+
 def _wait_group(server: subprocess.Popen, timeout: float) -> bool:
-    """Wait until the server exited and its whole group is gone; True if so within ``timeout``."""
+    """Wait until the server exited and the rest of its group is gone, then reap the server; True if so
+    within ``timeout``. Until this returns True the server is not reaped, so its group id is still its own."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        server.poll()  # reap our own child, so it does not linger as a zombie of the group
-        if server.returncode is not None and not group_alive(server.pid):
+        if server.returncode is not None:  # reaped already (no WNOWAIT): the old test, alive by signal 0
+            if not group_alive(server.pid):
+                return True
+        elif _exited(server) and not process_group_pids(server.pid) - {server.pid}:
+            server.wait()  # the last member: only now may the number be given away
             return True
         time.sleep(0.1)
     return False
 
 
 def stop_group(server: subprocess.Popen, int_grace_s: float = INT_GRACE_S,
-               term_grace_s: float = TERM_GRACE_S) -> None:
-    """SIGINT to the server, SIGTERM to its group, SIGKILL to its group, each after a grace period."""
+               term_grace_s: float = TERM_GRACE_S) -> bool:
+    """SIGINT to the server, SIGTERM to its group, SIGKILL to its group, each after a grace period;
+    True once the group is gone. Every signal goes out while the server is unreaped (alive or a zombie),
+    so it reaches the server's group and no other."""
     pgid = server.pid  # the server leads its own group (start_new_session)
-    if server.poll() is None:
-        try:
-            server.send_signal(signal.SIGINT)
-        except ProcessLookupError:
-            pass
-    if _wait_group(server, int_grace_s):
-        return
-    _signal_group(pgid, signal.SIGTERM)
-    if _wait_group(server, term_grace_s):
-        return
-    _signal_group(pgid, signal.SIGKILL)
-    _wait_group(server, 5.0)
+    if not _exited(server):
+        os.kill(server.pid, signal.SIGINT)  # not send_signal: its poll would reap the server
+    for sig, wait_s in ((signal.SIGTERM, int_grace_s), (signal.SIGKILL, term_grace_s)):
+        if _wait_group(server, wait_s):
+            return True
+        _signal_group(pgid, sig)
+    return _wait_group(server, 5.0)
 
 
 def _server_preexec() -> None:
@@ -130,11 +151,12 @@ def guard_main(log_path: str, cmd: list[str], int_grace_s: float = INT_GRACE_S,
         log.write(f"# mtpbench: server pid {server.pid}, process group {server.pid}: {' '.join(cmd)}\n".encode())
         print(server.pid, flush=True)
         fd = sys.stdin.fileno()
-        while server.poll() is None:
+        while not _exited(server):  # not poll: the server stays unreaped until its group is gone
             readable, _, _ = select.select([fd], [], [], 0.2)
             if readable and not os.read(fd, 4096):  # end-of-file: mtpbench closed the pipe or is gone
                 break
-        stop_group(server, int_grace_s, term_grace_s)
+        if stop_group(server, int_grace_s, term_grace_s):
+            print("stopped", flush=True)  # the owner must not signal the group's id any more
     return server.returncode if server.returncode is not None else -9
 
 
@@ -152,6 +174,7 @@ class Guarded:
                                       start_new_session=True)
         line = self.guard.stdout.readline().strip()
         self.pgid = int(line) if line.isdigit() else None
+        self.group_gone = self.pgid is None  # once True, self.pgid may be someone else's: never signal it
 
     def running(self) -> bool:
         """The server is up: the guard returns as soon as the server exits."""
@@ -166,11 +189,14 @@ class Guarded:
                 pass
         try:
             self.guard.wait(self.grace_s + 15)
+            told = self.guard.stdout.read() if self.guard.stdout and not self.guard.stdout.closed else b""
+            self.group_gone |= b"stopped" in told
         except subprocess.TimeoutExpired:
             self.guard.kill()
             self.guard.wait()
-        if self.pgid is not None:
+        if not self.group_gone and group_alive(self.pgid):  # the guard died or hung before it was done
             _signal_group(self.pgid, signal.SIGKILL)
+        self.group_gone = True
         if self.guard.stdout:
             self.guard.stdout.close()
 

@@ -3,6 +3,7 @@ arithmetic, the process guard, and the one-line errors for bad served-run input.
 
 import json
 import math
+import os
 import signal
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from typer.testing import CliRunner
 from mtpbench.backends.vllm_server import free_port, parse_metrics
 from mtpbench.cli import app
 from mtpbench.metrics import GridPoint, RequestRecord, BatchRecord, summarize
-from mtpbench.procguard import Guarded, group_alive
+from mtpbench.procguard import Guarded, group_alive, process_group_pids
 from mtpbench.telemetry import GpuSampler, integrate_power_j, summarize_samples
 
 DATA = Path(__file__).parent / "data"
@@ -167,6 +168,65 @@ def test_guard_returns_when_the_server_exits_and_keeps_its_log(tmp_path):
     assert not g.running() and g.guard.returncode == 3
     assert g.log_tail() == "boom"
     g.stop()
+
+
+def _record_group_signals(monkeypatch, check=lambda pgid, sig: None) -> list:
+    """Every os.killpg with a real signal, as (pgid, signal); ``check`` runs before each is sent."""
+    from mtpbench import procguard
+
+    sent, killpg = [], procguard.os.killpg
+
+    def recording(pgid, sig):
+        if sig:
+            check(pgid, sig)
+            sent.append((pgid, sig))
+        return killpg(pgid, sig)
+
+    monkeypatch.setattr(procguard.os, "killpg", recording)
+    return sent
+
+
+def test_owner_never_signals_a_group_its_guard_reported_stopped(tmp_path, monkeypatch):
+    """The guard stopped the group and said so: its id may already be a stranger's, so stop() leaves it."""
+    g = Guarded([sys.executable, "-c", "pass"], tmp_path / "s.log")
+    end = time.monotonic() + 15
+    while g.running() and time.monotonic() < end:
+        time.sleep(0.05)
+    sent = _record_group_signals(monkeypatch)
+    g.stop()
+    g.stop()  # twice, as a sweep's close and its cleanup may
+    assert sent == [] and g.group_gone
+
+
+def test_owner_still_kills_the_group_of_a_guard_that_died(tmp_path):
+    g = Guarded(IGNORE_SIGINT, tmp_path / "s.log")
+    time.sleep(0.5)
+    g.guard.kill()  # the guard dies without stopping anything; its server's child is in the group
+    g.guard.wait()
+    g.stop()
+    assert _gone(g.pgid, 5.0)
+
+
+def test_guard_signals_the_group_only_while_its_leader_holds_the_id(monkeypatch):
+    """The server exits and leaves a child in its group: the guard escalates against the child, with the
+    server still unreaped (a zombie keeps its pid, the group's id, from being given to another process)."""
+    from mtpbench.procguard import stop_group
+
+    server = subprocess.Popen(["sh", "-c", "trap '' INT TERM; sleep 300 & exit 0"], start_new_session=True)
+    time.sleep(0.3)  # the server is gone, its sleep (ignoring SIGINT and SIGTERM) lives on in the group
+
+    def leader_unreaped(pgid, sig):
+        assert pgid == server.pid and server.returncode is None, "signalled a group whose leader was reaped"
+        assert Path(f"/proc/{server.pid}/stat").exists()
+
+    sent = _record_group_signals(monkeypatch, leader_unreaped)
+    try:
+        assert stop_group(server, int_grace_s=0.2, term_grace_s=0.5)
+    finally:  # should the test fail: the sleep, by its own pid
+        for pid in process_group_pids(server.pid) - {server.pid}:
+            os.kill(pid, signal.SIGKILL)
+    assert [sig for _, sig in sent] == [signal.SIGTERM, signal.SIGKILL]
+    assert server.returncode == 0 and not group_alive(server.pid)
 
 
 # ---- bad served-run input: one line, exit 2, nothing written -------------------------------------

@@ -456,7 +456,7 @@ class VllmServerBackend:
     def _server_pids(self) -> set[int]:
         """The processes of the launched server (its process group); empty for an attached one."""
         g = self.server.guard if self.server else None
-        return process_group_pids(g.pgid) if g is not None and g.pgid else set()
+        return process_group_pids(g.pgid) if g is not None and g.pgid and not g.group_gone else set()
 
 
 def _is_local(url: str) -> bool:
