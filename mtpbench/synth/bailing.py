@@ -28,6 +28,11 @@ H = 128
 HEADS = 2
 I_DENSE = 256
 E, I_MOE, I_SHARED = 4, 64, 64
+# head_dim is the linear-attention head size alone (the MLA layers size themselves from MLA below). With no
+# linear-attention layer its state is empty: 0 gives it no bytes, so vLLM's hybrid block-size alignment has
+# nothing to align. Otherwise that alignment raises MLA's block to 128, which CPU_MLA (the backend of CPUs
+# without AMX, such as AMD EPYC) refuses: "Aligned KV cache block size 128 is not supported".
+LINEAR_HEAD_DIM = 0
 # the CPU MLA kernel needs kv_lora_rank + qk_rope_head_dim = 576
 MLA = dict(q_lora_rank=64, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=32, v_head_dim=32)
 
@@ -84,7 +89,7 @@ def _build(arch: str, bias_name: str):
         config = dict(
             model_type="bailing_hybrid", architectures=[arch],
             auto_map={"AutoConfig": "configuration_bailing_hybrid.BailingHybridConfig"},
-            hidden_size=H, num_attention_heads=HEADS, num_key_value_heads=HEADS, head_dim=H // HEADS,
+            hidden_size=H, num_attention_heads=HEADS, num_key_value_heads=HEADS, head_dim=LINEAR_HEAD_DIM,
             intermediate_size=I_DENSE, num_experts=E, num_shared_experts=1, num_experts_per_tok=2,
             moe_intermediate_size=I_MOE, moe_shared_expert_intermediate_size=I_SHARED, first_k_dense_replace=1,
             n_group=1, topk_group=1, score_function="sigmoid", moe_router_enable_expert_bias=True,
