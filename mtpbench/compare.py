@@ -13,6 +13,15 @@ B - A and one word:
 * ``better`` / ``worse``: the interval excludes 0 in the metric's good / bad direction; ``within noise``:
   it holds 0; ``no interval``: the data cannot tell (no per-request data, a single repeat).
 
+Where a metric has an interval, A, B and B - A come from the same data as the interval (acceptance: the
+requests both runs made of the same prompts, pooled; timings: the medians of the repeats), so a verdict
+never contradicts the sign of B - A, also when a server's counters held foreign traffic or the prompt
+sets only overlap; each row says where its values come from (``values_from``).
+
+How the engines executed (eager or compiled graphs; later the model runner) is a difference between
+the runs as a whole: vLLM with ``--force-spec-step-idx`` runs every point eagerly, k = 0 included. Then
+the k = 0 baseline is no control for machine drift, and raw timings stay evidence for ``--fail-if-worse``.
+
 Writes ``compare.csv``, ``compare.json``, ``compare.md`` (a summary to paste into a pull request) and
 ``compare.png`` (relative differences with their intervals).
 """
@@ -21,10 +30,12 @@ from __future__ import annotations
 
 import csv
 import io
+from collections import Counter
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from mtpbench import stats
+from mtpbench.config import execution
 from mtpbench.errors import MtpBenchError
 from mtpbench.metrics import GridPoint, PointResult, PointRun
 from mtpbench.report import load_run, rows_from_points, write_json, write_text
@@ -51,6 +62,10 @@ class CompareRow:
     verdict: str
     higher_is_better: bool
     paired_prompts: int | None  # prompts paired for acceptance; None for timings
+    # where A, B and B - A come from: the data of the interval ("paired prompts": the requests both runs
+    # made of the same prompts, pooled; "repeats": medians of each side's timed runs), or, with no
+    # interval, "each run's table" (engine counters, which a server's foreign traffic also feeds)
+    values_from: str = ""
 
     def to_csv(self) -> dict:
         return {k: "" if v is None else (f"{v:.6g}" if isinstance(v, float) else v) for k, v in asdict(self).items()}
@@ -99,11 +114,24 @@ def differences(a: dict, b: dict) -> list[str]:
         va, vb = a["config"].get(key), b["config"].get(key)
         if va != vb:
             out.append(f"{key}: {va} vs {vb}")
+    ea, eb = run_execution(a), run_execution(b)
+    if ea != eb:
+        out.append(f"execution: {describe_execution(ea)} vs {describe_execution(eb)}")
     for key in ("vllm", "torch", "mtpbench_code"):
         va, vb = a["provenance"]["versions"].get(key), b["provenance"]["versions"].get(key)
         if va != vb:
             out.append(f"{key} version: {va} vs {vb}")
     return out
+
+
+def run_execution(run: dict) -> dict:
+    """How a run's engine executed its points: as the run recorded it, else as its settings tell."""
+    return run.get("execution") or execution(run["config"])
+
+
+def describe_execution(e: dict) -> str:
+    graphs = e.get("graphs") or "unknown graphs"
+    return graphs + (f", runner {e['runner']}" if e.get("runner") else "")
 
 
 def check_same_workload(a: dict, b: dict, force: bool) -> None:
@@ -126,29 +154,57 @@ def _verdict(diff: float | None, ci: tuple[float, float] | None, higher_is_bette
     if ci is None or diff is None:
         return "no interval"
     lo, hi = ci
-    if lo > 0:
+    # an interval beyond 0 on the side opposite to B - A (a skewed bootstrap can do that) is no evidence
+    if lo > 0 and diff > 0:
         return "better" if higher_is_better else "worse"
-    if hi < 0:
+    if hi < 0 and diff < 0:
         return "worse" if higher_is_better else "better"
     return "within noise"
 
 
-def _row(point: str, k: int, cat: str, metric: str, a, b, ci, higher: bool, paired: int | None) -> CompareRow:
+def _row(point: str, k: int, cat: str, metric: str, a, b, ci, higher: bool, paired: int | None,
+         values_from: str) -> CompareRow:
     diff = None if a is None or b is None else b - a
     rel = diff / a if diff is not None and a else (0.0 if diff == 0 else None)
-    return CompareRow(point, k, cat, metric, a, b, None if diff is None else round(diff, 6),
-                      None if rel is None else round(rel, 6), None if ci is None else round(ci[0], 6),
-                      None if ci is None else round(ci[1], 6), _verdict(diff, ci, higher), higher, paired)
+    return CompareRow(point, k, cat, metric, _r6(a), _r6(b), _r6(diff), _r6(rel), None if ci is None else _r6(ci[0]),
+                      None if ci is None else _r6(ci[1]), _verdict(diff, ci, higher), higher, paired, values_from)
+
+
+def _r6(x: float | None) -> float | None:
+    return None if x is None else round(x, 6)
+
+
+TABLE = "each run's table"
+
+
+def _by_prompt(requests, category: str) -> dict[tuple[str, int], object]:
+    """A run's requests with per-request counts, keyed by (prompt id, occurrence): a prompt id that a set
+    holds twice (a JSONL file with a repeated id) pairs its n-th request in A with its n-th in B."""
+    out, seen = {}, Counter()
+    for r in requests:
+        if r.prompt_id and r.num_drafts is not None and (category == "all" or r.category == category):
+            out[(r.prompt_id, seen[r.prompt_id])] = r
+            seen[r.prompt_id] += 1
+    return out
+
+
+def duplicate_ids(requests) -> list[str]:
+    counts = Counter(r.prompt_id for r in requests if r.prompt_id)
+    return sorted(i for i, n in counts.items() if n > 1)
 
 
 def _paired_requests(ra, rb, category: str):
     """Requests of both runs on the same prompts (by prompt id), with per-request counts on both sides."""
-    def usable(requests):
-        return {r.prompt_id: r for r in requests if r.prompt_id and r.num_drafts is not None
-                and (category == "all" or r.category == category)}
-    a, b = usable(ra.requests), usable(rb.requests)
+    a, b = _by_prompt(ra.requests, category), _by_prompt(rb.requests, category)
     ids = sorted(set(a) & set(b))
     return [a[i] for i in ids], [b[i] for i in ids]
+
+
+def _pooled(metric: str, num: list[int], den: list[int]) -> float | None:
+    """The metric over a set of requests, pooled as the sweep's table pools it (a ratio of sums)."""
+    if not sum(den):
+        return None
+    return (1 if metric == "acceptance_length" else 0) + sum(num) / sum(den)
 
 
 def compare_points(name: str, pa: tuple[GridPoint, PointRun], pb: tuple[GridPoint, PointRun],
@@ -175,19 +231,35 @@ def compare_points(name: str, pa: tuple[GridPoint, PointRun], pb: tuple[GridPoin
                        [r.num_drafts for r in qb]) for i in range(ga.k)]
             for metric, hib, na, da, nb, db in specs:
                 ci = stats.paired_ratio_diff_ci(na, da, nb, db) if n else None
-                va, vb = _metric(row_a, metric), _metric(row_b, metric)
-                out.append(_row(name, ga.k, cat, metric, va, vb, ci, hib, n))
+                if ci is not None:  # A, B and B - A from the very requests the interval resamples
+                    out.append(_row(name, ga.k, cat, metric, _pooled(metric, na, da), _pooled(metric, nb, db), ci,
+                                    hib, n, "paired prompts"))
+                else:
+                    out.append(_row(name, ga.k, cat, metric, _metric(row_a, metric), _metric(row_b, metric), None,
+                                    hib, n, TABLE))
         if cat == "all":
             for metric, hib in TIMINGS:
                 ta, tb = [r.get(metric) for r in ra.repeats], [r.get(metric) for r in rb.repeats]
                 ci = stats.median_diff_ci(ta, tb) if len(ta) > 1 and len(tb) > 1 else None
-                out.append(_row(name, ga.k, cat, metric, getattr(row_a, metric), getattr(row_b, metric), ci, hib,
-                                None))
+                if ci is not None:
+                    out.append(_row(name, ga.k, cat, metric, stats.median(ta), stats.median(tb), ci, hib, None,
+                                    "repeats"))
+                else:
+                    out.append(_row(name, ga.k, cat, metric, getattr(row_a, metric), getattr(row_b, metric), None,
+                                    hib, None, TABLE))
             if ga.k > 0 and base is not None:
                 reps = [[r.get("output_tokens_per_sec") for r in x.repeats] for x in (ra, base[0], rb, base[1])]
                 ci = stats.speedup_diff_ci(*reps)
-                out.append(_row(name, ga.k, cat, "speedup", row_a.speedup, row_b.speedup, ci, True, None))
+                if ci is not None:
+                    sa, sb = (_ratio(stats.median(x), stats.median(y)) for x, y in (reps[:2], reps[2:]))
+                    out.append(_row(name, ga.k, cat, "speedup", sa, sb, ci, True, None, "repeats"))
+                else:
+                    out.append(_row(name, ga.k, cat, "speedup", row_a.speedup, row_b.speedup, None, True, None, TABLE))
     return out
+
+
+def _ratio(x: float | None, y: float | None) -> float | None:
+    return x / y if x is not None and y else None
 
 
 def _metric(row: PointResult, metric: str):
@@ -205,7 +277,7 @@ def compare(a_dir: Path, b_dir: Path, out: Path | None = None, force: bool = Fal
     a, b = _side(loaded_a, a_dir, with_mode), _side(loaded_b, b_dir, with_mode)
     check_same_workload(a.run, b.run, force)
     rows: list[CompareRow] = []
-    unpaired, failed = [], []
+    unpaired, failed, missing, duplicates = [], [], [], []
     for key in sorted(set(a.points) | set(b.points) | set(a.failures) | set(b.failures),
                       key=lambda x: tuple(-1 if v is None else v for v in x[1:]) + (str(x[0]),)):
         pa, pb = a.points.get(key), b.points.get(key)
@@ -216,26 +288,40 @@ def compare(a_dir: Path, b_dir: Path, out: Path | None = None, force: bool = Fal
             k0 = ("plain", 0, 0, *key[3:])
             base = (a.points[k0][1], b.points[k0][1]) if k0 in a.points and k0 in b.points else None
             rows += compare_points(name, pa, pb, ra, rb, base)
+            for side, (_, run) in (("A", pa), ("B", pb)) if pa[0].k > 0 else ():  # k = 0 pairs no prompts
+                ids = duplicate_ids(run.requests)
+                if ids:
+                    duplicates.append(f"{name}: prompt id{'s' if len(ids) > 1 else ''} "
+                                      f"{', '.join(map(repr, ids[:5]))}{' ...' if len(ids) > 5 else ''} "
+                                      f"{'occur' if len(ids) > 1 else 'occurs'} more than once in {side}: paired by order of appearance (the n-th with the n-th)")
         elif key in a.failures or key in b.failures:
             side = "A and B" if key in a.failures and key in b.failures else "A" if key in a.failures else "B"
             name, error = a.failures.get(key) or b.failures.get(key)
             failed.append({"point": name, "failed_in": side, "error": error[:300]})
         else:
             unpaired.append((pa or pb)[0].name + (" (only in A)" if pa else " (only in B)"))
+            if pa:
+                missing.append(pa[0].name)
     if not rows and not failed:
         raise MtpBenchError(f"{a_dir} and {b_dir} have no points that pair (same k, MTP layers and load)")
+    drift = drift_notes(rows, a.run, b.run)
     result = {"a": str(a_dir), "b": str(b_dir), "differences": differences(a.run, b.run),
-              "rows": [asdict(r) for r in rows], "failed": failed, "unpaired": unpaired,
-              "notes": drift_notes(rows, a.run, b.run)}
+              "rows": [asdict(r) for r in rows], "failed": failed, "unpaired": unpaired, "missing_in_b": missing,
+              "notes": drift + execution_notes(a.run, b.run) + duplicates, "timings_drifted": bool(drift)}
     if out is not None:
         write(Path(out), result, rows)
     return result
 
 
+# differences between two runs that leave the k = 0 baseline as it was: it drafts nothing. (Under vLLM
+# --force-spec-step-idx also runs k = 0 eagerly: that shows as an "execution" difference, which counts.)
+NOT_BASELINE = ("mode:", "force_spec_step_idx:", "draft_model:", "method:", "k:", "mtp_layers:")
+
+
 def drift_notes(rows: list[CompareRow], a: dict, b: dict) -> list[str]:
     """The k = 0 baseline is a control when both runs made it the same way: if its tokens/s still moved
     beyond noise, the machine drifted between the runs, and raw timings of other points carry that drift."""
-    same_baseline = not [d for d in differences(a, b) if not d.startswith(("mode:", "force_spec_step_idx:"))]
+    same_baseline = not [d for d in differences(a, b) if not d.startswith(NOT_BASELINE)]
     out = []
     for r in rows:
         if r.k == 0 and r.category == "all" and r.metric == "output_tokens_per_sec" and same_baseline \
@@ -246,18 +332,32 @@ def drift_notes(rows: list[CompareRow], a: dict, b: dict) -> list[str]:
     return out
 
 
+def execution_notes(a: dict, b: dict) -> list[str]:
+    """A difference in how the engines executed (eager vs compiled graphs, the model runner) is one of the
+    whole runs, k = 0 included: the baseline is then no control for machine drift."""
+    ea, eb = run_execution(a), run_execution(b)
+    if ea == eb:
+        return []
+    return [f"A ran {describe_execution(ea)}, B {describe_execution(eb)}, every point alike, k = 0 included: raw "
+            "tokens/s, TTFT and TPOT differences hold the execution's difference too (they still count for "
+            "--fail-if-worse), and the k = 0 baseline tells nothing about machine drift; 'speedup' reads each "
+            "run against its own baseline"]
+
+
 def _row_key(r: PointResult, with_mode: bool) -> tuple:
     rate = float("inf") if r.request_rate is None and r.concurrency is not None else r.request_rate
     return _key(GridPoint(r.mode, r.k, r.mtp_layers, r.concurrency, rate, r.context_tokens), with_mode)
 
 
 def worse_beyond(result: dict, pct: float) -> list[str]:
-    """What fails --fail-if-worse PCT: a point that ran in A and failed in B, and every metric over all
-    prompts that is worse beyond noise by more than ``pct`` percent (per-category rows are left out: with
-    13 categories some would cross by chance). When the k = 0 control shows drift between the runs, raw
-    timings are not evidence (``speedup`` still is)."""
-    drifted = {m for m, _ in TIMINGS} if result["notes"] else set()
+    """What fails --fail-if-worse PCT: a point that ran in A and failed in B or is missing from B (a B
+    sweep stopped halfway), and every metric over all prompts that is worse beyond noise by more than
+    ``pct`` percent (per-category rows are left out: with 13 categories some would cross by chance).
+    When the k = 0 control shows machine drift between the runs, raw timings are not evidence
+    (``speedup`` still is); a difference in execution is no drift, and raw timings then count."""
+    drifted = {m for m, _ in TIMINGS} if result.get("timings_drifted") else set()
     out = [f"{f['point']} failed in B" for f in result["failed"] if f["failed_in"] == "B"]
+    out += [f"{name} missing in B" for name in result.get("missing_in_b", [])]
     out += [f"{r['point']} {r['metric']} {r['rel_diff'] * 100:+.1f} %" for r in result["rows"]
             if r["category"] == "all" and r["verdict"] == "worse" and r["rel_diff"] is not None
             and abs(r["rel_diff"]) * 100 > pct and r["metric"] not in drifted]
@@ -301,16 +401,17 @@ def table_lines(result: dict, category: str = "all") -> list[list[str]]:
         ci = "-" if r["ci_low"] is None else f"[{r['ci_low']:+.4g}, {r['ci_high']:+.4g}]"
         rel = "-" if r["rel_diff"] is None else f"{r['rel_diff'] * 100:+.2f} %"
         out.append([r["point"], r["metric"], _fmt(r["a"], r["metric"]), _fmt(r["b"], r["metric"]),
-                    "-" if r["diff"] is None else f"{r['diff']:+.4g}", rel, ci, r["verdict"]])
+                    "-" if r["diff"] is None else f"{r['diff']:+.4g}", rel, ci, r["verdict"],
+                    r.get("values_from") or TABLE])
     return out
 
 
-HEADERS = ["point", "metric", "A", "B", "B - A", "(B - A) / A", "95 % CI of B - A", "verdict"]
+HEADERS = ["point", "metric", "A", "B", "B - A", "(B - A) / A", "95 % CI of B - A", "verdict", "values from"]
 
 
 def markdown(result: dict) -> str:
     rows = table_lines(result)
-    words = [r[-1] for r in rows]
+    words = [r[7] for r in rows]
     lines = [f"## mtpbench compare: A = `{result['a']}`, B = `{result['b']}`", "",
              "What differs between the runs: " + ("; ".join(f"`{d}`" for d in result["differences"])
                                                   or "nothing in their settings or versions") + ".", "",

@@ -84,6 +84,49 @@ class SweepConfig:
 
 _TYPES = {f.name: f.type for f in fields(SweepConfig)}
 
+# SweepConfig fields that do not change what one saved point measures. Every other field is in the
+# fingerprint, so a field added later is in it unless it is named here (tests/test_fingerprint.py pins
+# the split: a new field must be classified by hand).
+NOT_MEASURED = {
+    "out": "where the files go",
+    "description": "a note for the reader",
+    # grid dimensions: each is in the point's own key (its file name and "point" record), so a sweep that
+    # adds a value reuses the points of the others
+    "k": "grid dimension (point key)",
+    "mtp_layers": "grid dimension (point key)",
+    "mode": "grid dimension (point key)",
+    "context_tokens": "grid dimension (point key)",
+    "concurrency": "grid dimension (point key)",
+    "request_rate": "grid dimension (point key)",
+    # how a launched server is reached and waited for, not what it runs
+    "server_port": "the launched server's local port",
+    "server_start_timeout_s": "how long to wait for a launched server",
+}
+FINGERPRINT_KEYS = tuple(name for name in _TYPES if name not in NOT_MEASURED)
+
+
+def fingerprint(config: dict, versions: dict) -> dict:
+    """What a saved point was measured with (``config``: ``SweepConfig.to_json()``); a point is reused
+    or read as part of a sweep only if this matches."""
+    return {**{key: config.get(key) for key in FINGERPRINT_KEYS}, "versions": versions}
+
+
+def execution(config: dict) -> dict:
+    """How the engine executed every point of a run (``config``: a saved run's settings), as far as its
+    settings tell: ``graphs`` "eager" or "compiled" (None: not known, e.g. an attached server's), and
+    ``runner``, the vLLM model runner (None: vLLM's default). vLLM compiles the model and replays graphs
+    unless told not to; ``--force-spec-step-idx`` runs every point eagerly, k = 0 included."""
+    backend, args = config.get("backend"), config.get("engine_args") or {}
+    if backend == "native":
+        graphs = "eager"  # plain PyTorch modules, never compiled
+    elif config.get("server"):
+        graphs = None
+    elif args.get("enforce_eager") or (backend == "vllm" and config.get("force_spec_step_idx")):
+        graphs = "eager"
+    else:
+        graphs = "compiled"
+    return {"graphs": graphs, "runner": config.get("runner")}
+
 
 def profile_dirs() -> list[Path]:
     here = Path(__file__).parent

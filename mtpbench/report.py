@@ -17,19 +17,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from mtpbench import stats
+# a point's fingerprint is derived from SweepConfig's fields, next to it (re-exported for the sweep)
+from mtpbench.config import FINGERPRINT_KEYS, fingerprint  # noqa: F401
 from mtpbench.errors import MtpBenchError
 from mtpbench.metrics import GridPoint, PointResult, PointRun, mean_call_s, summarize
-
-# settings that change what a point measures; a saved point is reused only if these match
-FINGERPRINT_KEYS = ("model", "backend", "method", "prompts", "num_prompts", "chat_template", "repeats", "max_tokens",
-                    "temperature",
-                    "batch_size", "seed", "device", "dtype", "force_spec_step_idx", "max_model_len",
-                    "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
-                    "distributed_executor_backend", "gpu_memory_utilization", "engine_args", "server", "api")
-
-
-def fingerprint(config: dict, versions: dict) -> dict:
-    return {**{key: config.get(key) for key in FINGERPRINT_KEYS}, "versions": versions}
 
 
 def write_text(path: Path, text: str) -> None:
@@ -68,17 +59,28 @@ def load_run(out: Path) -> tuple[dict, list[dict], list[dict]]:
     if not run_path.is_file():
         raise MtpBenchError(f"{out} holds no sweep (run.json missing)")
     run = _read_json(run_path)
-    # the sweep's own record of its fingerprint (older runs: rebuilt from their settings and versions)
-    want = run.get("fingerprint") or fingerprint(run["config"], run["provenance"]["versions"])
     points, failures = [], []
     for path in sorted(out.glob("*.json")):
         if path.name in ("run.json", "summary.json"):
             continue
         data = _read_json(path)
-        if not isinstance(data, dict) or data.get("fingerprint") != want:
+        if not isinstance(data, dict) or not _belongs(data.get("fingerprint"), run):
             continue  # left over from a sweep with other settings or versions, or not ours
         (failures if path.name.endswith(".failure.json") else points).append(data)
     return run, points, failures
+
+
+def _belongs(fp, run: dict) -> bool:
+    """Whether a point file's fingerprint is its sweep's: the one run.json records, or, for sweeps older
+    than that record, the settings and versions the point itself wrote down (their list of settings has
+    grown since, so it is not rebuilt from today's)."""
+    if not isinstance(fp, dict):
+        return False
+    if "fingerprint" in run:
+        return fp == run["fingerprint"]
+    config = run["config"]
+    return fp.get("versions") == run["provenance"]["versions"] and \
+        all(config.get(key) == value for key, value in fp.items() if key != "versions")
 
 
 def _read_json(path: Path):
@@ -414,18 +416,29 @@ def build(out: Path) -> list[PointResult]:
     write_text(out / "summary.csv", csv_text(rows))
     write_json(out / "summary.json", {**run, "rows": [r.to_json() for r in rows]})
     plots(out, rows)
-    al_histogram(out, points)
+    al_histogram(out, points, rows)
     return rows
 
 
-def al_histogram(out: Path, points: list[dict]) -> Path | None:
-    """Per-request acceptance length of every drafting point, one panel each (``al_histogram.png``)."""
-    per_point = []
+def histogram_panels(points: list[dict], rows: list[PointResult]) -> list[tuple[GridPoint, list[float], float | None]]:
+    """Per drafting point: its requests' own acceptance lengths, and the AL the table reports for it
+    (1 + accepted / drafts pooled: not the mean of the per-request ALs, which weighs a short request
+    like a long one)."""
+    reported = {_label(r): r.acceptance_length for r in rows if r.category == "all" and r.status == "ok"}
+    out = []
     for d in sorted(points, key=lambda d: _sort_key(d["point"])):
         run = PointRun.from_json(d)
         als = [r.acceptance_length for r in run.requests if r.acceptance_length is not None]
-        if d["point"]["k"] > 0 and als:
-            per_point.append((GridPoint.from_json(d["point"]), als))
+        point = GridPoint.from_json(d["point"])
+        if point.k > 0 and als:
+            out.append((point, als, reported.get(point.name)))
+    return out
+
+
+def al_histogram(out: Path, points: list[dict], rows: list[PointResult]) -> Path | None:
+    """Per-request acceptance length of every drafting point, one panel each, with a line at the
+    reported AL (``al_histogram.png``)."""
+    per_point = histogram_panels(points, rows)
     if not per_point:
         return None
     import matplotlib
@@ -436,10 +449,12 @@ def al_histogram(out: Path, points: list[dict]) -> Path | None:
     cols = min(4, len(per_point))
     rows_n = -(-len(per_point) // cols)
     fig, axes = plt.subplots(rows_n, cols, figsize=(3.2 * cols, 2.6 * rows_n), squeeze=False)
-    for ax, (point, als) in zip(axes.flat, per_point):
+    for ax, (point, als, al) in zip(axes.flat, per_point):
         ax.hist(als, bins=min(20, max(5, len(als) // 2)), range=(1, point.k + 1), color="tab:blue", alpha=0.8)
-        ax.axvline(sum(als) / len(als), color="black", lw=1)
-        ax.set(title=f"{point.name} ({len(als)} requests)", xlabel="acceptance length per request",
+        if al is not None:
+            ax.axvline(al, color="black", lw=1, label=f"AL {al:.3g}")
+            ax.legend(fontsize=7)
+        ax.set(title=f"{point.name} ({len(als)} requests)", xlabel="acceptance length per request (line: AL)",
                ylabel="requests")
         ax.title.set_fontsize(8)
     for ax in list(axes.flat)[len(per_point):]:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from mtpbench.backends import get_backend
-from mtpbench.config import SweepConfig, validate
+from mtpbench.config import SweepConfig, execution, validate
 from mtpbench.environment import environment, provenance
 from mtpbench.errors import MtpBenchError
 from mtpbench.metrics import GridPoint, PointResult, check_requests_against_counters
@@ -69,7 +69,8 @@ def run_sweep(cfg: SweepConfig, on_point: Callable[[int, int, str], None] | None
         prompts_info = pset.describe()  # as in the set, without context
         fp = {**fingerprint(cfg.to_json(), prov["versions"]), "prompts_sha256": prompts_info["sha256"]}
         write_json(out / "run.json", {"config": cfg.to_json(), "provenance": prov, "engine": engine,
-                                      "prompts": prompts_info, "fingerprint": fp})
+                                      "prompts": prompts_info, "fingerprint": fp,
+                                      "execution": execution(cfg.to_json())})
         window = context_window(cfg)
         for i, point in enumerate(points):
             if on_point:
