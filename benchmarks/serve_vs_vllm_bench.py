@@ -9,11 +9,21 @@ tokens/s within 5 %), and the load generator's own cost:
 
 * client CPU per request, from the process CPU time of each side's measured call;
 * the client's ceiling: mtpbench's load generator against a null server (a local aiohttp app that streams
-  the same number of chunks at once), in requests/s and tokens/s at the same concurrency.
+  the same number of chunks at once), in requests/s and tokens/s at the same concurrency;
+* a client-only control: both clients, alternated, against a stand-in engine (a local aiohttp app that runs
+  one "step" every ``--step-ms``, with at most ``--concurrency`` requests in its batch, and gives each
+  running request 1 to 3 tokens per step, drawn from a hash of its prompt and step). Its work is the same
+  whichever client asks, so its ratio shows whether the two clients' windows (start, end, the concurrency
+  gate, stream parsing, token counts) agree, apart from the real server's noise.
+
+Both sides define output tokens/s alike: the completion tokens of the window's requests (the usage block)
+over the time from before the first request is released to after the last completes (mtpbench
+``loadgen._run``; vLLM ``benchmarks/serve.py``, ``benchmark_start_time`` .. ``benchmark_duration``).
+The CPU is printed with the figures: timing ratios move with it.
 
 Needs pandas (vLLM's ``bench`` extra, for its custom dataset): pip install pandas
 Usage: python benchmarks/serve_vs_vllm_bench.py [--prompts 16] [--max-tokens 128] [--concurrency 4]
-       [--k 2] [--mtp-layers 2] [--repeats 3] [--eager]
+       [--k 2] [--mtp-layers 2] [--repeats 3] [--eager] [--step-ms 17]
 """
 
 import argparse
@@ -33,6 +43,7 @@ from mtpbench.checkpoint import derived_checkpoint
 from mtpbench.backends.vllm_server import (VllmServerBackend, free_port, probe, server_args, server_command,
                                            server_env, wait_healthy)
 from mtpbench.config import SweepConfig
+from mtpbench.environment import cpu_summary
 from mtpbench.loadgen import run_load
 from mtpbench.metrics import GridPoint, summarize
 from mtpbench.procguard import Guarded
@@ -53,6 +64,47 @@ async def completions(request):
     await resp.write(b"data: " + json.dumps(u).encode() + b"\n\ndata: [DONE]\n\n")
     return resp
 app = web.Application()
+app.router.add_post("/v1/completions", completions)
+web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None)
+"""
+
+STEP_SERVER = r"""
+import asyncio, json, sys, zlib
+from aiohttp import web
+STEP, BATCH = float(sys.argv[2]), int(sys.argv[3])
+waiting, running = [], []
+async def engine():
+    loop = asyncio.get_running_loop()
+    t = loop.time()
+    while True:
+        t += STEP
+        await asyncio.sleep(max(0.0, t - loop.time()))
+        while waiting and len(running) < BATCH:
+            running.append(waiting.pop(0))
+        for r in list(running):
+            n = 1 if r["steps"] == 0 else 1 + zlib.crc32(f"{r['prompt']}|{r['steps']}".encode()) % 3
+            n = min(n, r["max"] - r["done"])
+            r["steps"], r["done"] = r["steps"] + 1, r["done"] + n
+            r["q"].put_nowait(n)
+            if r["done"] >= r["max"]:
+                running.remove(r)
+                r["q"].put_nowait(None)
+async def completions(request):
+    body = await request.json()
+    r = {"prompt": body["prompt"], "max": body["max_tokens"], "done": 0, "steps": 0, "q": asyncio.Queue()}
+    waiting.append(r)
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    while (n := await r["q"].get()) is not None:
+        c = {"choices": [{"index": 0, "text": "x" * n, "token_ids": [7] * n}]}
+        await resp.write(b"data: " + json.dumps(c).encode() + b"\n\n")
+    u = {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": r["max"]}}
+    await resp.write(b"data: " + json.dumps(u).encode() + b"\n\ndata: [DONE]\n\n")
+    return resp
+async def start(app):
+    app["engine"] = asyncio.create_task(engine())
+app = web.Application()
+app.on_startup.append(start)
 app.router.add_post("/v1/completions", completions)
 web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None)
 """
@@ -94,6 +146,35 @@ def null_ceiling(prompts: list[Prompt], args) -> tuple[float, float, float]:
         proc.wait()
 
 
+def _wait_for(url: str, prompts: list[Prompt]) -> None:
+    for _ in range(100):  # until the local server answers
+        if not run_load(url, "null", prompts[:1], max_tokens=2).errors:
+            return
+        time.sleep(0.1)
+
+
+def client_only(prompts: list[Prompt], dataset: Path, args) -> tuple[list[float], list[float]]:
+    """Output tokens/s of both clients, ABBA-alternated, against the stand-in engine (STEP_SERVER)."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-c", STEP_SERVER, str(port), str(args.step_ms / 1e3),
+                             str(args.concurrency)])
+    ours, theirs = [], []
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait_for(url, prompts)
+        for i in range(args.repeats):
+            for side in ("mtpbench", "vllm") if i % 2 == 0 else ("vllm", "mtpbench"):
+                if side == "mtpbench":
+                    r = run_load(url, "null", prompts, max_tokens=args.max_tokens, concurrency=args.concurrency)
+                    ours.append(sum(len(q.output_token_ids) for q in r.requests) / r.wall_s)
+                else:
+                    theirs.append(vllm_bench(url, "null", str(BUILTIN_MODEL_DIR), dataset, args)[0]["output_throughput"])
+        return ours, theirs
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--prompts", type=int, default=16)
@@ -103,6 +184,7 @@ def main():
     ap.add_argument("--mtp-layers", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--eager", action="store_true", help="enforce_eager (no torch.compile at start)")
+    ap.add_argument("--step-ms", type=float, default=17.0, help="the stand-in engine's step (client-only control)")
     args = ap.parse_args()
 
     prompts = load_prompts("builtin", args.prompts)
@@ -142,8 +224,10 @@ def main():
     finally:
         guard.stop()
     ceiling = null_ceiling(prompts, args)
+    ctl_ours, ctl_theirs = client_only(prompts, dataset, args)
 
     med = lambda rows, i: statistics.median(r[i] for r in rows)  # noqa: E731
+    print(f"CPU: {cpu_summary()}, {os.cpu_count()} logical CPUs")
     print(f"built-in model, L={args.mtp_layers} MTP layers, k={args.k}, {args.prompts} prompts x {args.max_tokens} "
           f"tokens, concurrency {args.concurrency}, greedy, {args.repeats} ABBA-alternated repeats; "
           f"VLLM_CPU_KVCACHE_SPACE={os.environ.get('VLLM_CPU_KVCACHE_SPACE', '1 (set by mtpbench)')}, "
@@ -154,6 +238,9 @@ def main():
               f"{med(rows, 1):>8.3f}{med(rows, 2) * 1e3:>19.2f}")
     print(f"RATIO mtpbench / vllm bench serve, output tokens/s (median): {med(ours, 0) / med(theirs, 0):.3f}")
     print(f"RATIO mtpbench / vllm bench serve, acceptance length: {med(ours, 1) / med(theirs, 1):.4f}")
+    print(f"RATIO client-only control, against a stand-in engine ({args.step_ms:g} ms steps): "
+          f"{statistics.median(ctl_ours) / statistics.median(ctl_theirs):.3f} "
+          f"(mtpbench {' '.join(f'{x:.1f}' for x in ctl_ours)}; vllm bench serve {' '.join(f'{x:.1f}' for x in ctl_theirs)} tok/s)")
     print(f"load generator overhead: {med(ours, 2) * 1e3:.2f} ms CPU per request "
           f"({med(ours, 2) * 1e3 / args.max_tokens:.3f} ms per output token); ceiling against a null server at "
           f"concurrency {args.concurrency}: {ceiling[0]:.0f} requests/s, {ceiling[1]:.0f} tokens/s "
