@@ -307,8 +307,9 @@ def trace_matrix(
     max_tokens: Annotated[int, typer.Option(help="Output tokens of the traced prompt.")] = 12,
     out: Annotated[str, typer.Option(help="Output directory for matrix.csv, .json, .md, .png.")] = "matrix",
 ) -> None:
-    """Every runnable vLLM MTP architecture x {as vLLM drafts, forced spec_step_idx}: one verdict per cell."""
-    from mtpbench.matrix import run_matrix
+    """Every runnable vLLM MTP architecture x {as vLLM drafts, forced spec_step_idx}: one verdict per cell.
+    Ctrl-C stops the engines and writes the architectures that finished (exit code 130)."""
+    from mtpbench.matrix import MatrixInterrupted, run_matrix
 
     def on_cell(c) -> None:
         typer.echo(f"  {c.arch:<18} {c.drafting:<13} {c.verdict}" + (f" [{c.layer_per_step}]" if c.layer_per_step else "")
@@ -318,6 +319,11 @@ def trace_matrix(
         run_matrix(list(strs(arch)) if arch else None, Path(out), k, jobs, max_tokens, on_cell)
     except MtpBenchError as e:
         fail(str(e))
+    except MatrixInterrupted as e:
+        typer.echo(Path(out, "matrix.md").read_text())
+        typer.echo(f"interrupted: engines stopped; wrote a PARTIAL matrix ({e.finished} of {e.total} architectures "
+                   f"finished) to {out}/matrix.csv, matrix.json, matrix.md, matrix.png", err=True)
+        raise typer.Exit(130) from None
     typer.echo(Path(out, "matrix.md").read_text())
     typer.echo(f"wrote {out}/matrix.csv, matrix.json, matrix.md, matrix.png")
 

@@ -10,7 +10,9 @@ Every cell is checked against vLLM itself: vLLM's spec-decode counters must show
 must make k draft calls, and the layer that ran must be the one the model's own rule picks from what the
 predictor received (``spec_step_idx % L``, the default 0 when nothing was passed).
 
-Output: ``matrix.csv``, ``matrix.json``, ``matrix.md`` and ``matrix.png``.
+Output: ``matrix.csv``, ``matrix.json``, ``matrix.md`` and ``matrix.png``. On Ctrl-C the running engines'
+process groups are killed, queued architectures are not started, and the files are written with the
+architectures that finished; the others' cells say ``interrupted`` and the files say the matrix is partial.
 """
 
 from __future__ import annotations
@@ -24,6 +26,15 @@ from pathlib import Path
 from mtpbench.errors import MtpBenchError
 
 DRAFTING = ("as installed", "forced")
+INTERRUPTED = "interrupted"
+
+
+class MatrixInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a matrix: the engines are stopped and the partial matrix is written."""
+
+    def __init__(self, finished: int, total: int):
+        super().__init__(f"interrupted after {finished} of {total} architectures")
+        self.finished, self.total = finished, total
 
 
 @dataclass
@@ -37,7 +48,7 @@ class Cell:
     k: int
     mtp_layers: int  # in the checkpoint
     loaded_layers: int | None  # held by the engine's draft model
-    verdict: str  # a trace verdict, or "build failed" / "did not start"
+    verdict: str  # a trace verdict, or "build failed" / "did not start" / "interrupted" (Ctrl-C came first)
     layer_per_step: str  # the layer that ran at draft steps 0..k-1 ("0 1 0 1"; "all" = several in one call)
     idx_received: str  # spec_step_idx the wrapper received at steps 0..k-1
     evidence: str
@@ -52,7 +63,7 @@ class Cell:
 def _steps(records: list, k: int, attr: str) -> str:
     out = []
     for s in range(k):
-        # "all": several layers in one call; "!": the call raised before any layer ran
+        # "all": several layers in one call; "!": no MTP layer ran in the call (e.g. it raised first)
         vals = {{-1: "all", None: "!"}.get(getattr(r, attr), str(getattr(r, attr))) for r in records
                 if r.draft_step == s}
         out.append("/".join(sorted(vals)) if vals else "-")
@@ -84,6 +95,8 @@ def vllm_check(records: list, num_layers: int, k: int, num_drafts: int, crash: s
             problems.append(f"step {r.draft_step}: the predictor received {got} but layer {r.executed_layer} ran "
                             f"(the model's rule gives {idx % num_layers})")
             break
+    if records and all(r.executed_layer is None for r in records):
+        return "; ".join(problems + ["the layer rule not checked: no MTP layer ran"])
     return "; ".join(problems) or ("consistent before the crash" if crash else "consistent")
 
 
@@ -131,8 +144,9 @@ def _cells_for(arch, k: int, L: int, data: dict | None, error: str, verdict: str
     return cells
 
 
-def run_arch(arch, k: int | None, max_tokens: int, cpu: int | None) -> list[Cell]:
-    """Build (or reuse), start, load-check and trace one architecture; failures become cells."""
+def run_arch(arch, k: int | None, max_tokens: int, cpu: int | None, workers=None) -> list[Cell]:
+    """Build (or reuse), start, load-check and trace one architecture; failures become cells.
+    ``workers``: a ``backends.vllm.Workers`` that can stop this architecture's engines (Ctrl-C)."""
     from dataclasses import asdict as as_dict
 
     from mtpbench.backends.vllm import call_worker, engine_kwargs
@@ -160,13 +174,13 @@ def run_arch(arch, k: int | None, max_tokens: int, cpu: int | None) -> list[Cell
     if cpu is not None:  # engines in parallel: one core each
         env["VLLM_CPU_OMP_THREADS_BIND"] = str(cpu)
     try:
-        data = call_worker(spec, env=env, timeout=900)
+        data = call_worker(spec, env=env, timeout=900, workers=workers)
     except Exception as e:  # RuntimeError from the worker, or a result that cannot be read
         return _cells_for(arch, k, declared, None, f"{type(e).__name__}: {e}"[:2000], "did not start")
     while len(data["traces"]) < len(DRAFTING):  # the engine crashed in a trace: the rest in a fresh one
         try:
             rest = call_worker({**spec, "trace_forces": spec["trace_forces"][len(data["traces"]):]}, env=env,
-                               timeout=900)["traces"]
+                               timeout=900, workers=workers)["traces"]
         except Exception as e:
             rest = [{"records": [], "crash": f"a fresh engine for this trace did not start: {e}"[:2000],
                      "crash_in_draft": False, "num_layers": data["traces"][0]["num_layers"], "num_drafts": 0}]
@@ -195,7 +209,11 @@ def default_jobs() -> int:
 
 def run_matrix(names: list[str] | None, out: Path, k: int | None = None, jobs: int | None = None,
                max_tokens: int = 12, on_cell=None) -> list[Cell]:
-    from mtpbench.backends.vllm import require_vllm
+    """Every named architecture's cells, written to ``out``. Ctrl-C stops the engines, writes the
+    architectures that finished (the rest ``interrupted``) and raises ``MatrixInterrupted``."""
+    import threading
+
+    from mtpbench.backends.vllm import Workers, require_vllm
     from mtpbench.config import check_writable
     from mtpbench.synth import archs
 
@@ -216,35 +234,49 @@ def run_matrix(names: list[str] | None, out: Path, k: int | None = None, jobs: i
     check_writable(out)
     t0 = time.perf_counter()
     free = usable_cpus()
-    import threading
-
     lock = threading.Lock()
+    workers = Workers()
+
+    def failed(name: str, error: str, verdict: str) -> list[Cell]:
+        a = table[name]
+        return _cells_for(a, k or 2 * a.mtp_layers, a.mtp_layers, None, error, verdict)
 
     def one(name: str) -> list[Cell]:
         with lock:
             cpu = free.pop(0) if jobs > 1 and free else None
         try:
-            cells = run_arch(table[name], k, max_tokens, cpu)
+            cells = run_arch(table[name], k, max_tokens, cpu, workers)
         except Exception as e:  # whatever else goes wrong with one architecture is its cells, not the matrix's
-            cells = _cells_for(table[name], k or 2 * table[name].mtp_layers, table[name].mtp_layers, None,
-                               f"{type(e).__name__}: {e}"[:2000], "did not start")
+            cells = failed(name, f"{type(e).__name__}: {e}"[:2000], "did not start")
         finally:
             if cpu is not None:
                 with lock:
                     free.append(cpu)
-        if on_cell:
+        if on_cell and not workers.stopped:  # after Ctrl-C, a stopped engine's cells are not results
             for c in cells:
                 on_cell(c)
         return cells
 
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        cells = [c for cs in pool.map(one, names) for c in cs]
-    wall = time.perf_counter() - t0
-    write_matrix(out, cells, version, wall, jobs)
+    pool = ThreadPoolExecutor(max_workers=jobs)
+    futures = [pool.submit(one, n) for n in names]
+    try:
+        results = [f.result() for f in futures]
+    except KeyboardInterrupt:
+        # what finished before the signal counts; then no engine runs on and nothing queued starts
+        done = {n: f.result() for n, f in zip(names, futures) if f.done() and not f.cancelled()}
+        workers.stop()
+        pool.shutdown(wait=False, cancel_futures=True)
+        cells = [c for n in names for c in done.get(n) or failed(n, "", INTERRUPTED)]
+        write_matrix(out, cells, version, time.perf_counter() - t0, jobs, interrupted=True)
+        raise MatrixInterrupted(len(done), len(names)) from None
+    pool.shutdown()
+    cells = [c for cs in results for c in cs]
+    write_matrix(out, cells, version, time.perf_counter() - t0, jobs)
     return cells
 
 
-def write_matrix(out: Path, cells: list[Cell], version: str, wall_s: float, jobs: int) -> None:
+def write_matrix(out: Path, cells: list[Cell], version: str, wall_s: float, jobs: int,
+                 interrupted: bool = False) -> None:
     import csv
     import io
 
@@ -259,7 +291,8 @@ def write_matrix(out: Path, cells: list[Cell], version: str, wall_s: float, jobs
         w.writerow({k: ("" if v is None else v) for k, v in asdict(c).items()})
     write_text(out / "matrix.csv", buf.getvalue())
     write_json(out / "matrix.json", {"vllm": version, "wall_s": round(wall_s, 1), "jobs": jobs,
-                                     "cells": [asdict(c) for c in cells], "provenance": provenance()})
+                                     "interrupted": interrupted, "cells": [asdict(c) for c in cells],
+                                     "provenance": provenance()})
     write_text(out / "matrix.md", markdown(cells, version, wall_s, jobs))
     plot(out / "matrix.png", cells, version)
 
@@ -305,12 +338,17 @@ def markdown(cells: list[Cell], version: str, wall_s: float, jobs: int) -> str:
 
     head = (f"MTP layer matrix, vLLM {version}, k = {k_text(cells)}, {len(set(c.arch for c in cells))} architectures, "
             f"{wall_s:.0f} s with {jobs} engine(s) side by side\n\n")
+    stopped = {c.arch for c in cells if c.verdict == INTERRUPTED}
+    if stopped:
+        head += (f"**Partial matrix**: interrupted (Ctrl-C) before {len(stopped)} of "
+                 f"{len(set(c.arch for c in cells))} architectures finished; their cells say `{INTERRUPTED}`.\n\n")
     return head + tabulate(rows(cells), headers=HEADERS, tablefmt="github") + "\n"
 
 
 COLORS = {"multi-module": "#7fc97f", "layer-0 reuse": "#fdc086", "swallowed": "#f0027f", "mismatch": "#e31a1c",
           "multi-layer calls": "#80b1d3", "inconclusive": "#dddddd", "crashed": "#bf5b17",
-          "engine error": "#999999", "did not start": "#666666", "build failed": "#666666"}
+          "engine error": "#999999", "did not start": "#666666", "build failed": "#666666",
+          INTERRUPTED: "#f4f4f4"}
 
 
 def plot(path: Path, cells: list[Cell], version: str) -> None:
@@ -336,10 +374,11 @@ def plot(path: Path, cells: list[Cell], version: str) -> None:
     ax.set_xticks([0.5, 1.5], ["as installed vLLM drafts", "forced spec_step_idx = draft step"])
     ax.set_yticks([i + 0.5 for i in range(len(archs))],
                   [f"{a} ({next(c.mtp_class for c in cells if c.arch == a)})" for a in archs], fontsize=7)
+    partial = " (PARTIAL: interrupted)" if any(c.verdict == INTERRUPTED for c in cells) else ""
     ax.set_title(f"Which MTP layer runs at each draft step: synthetic checkpoints on vLLM {version}, "
-                 f"k = {k_text(cells)}", fontsize=9)
-    fig.text(0.01, 0.005, "[layer that ran at draft step 0..k-1]  all: several layers in one call;  !: the call raised "
-             "before a layer ran;  -: no call", fontsize=7)
+                 f"k = {k_text(cells)}{partial}", fontsize=9)
+    fig.text(0.01, 0.005, "[layer that ran at draft step 0..k-1]  all: several layers in one call;  !: no MTP layer "
+             "ran in the call;  -: no call", fontsize=7)
     fig.tight_layout(rect=(0, 0.02, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -156,28 +156,124 @@ class VllmBackend:
         return call_worker(spec)
 
 
-def call_worker(spec: dict, env: dict | None = None, timeout: float = WORKER_TIMEOUT_S) -> dict:
+class Workers:
+    """The worker processes of one run with engines side by side (trace-matrix). ``stop()`` (on Ctrl-C)
+    kills the process group of each running one and refuses to start more."""
+
+    def __init__(self):
+        import threading
+
+        self.stopped = False
+        self._live: set[subprocess.Popen] = set()  # started and not yet reaped: each group id is still theirs
+        self._lock = threading.Lock()
+
+    def add(self, proc: subprocess.Popen) -> None:
+        with self._lock:
+            self._live.add(proc)
+            if self.stopped:  # stop() ran while this one was starting
+                kill_group(proc.pid)
+
+    def release(self, proc: subprocess.Popen) -> None:
+        """Before the worker is reaped: from then on its group id may be reused, so no more signals."""
+        with self._lock:
+            self._live.discard(proc)
+
+    def stop(self) -> None:
+        with self._lock:
+            self.stopped = True
+            for proc in self._live:
+                kill_group(proc.pid)
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL to a worker's process group. Only for a worker not yet reaped (running, or a zombie): until
+    it is reaped, its pid, the group's id, cannot name another process or group."""
+    import signal
+
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def wait_unreaped(proc: subprocess.Popen, timeout: float) -> bool:
+    """Wait until the worker exits, without reaping it; False after ``timeout`` seconds."""
+    end = time.monotonic() + timeout
+    while os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def call_worker(spec: dict, env: dict | None = None, timeout: float = WORKER_TIMEOUT_S,
+                workers: Workers | None = None) -> dict:
     """Run one engine in a fresh worker process (``python -m mtpbench.backends.vllm``); its result dict,
-    or RuntimeError with the worker's error."""
+    or RuntimeError with the worker's error.
+
+    The worker leads a process group of its own, so a Ctrl-C at the terminal reaches mtpbench only, and
+    mtpbench ends the whole group: when the worker is done, on a timeout, on Ctrl-C in this thread, or
+    through ``workers.stop()`` from another. Its stdin is a pipe that only mtpbench holds: at end-of-file,
+    however mtpbench ended (SIGKILL included), the worker ends its group itself."""
     import tempfile
 
+    if workers is not None and workers.stopped:
+        raise RuntimeError("stopped before this vLLM worker started")
     with tempfile.TemporaryDirectory(prefix="mtpbench-vllm-") as tmp:
         spec_path, result_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
         spec_path.write_text(json.dumps(spec))
-        try:
-            proc = subprocess.run([sys.executable, "-m", "mtpbench.backends.vllm", str(spec_path),
-                                   str(result_path)], env={**worker_env(spec["engine_kwargs"]["model"]), **(env or {})},
-                                  capture_output=True,
-                                  text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise RuntimeError(f"vLLM worker did not finish within {timeout:.0f} s") from None
-        if result_path.exists():
-            data = json.loads(result_path.read_text())
-            if "error" in data:
-                raise RuntimeError(data["error"])
-            return data
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+        with open(Path(tmp) / "stdout", "w+") as out, open(Path(tmp) / "stderr", "w+") as err:
+            proc = subprocess.Popen([sys.executable, "-m", "mtpbench.backends.vllm", str(spec_path),
+                                     str(result_path)],
+                                    env={**worker_env(spec["engine_kwargs"]["model"]), **(env or {}),
+                                         PARENT_PIPE_ENV: "1"},
+                                    stdin=subprocess.PIPE, stdout=out, stderr=err, start_new_session=True)
+            try:
+                if workers is not None:
+                    workers.add(proc)
+                finished = wait_unreaped(proc, timeout)
+            finally:  # whatever happened, nothing of the group outlives this call
+                if workers is not None:
+                    workers.release(proc)
+                kill_group(proc.pid)  # the worker is not reaped yet: the id is still its group's
+                proc.wait()
+                proc.stdin.close()
+            if not finished:
+                raise RuntimeError(f"vLLM worker did not finish within {timeout:.0f} s")
+            if workers is not None and workers.stopped:
+                raise RuntimeError("vLLM worker stopped: interrupted")
+            if result_path.exists():
+                data = json.loads(result_path.read_text())
+                if "error" in data:
+                    raise RuntimeError(data["error"])
+                return data
+            err.seek(0)
+            out.seek(0)
+            tail = (err.read() or out.read()).strip().splitlines()[-5:]
         raise RuntimeError(f"vLLM worker exited with code {proc.returncode}: " + " | ".join(tail))
+
+
+PARENT_PIPE_ENV = "MTPBENCH_WORKER_PARENT_PIPE"
+
+
+def end_with_parent() -> None:
+    """In a worker started by ``call_worker``: end this process group when the parent's pipe on stdin
+    reaches end-of-file (the parent exited or was killed)."""
+    import signal
+    import threading
+
+    if os.environ.get(PARENT_PIPE_ENV) != "1" or os.getpgrp() != os.getpid():
+        return  # started some other way (by hand): nothing to watch, or a group that is not ours
+
+    def watch() -> None:
+        try:
+            while os.read(0, 4096):
+                pass
+        except OSError:
+            pass
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="end-with-parent", daemon=True).start()
 
 
 # ---- worker side (runs in the subprocess) -------------------------------------------------------
@@ -369,12 +465,10 @@ def worker(spec_path: str, result_path: str) -> None:
         elif spec.get("trace"):
             data = trace(llm, spec["config"], spec["k"], prompts, force)
         else:
-            if force and spec["k"] > 0:  # the PR's proposal, applied at run time through the tracer
-                from mtpbench.trace import LayerTracer
+            if force and spec["k"] > 0:  # the PR's proposal, applied at run time; nothing is recorded
+                from mtpbench.trace import force_spec_step_idx
 
-                draft, target = engine_models(llm)
-                tracer = LayerTracer(draft, target, force_spec_step_idx=True).install()
-                tracer.enabled = True
+                force_spec_step_idx(*engine_models(llm))
             run = measure(llm, spec["config"], spec["k"], prompts)
             run.mtp_weight_bytes = held_mtp_bytes(llm) if spec["k"] > 0 else 0
             data = asdict(run)
@@ -387,4 +481,5 @@ def worker(spec_path: str, result_path: str) -> None:
 
 
 if __name__ == "__main__":
+    end_with_parent()
     worker(sys.argv[1], sys.argv[2])
