@@ -77,18 +77,37 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+def stand_in(root: Path, driver: str) -> dict:
+    """The stand-in vllm package, the models "fast", "slow" and "queued", the driver script; the env."""
+    for rel, text in FAKE_VLLM.items():
+        (root / "fake" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / "fake" / rel).write_text(textwrap.dedent(text))
+    for name in ("fast", "slow", "queued"):
+        shutil.copytree(BUILTIN_MODEL_DIR, root / name)
+    (root / "driver.py").write_text(driver)
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root / "fake"), os.environ.get("PYTHONPATH")]))}
+
+
+def wait_gone(pids: list[int], seconds: float = 10) -> bool:
+    end = time.monotonic() + seconds  # SIGKILL is sent; the kernel may take a moment
+    while any(alive(p) for p in pids) and time.monotonic() < end:
+        time.sleep(0.1)
+    return not any(alive(p) for p in pids)
+
+
+def kill_all(pids: list[int]) -> None:
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 @pytest.mark.parametrize("to", ["terminal", "process"])
 def test_ctrl_c_stops_the_engines_and_writes_the_finished_cells(tmp_path, to):
     """``terminal``: SIGINT to the whole foreground process group, as Ctrl-C at a terminal sends it;
     ``process``: to mtpbench alone (``kill -INT``, a supervisor), so only mtpbench can stop the engines."""
-    for rel, text in FAKE_VLLM.items():
-        (tmp_path / "fake" / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / "fake" / rel).write_text(textwrap.dedent(text))
-    for name in ("fast", "slow", "queued"):
-        shutil.copytree(BUILTIN_MODEL_DIR, tmp_path / name)
-    (tmp_path / "driver.py").write_text(DRIVER)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path / "fake"),
-                                                                    os.environ.get("PYTHONPATH")]))}
+    env = stand_in(tmp_path, DRIVER)
     # a session of its own, so a terminal-like Ctrl-C below reaches its whole process group and nothing else
     proc = subprocess.Popen([sys.executable, str(tmp_path / "driver.py"), str(tmp_path)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -117,10 +136,7 @@ def test_ctrl_c_stops_the_engines_and_writes_the_finished_cells(tmp_path, to):
         text = "".join(err)
         assert proc.returncode == 130, text
         assert "PARTIAL matrix (1 of 3 architectures finished)" in text
-        gone = time.monotonic() + 5  # SIGKILL has been sent; the kernel may take a moment
-        while any(alive(p) for p in pids) and time.monotonic() < gone:
-            time.sleep(0.1)
-        assert not any(alive(p) for p in pids), "the stopped engine (or its child) is still running"
+        assert wait_gone(pids), "the stopped engine (or its child) is still running"
         assert not (tmp_path / "queued.pids").exists(), "a queued architecture started after Ctrl-C"
         data = json.loads((tmp_path / "out" / "matrix.json").read_text())
         assert data["interrupted"] is True
@@ -134,11 +150,42 @@ def test_ctrl_c_stops_the_engines_and_writes_the_finished_cells(tmp_path, to):
         assert (tmp_path / "out" / "matrix.csv").read_text().count("\n") == 7
         assert (tmp_path / "out" / "matrix.png").stat().st_size > 1000
     finally:
-        for p in pids:
-            try:
-                os.kill(p, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_all(pids)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+CALLER = """
+import sys
+from pathlib import Path
+
+from mtpbench.backends.vllm import call_worker
+
+call_worker({"config": {}, "k": 2, "engine_kwargs": {"model": str(Path(sys.argv[1]) / "slow")}, "prompts": []})
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
+def test_an_engine_worker_never_outlives_its_caller(tmp_path, sig):
+    """A sweep's worker (call_worker in the main thread): Ctrl-C ends its process group; SIGKILL of the
+    caller closes the worker's stdin pipe, and the worker ends its own group."""
+    env = stand_in(tmp_path, CALLER)
+    proc = subprocess.Popen([sys.executable, str(tmp_path / "driver.py"), str(tmp_path)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    pids: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "slow.pids").exists():
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.2)
+        time.sleep(0.5)
+        pids = [int(x) for x in (tmp_path / "slow.pids").read_text().split()]
+        os.kill(proc.pid, sig)
+        proc.wait(30)
+        assert wait_gone(pids), f"the engine (or its child) outlived its caller ({sig.name})"
+    finally:
+        kill_all(pids)
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
