@@ -244,8 +244,9 @@ def test_attached_poisson_arrivals_and_foreign_traffic_are_reported(tmp_path, dr
     row = next(x for x in json.loads((out / "summary.json").read_text())["rows"] if x["category"] == "all")
     assert row["request_rate"] == 10.0 and row["foreign_requests"] > 0
     assert "that were not ours during the window" in row["notes"] and "not ours" in r.output
-    sent = sorted(q["sent_s"] for q in point["requests"])
-    assert max_in_flight(point["requests"]) <= 4 and sent[-1] > 0.2  # spread by the arrivals, not all at t=0
+    # closed loop under the gate; that the arrivals themselves follow the rate is tested on the load
+    # generator (tests/test_serving.py), where they are seen before the gate
+    assert max_in_flight(point["requests"]) <= 4
 
 
 def test_attached_chat_api(tmp_path, drafting_server):
