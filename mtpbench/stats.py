@@ -23,8 +23,8 @@
   Binomial(2 drafts, p); "correlated": drafts 5 + Poisson(40 (p/0.6)^2), so prompts that accept more
   also draft more; "fixed output budget": drafts Poisson(96 / (1 + 2p)), fewer drafts where more are
   accepted. Intervals are 1.7x the old width at 5 prompts, 1.2x at 8, 1.05x at 20. Heavier-tailed draft
-  counts than these (drafts ~ p^3, or ~ 1/p) bring it to 91-93 % at 5-8 prompts: read intervals from fewer than 20 prompts with that in mind. Fewer than
-  ``MIN_PROMPTS`` (5) prompts: no interval.
+  counts than these (drafts ~ p^3, or ~ 1/p) bring it to 91-93 % at 5-8 prompts: read intervals from
+  fewer than 20 prompts with that in mind. Fewer than ``MIN_PROMPTS`` (5) prompts: no interval.
 * Timings (tokens/s, TTFT, TPOT) vary from run to run, not from prompt to prompt: ``--repeats N`` repeats
   a point's timed run, the figure is the median of the N, and its interval the distribution-free one
   from order statistics (the narrowest ``[x_(j), x_(N+1-j)]`` that covers the median with >= 95 %
