@@ -27,10 +27,11 @@ def version(dist: str) -> str | None:
 # oldest and newest. A GPU `vllm` of the same release runs the same Python code above its kernels.
 TESTED_VLLM = ("0.31.0", "0.32.0")
 
-# CPU features that change the path vLLM's CPU backend takes, and so what runs and how fast: with AMX
-# (amx_bf16, amx_tile, amx_int8) it uses oneDNN's AMX kernels and its own MLA path; without AMX it picks the
-# CPU_MLA attention backend (block size 16 only); AVX-512 (avx512f) and its BF16 instructions (avx512_bf16)
-# decide which bf16 kernels it can use at all.
+# CPU features that change the path vLLM's CPU backend takes (vllm/platforms/cpu.py, 0.31-0.32), and so what
+# runs and how fast. amx_tile: MLA models get the AMX_MLA attention backend; without it, CPU_MLA, which takes
+# block size 16 only (the Bailing-MoE failure on an AMX-less EPYC). avx512f and avx512_bf16 pick the kernel
+# library (_C with both, _C_AVX512 without BF16, _C_AVX2 without AVX-512); avx512_bf16 also turns on the
+# accelerated GDN (linear attention) path. amx_bf16 and amx_int8 are what AMX computes with.
 VLLM_CPU_FLAGS = ("avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "amx_int8")
 
 
