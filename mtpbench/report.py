@@ -167,12 +167,16 @@ def table(rows: list[PointResult]) -> str:
         if isinstance(v, tuple):
             return " ".join("-" if x is None else f"{x:.2f}" for x in v)
         half = _half_width(r, name)
+        if v is not None and half is None and _unsure(r, name):
+            marked.append(True)  # one measurement: a timing shown without an interval says so
+            return (f"{v:.1f}" if name == "output_tokens_per_sec" else f"{v:.3g}") + "*"
         if v is not None and half is not None:  # 2.36 ± 0.08: the 95 % interval's half width
             return f"{v:.1f} ± {half:.1f}" if name == "output_tokens_per_sec" else f"{v:.3g} ± {half:.2g}"
         if isinstance(v, float):  # formatted here: a column with "-" cells is not reformatted by tabulate
             return f"{v:.1f}" if name == "output_tokens_per_sec" else f"{v:.3g}"
         return "-" if v is None else v
 
+    marked: list[bool] = []
     cols = list(TABLE_COLUMNS)
     if any(r.context_tokens is not None for r in rows):
         cols[4:4] = [("context_tokens", "ctx")]
@@ -185,10 +189,33 @@ def table(rows: list[PointResult]) -> str:
     # 3 significant digits, but tokens/s in full (1823.4, not 1.82e+03)
     fmt = [".1f" if name == "output_tokens_per_sec" else ".3g" for name, _ in cols]
     text = tabulate(body, headers=[h for _, h in cols], floatfmt=fmt)
+    if marked:
+        text += f"\n* {NO_INTERVAL}"
     errors = [f"{_label(r)}: {r.error}" for r in rows if r.error]
     notes = sorted({f"{_label(r)}: {r.notes}" for r in rows if r.notes and r.category == "all"})
     return text + ("\n\nnotes:\n" + "\n".join(notes) if notes else "") + \
         ("\n\nfailed points:\n" + "\n".join(errors) if errors else "")
+
+
+# timings vary from run to run: one shown without an interval is marked (table: *, plots: a hollow marker)
+TIMINGS = ("output_tokens_per_sec", "speedup", "ttft_ms_p50", "tpot_ms_p50")
+NO_INTERVAL = ("no interval: a timing from too few timed runs to tell its noise (--repeats 3 gives speedup "
+               "intervals, --repeats 6 also tokens/s, TTFT and TPOT)")
+
+
+def _unsure(r: PointResult, name: str) -> bool:
+    """A timing shown without its interval (the speedup of k = 0 is 1 by definition)."""
+    if name not in TIMINGS or getattr(r, name) is None or (name == "speedup" and r.k == 0):
+        return False
+    return getattr(r, f"{name}_ci_low", None) is None
+
+
+def _hollow(ax, rows: list[PointResult], xs: list, name: str, color) -> bool:
+    """Redraw the points of ``rows`` whose ``name`` has no interval as hollow markers; whether any was."""
+    bare = [(x, getattr(r, name)) for x, r in zip(xs, rows) if _unsure(r, name)]
+    if bare:
+        ax.plot([x for x, _ in bare], [y for _, y in bare], "o", markerfacecolor="white", color=color, zorder=3)
+    return bool(bare)
 
 
 def _half_width(r: PointResult, name: str) -> float | None:
@@ -285,12 +312,15 @@ def plots(out: Path, rows: list[PointResult]) -> list[Path]:
     paths.append(_save(fig, out / "acceptance_length.png", plt))
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    bare = []
     for key in order:
         pts, label = lines[key], _line_label(*key)
         line = a1.errorbar([r.k for r in pts], [r.output_tokens_per_sec for r in pts], capsize=3,
                            yerr=_yerr(pts, "output_tokens_per_sec"), marker="o", label=label).lines[0]
         a2.errorbar([r.k for r in pts], [r.speedup for r in pts], yerr=_yerr(pts, "speedup"), capsize=3,
                     marker="o", color=line.get_color(), label=f"{label} measured")
+        bare += [_hollow(a, pts, [r.k for r in pts], name, line.get_color())
+                 for a, name in ((a1, "output_tokens_per_sec"), (a2, "speedup"))]
         if any(r.theoretical_speedup is not None for r in pts if r.k):
             a2.plot([r.k for r in pts], [r.theoretical_speedup for r in pts], "--", color=line.get_color(),
                     label=f"{label} theoretical")
@@ -300,6 +330,8 @@ def plots(out: Path, rows: list[PointResult]) -> list[Path]:
         a.set_xticks(ks)
         a.grid(alpha=0.3)
         a.legend(fontsize=7)
+    if any(bare):
+        fig.suptitle("hollow markers: " + NO_INTERVAL, fontsize=7)
     paths.append(_save(fig, out / "throughput.png", plt))
 
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -369,6 +401,7 @@ def serving_plot(out: Path, rows: list[PointResult], plt) -> Path:
     """Served runs: tokens/s vs k, one line per load (best k starred); AL vs concurrency, one line per k."""
     ok = [r for r in rows if r.status == "ok" and r.category == "all" and r.concurrency is not None]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    bare = []
     loads = sorted({(r.concurrency, r.request_rate, r.mtp_layers) for r in ok if r.k > 0},
                    key=lambda x: tuple(-1 if v is None else v for v in x))
     for c, rate, L in loads:
@@ -380,6 +413,7 @@ def serving_plot(out: Path, rows: list[PointResult], plt) -> Path:
         best = max(pts, key=lambda r: r.output_tokens_per_sec or 0)
         a1.plot([best.k], [best.output_tokens_per_sec], marker="*", markersize=16, color=line.get_color(),
                 linestyle="none")
+        bare.append(_hollow(a1, pts, [r.k for r in pts], "output_tokens_per_sec", line.get_color()))
     for k, L, rate in sorted({(r.k, r.mtp_layers, r.request_rate) for r in ok if r.k > 0},
                              key=lambda x: tuple(-1 if v is None else v for v in x)):
         pts = sorted((r for r in ok if (r.k, r.mtp_layers, r.request_rate) == (k, L, rate)),
@@ -396,6 +430,8 @@ def serving_plot(out: Path, rows: list[PointResult], plt) -> Path:
     for a in (a1, a2):
         a.grid(alpha=0.3)
         a.legend(fontsize=7)
+    if any(bare):
+        fig.suptitle("hollow markers: " + NO_INTERVAL, fontsize=7)
     return _save(fig, out / "serving.png", plt)
 
 

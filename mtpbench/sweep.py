@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Callable
 
@@ -72,23 +72,29 @@ def run_sweep(cfg: SweepConfig, on_point: Callable[[int, int, str], None] | None
                                       "prompts": prompts_info, "fingerprint": fp,
                                       "execution": execution(cfg.to_json())})
         window = context_window(cfg)
-        for i, point in enumerate(points):
-            if on_point:
-                on_point(i, len(points), point.name)
+        todo = []
+        for point in points:
             prompts = psets[point.context_tokens].prompts
             too_long = window_problem(cfg, prompts, window)
             if too_long:  # said for this point, the others still run
                 write_json(out / f"{point.name}.failure.json",
                            {"point": point.to_json(cfg.backend), "fingerprint": fp, "error": too_long})
-                continue
-            run_one(cfg, backend, point, prompts, out, fp)
+            elif not done_before(cfg, out / f"{point.name}.json", fp):
+                todo.append((point, prompts))
+        if getattr(backend, "interleaves_repeats", False) and cfg.repeats > 1:
+            run_rounds(cfg, backend, todo, out, fp, on_point)
+        else:
+            for i, (point, prompts) in enumerate(todo):
+                if on_point:
+                    on_point(i, len(todo), point.name)
+                run_one(cfg, backend, point, prompts, out, fp)
         run = json.loads((out / "run.json").read_text())
         run["provenance"]["load_average_end"] = environment()["load_average"]
         write_json(out / "run.json", run)
     finally:
         backend.close()  # a launched server goes down here, also on Ctrl-C
     if on_point:
-        on_point(len(points), len(points), "report")
+        on_point(1, 1, "report")
     return build(out)
 
 
@@ -156,29 +162,74 @@ def check_per_request(run) -> None:
             r.num_accepted_tokens_per_pos = r.draft_steps = None
 
 
-def run_one(cfg: SweepConfig, backend, point: GridPoint, prompts, out: Path, fp: dict) -> None:
-    """Measure one point into ``<name>.json``, or record why it failed in ``<name>.failure.json``."""
-    path, failure = out / f"{point.name}.json", out / f"{point.name}.failure.json"
-    if path.exists() and not cfg.server:
-        try:
-            if json.loads(path.read_text()).get("fingerprint") == fp:
-                return
-        except json.JSONDecodeError:
-            pass
-    head = {"point": point.to_json(cfg.backend), "fingerprint": fp}
-    t0 = time.perf_counter()
+def done_before(cfg: SweepConfig, path: Path, fp: dict) -> bool:
+    """A point measured before with the same settings is not measured again (never for an attached server,
+    which may have changed since)."""
+    if cfg.server or not path.exists():
+        return False
     try:
-        run = backend.run_point(cfg, point, prompts)
+        return json.loads(path.read_text()).get("fingerprint") == fp
+    except json.JSONDecodeError:
+        return False
+
+
+def measure(cfg: SweepConfig, backend, point: GridPoint, prompts, out: Path, fp: dict):
+    """One call of the backend at one point: its PointRun, or None after writing why it failed."""
+    try:
+        return backend.run_point(cfg, point, prompts)
     except MtpBenchError:
         raise
     except Exception as e:  # one broken point must not end the sweep
-        write_json(failure, {**head, "error": f"{type(e).__name__}: {e}".strip()[:2000]})
-        return
-    failure.unlink(missing_ok=True)
+        write_json(out / f"{point.name}.failure.json", {"point": point.to_json(cfg.backend), "fingerprint": fp,
+                                                         "error": f"{type(e).__name__}: {e}".strip()[:2000]})
+        return None
+
+
+def run_one(cfg: SweepConfig, backend, point: GridPoint, prompts, out: Path, fp: dict) -> None:
+    """Measure one point, all its repeats, into ``<name>.json``, or record why it failed."""
+    t0 = time.perf_counter()
+    run = measure(cfg, backend, point, prompts, out, fp)
+    if run is not None:
+        save_point(cfg, point, run, out, fp, time.perf_counter() - t0)
+
+
+def run_rounds(cfg: SweepConfig, backend, todo: list, out: Path, fp: dict, on_point=None) -> None:
+    """Repeats round robin: round r times every point once before round r + 1 starts, so a slow drift of the
+    machine falls on every point alike, and each round's points can be compared with each other (a speedup
+    per round, paired with the same round's k = 0). Each repeat's timing carries its round."""
+    one = replace(cfg, repeats=1)
+    runs: dict[str, object] = {}
+    wall: dict[str, float] = {}
+    live = list(todo)
+    for r in range(cfg.repeats):
+        for i, (point, prompts) in enumerate(list(live)):
+            if on_point:
+                on_point(r * len(todo) + i, cfg.repeats * len(todo), f"{point.name} (repeat {r + 1}/{cfg.repeats})")
+            t0 = time.perf_counter()
+            run = measure(one, backend, point, prompts, out, fp)
+            if run is None:  # failed: written, and left out of the later rounds
+                live.remove((point, prompts))
+                runs.pop(point.name, None)
+                continue
+            wall[point.name] = wall.get(point.name, 0.0) + time.perf_counter() - t0
+            timing = {**run.repeats[0], "round": r}
+            if r == 0:
+                run.repeats = [timing]
+                if run.telemetry is not None:  # the sampler spans this first timed run only
+                    run.telemetry = {**run.telemetry, "timed_runs": 1}
+                runs[point.name] = run
+            else:
+                runs[point.name].repeats.append(timing)
+    for point, prompts in live:
+        save_point(cfg, point, runs[point.name], out, fp, wall[point.name])
+
+
+def save_point(cfg: SweepConfig, point: GridPoint, run, out: Path, fp: dict, wall_s: float) -> None:
+    (out / f"{point.name}.failure.json").unlink(missing_ok=True)
     if point.k > 0:
         check_per_request(run)
-    write_json(path, {**head, "wall_s": round(time.perf_counter() - t0, 3), "startup_s": run.startup_s,
-                      "engine": run.engine, "mtp_weight_bytes": run.mtp_weight_bytes, "notes": run.notes,
-                      "telemetry": run.telemetry, "repeats": run.repeats,
-                      "requests": [asdict(r) for r in run.requests],
-                      "batches": [asdict(b) for b in run.batches]})
+    write_json(out / f"{point.name}.json",
+               {"point": point.to_json(cfg.backend), "fingerprint": fp, "wall_s": round(wall_s, 3),
+                "startup_s": run.startup_s, "engine": run.engine, "mtp_weight_bytes": run.mtp_weight_bytes,
+                "notes": run.notes, "telemetry": run.telemetry, "repeats": run.repeats,
+                "requests": [asdict(r) for r in run.requests], "batches": [asdict(b) for b in run.batches]})

@@ -9,7 +9,7 @@ from mtpbench.cli import app
 
 runner = CliRunner()
 # every built-in prompt, long enough for the chain's edge at position 2 to stand out of the noise
-COMMON = ["--k", "3", "--num-prompts", "64", "--max-tokens", "96"]
+COMMON = ["--k", "3", "--num-prompts", "64", "--max-tokens", "96", "--repeats", "1"]  # acceptance is compared
 
 
 def sweep(out, *args, common=COMMON):

@@ -59,14 +59,16 @@ class CountingBackend:
 
 
 def test_the_sweep_measures_a_point_again_for_another_draft_model(tmp_path):
-    """The sweep's reuse step (sweep.run_one) keeps a saved point only for the same fingerprint: a sweep
+    """The sweep's reuse step (sweep.done_before) keeps a saved point only for the same fingerprint: a sweep
     into the same --out with another drafter measures k > 0 again instead of reporting the old one's."""
-    from mtpbench.sweep import run_one
+    from mtpbench.sweep import done_before, run_one
 
     point, backend = GridPoint("vllm", 2, 1), CountingBackend()
     for drafter, expect in (("/models/a", 1), ("/models/a", 1), ("/models/b", 2)):
         cfg = SweepConfig(backend="vllm", draft_model=drafter, out=str(tmp_path))
-        run_one(cfg, backend, point, [], tmp_path, fingerprint(cfg.to_json(), VERSIONS))
+        fp = fingerprint(cfg.to_json(), VERSIONS)
+        if not done_before(cfg, tmp_path / f"{point.name}.json", fp):
+            run_one(cfg, backend, point, [], tmp_path, fp)
         assert len(backend.calls) == expect, (drafter, backend.calls)
     assert json.loads((tmp_path / "vllm-L1-k2.json").read_text())["fingerprint"]["draft_model"] == "/models/b"
 

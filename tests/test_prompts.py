@@ -79,7 +79,7 @@ def test_chat_template_rendering_matches_transformers(chat_model):
 def test_a_sweep_on_a_chat_checkpoint_applies_its_template_and_says_so(tmp_path, chat_model):
     out = tmp_path / "s"
     r = CliRunner().invoke(app, ["sweep", str(chat_model), "--prompts", "spec-bench", "--num-prompts", "13",
-                                 "--k", "0,1", "--mode", "reuse", "--max-tokens", "4", "--out", str(out)])
+                                 "--k", "0,1", "--mode", "reuse", "--max-tokens", "4", "--repeats", "1", "--out", str(out)])
     assert r.exit_code == 0, r.output
     assert "prompts: spec-bench, 13 in 13 categories" in r.output
     assert "the checkpoint's chat template was applied" in r.output
@@ -132,7 +132,7 @@ def test_context_is_real_held_out_text_of_the_set_of_the_asked_length():
 def test_context_dimension_gives_rows_the_plot_and_says_when_the_window_is_too_small(tmp_path):
     out = tmp_path / "ctx"
     r = CliRunner().invoke(app, ["sweep", "--k", "0,2", "--mode", "chain", "--num-prompts", "4", "--max-tokens", "16",
-                                 "--context-tokens", "0,256,4096", "--out", str(out)])
+                                 "--context-tokens", "0,256,4096", "--repeats", "1", "--out", str(out)])
     assert r.exit_code == 0, r.output
     rows = [x for x in json.loads((out / "summary.json").read_text())["rows"] if x["k"] == 2]
     by_ctx = {x["context_tokens"]: x for x in rows}
