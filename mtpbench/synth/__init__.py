@@ -17,6 +17,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 from mtpbench.config import check_writable
@@ -122,6 +123,7 @@ def build(arch: str | Arch, out: Path, mtp_layers: int | None = None) -> Path:
     return out
 
 
+PRUNE_AFTER_S = 86400.0
 _BUILD_LOCK = threading.Lock()  # one build at a time: transformers' lazy module is not thread-safe
 
 
@@ -146,7 +148,9 @@ def cached(arch: str | Arch, mtp_layers: int | None = None) -> Path:
             if not (out / "config.json").exists():
                 raise
         shutil.rmtree(tmp, ignore_errors=True)
-        for old in root.glob(f"{arch.name}-mtp{n}-*"):  # builds of older builder sources
-            if old != out:
+        # builds of other builder sources, once a day old: a younger one may be in use by another process
+        # (a checkout of other sources, or a test run begun before a change), whose engine would lose it
+        for old in root.glob(f"{arch.name}-mtp{n}-*"):
+            if old != out and time.time() - old.stat().st_mtime > PRUNE_AFTER_S:
                 shutil.rmtree(old, ignore_errors=True)
     return out
