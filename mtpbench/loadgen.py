@@ -80,8 +80,8 @@ async def _request(session, url: str, body: dict, prompt: Prompt, t0: float) -> 
                 if not line.startswith(b"data:"):
                     continue
                 data = line[5:].strip()
-                if data == b"[DONE]":
-                    break
+                if data == b"[DONE]":  # read on to the stream's end, so the connection goes back to the pool
+                    continue  # (breaking out closes it: every request would open a new one; vllm bench reuses)
                 chunk = json.loads(data)
                 if not isinstance(chunk, dict):
                     return None, f"unexpected stream item: {data[:200]!r}"
