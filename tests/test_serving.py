@@ -417,7 +417,8 @@ def test_window_counts_the_servers_finished_requests(fake_vllm):
     handler.do_POST = lambda self: (served.append(1), FakeVllm.do_POST(self))
     handler.metrics = staticmethod(lambda: _metrics_text(len(served), len(served) * FakeVllm.tokens))
     batch, notes = _one_window(url)
-    assert batch.foreign_requests == 0 and notes == [], notes
+    # (a window of a few ms can draw the load generator's CPU note: it says nothing about the counters)
+    assert batch.foreign_requests == 0 and [n for n in notes if "load generator" not in n] == [], notes
 
 
 def test_counters_that_never_settle_are_a_note_not_silence(fake_vllm, monkeypatch):
