@@ -448,3 +448,46 @@ def test_a_warm_up_whose_counts_never_settle_is_noted(fake_vllm, monkeypatch):
     backend.server = vllm_server.Server(url, "m")
     notes = backend._warm_up(SweepConfig(backend="vllm-server"), [Prompt("p")], 2)
     assert len(notes) == 1 and notes[0].startswith("warm-up: /metrics had counted 0 of the 2"), notes
+
+
+def test_streams_are_read_to_their_end_so_connections_are_reused():
+    """After [DONE] the client reads on to the stream's end, so aiohttp puts the connection back in its pool
+    and the next request reuses it, as vllm bench serve does (breaking out at [DONE] closed it: one new
+    connection per request, extra work for the server inside the measured window)."""
+    import asyncio
+
+    from aiohttp import web
+
+    from mtpbench.loadgen import run_load
+    from mtpbench.prompts import Prompt
+
+    peers = []
+
+    async def stream(request):
+        peers.append(request.transport.get_extra_info("peername"))
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for _ in range(4):
+            await resp.write(b'data: {"choices": [{"index": 0, "text": "x", "token_ids": [7]}]}\n\n')
+        await resp.write(b'data: {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4}}\n\n'
+                         b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    loop = asyncio.new_event_loop()
+    app = web.Application()
+    app.router.add_post("/v1/completions", stream)
+    runner = web.AppRunner(app)
+    loop.run_until_complete(runner.setup())
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    loop.run_until_complete(site.start())
+    port = site._server.sockets[0].getsockname()[1]
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    try:
+        load = run_load(f"http://127.0.0.1:{port}", "m", [Prompt(f"p{i}", id=str(i)) for i in range(6)],
+                        max_tokens=4, concurrency=1)
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+    assert not load.errors and len(load.requests) == 6
+    assert len(set(peers)) == 1, peers  # one connection, reused by all six requests in turn
