@@ -49,6 +49,7 @@ EXPECTED = {
     "qwen3-next": ("layer-0 reuse", "swallowed"),
     "qwen3.5": ("layer-0 reuse", "swallowed"),
     "qwen3.5-moe": ("layer-0 reuse", "swallowed"),
+    "step-3.5": ("multi-module", "multi-module"),  # Step3p5MTPProposer passes spec_step_idx itself
 }
 
 

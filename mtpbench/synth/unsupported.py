@@ -27,8 +27,6 @@ CANNOT_RUN = {
                     "and Triton iHC kernels (triton_ihc.py), GPU-only",
     "KimiK3MTPModel": "on CPU the nvidia/ implementation is used: the MTP input runs a Triton kernel "
                       "(common/mtp.py _fused_mtp_input_kernel) and the model needs Triton KDA/MLA kernels",
-    "Step3p5MTP": "Step-3.5's MoE routes with sigmoid + correction bias without grouped top-k; vLLM's "
-                  "CPURouter only handles that path for softmax (assert self.scoring_func == 'softmax')",
     "EagleDeepSeekMTPModel": "not an MTP module: an EAGLE-1 drafter (method 'eagle', separate draft "
                              "checkpoint, EAGLEConfig renames DeepSeekMTPModel to Eagle*) whose forward runs "
                              "all its layers with no spec_step_idx",
