@@ -29,7 +29,7 @@ def main():
     from mtpbench.backends.vllm import engine_models
     from mtpbench.checkpoint import derived_checkpoint
     from mtpbench.prompts import BUILTIN_MODEL_DIR, load_prompts
-    from mtpbench.trace import LayerTracer
+    from mtpbench.trace.hooks import LayerTracer
 
     model = derived_checkpoint(BUILTIN_MODEL_DIR, args.mtp_layers)
     llm = LLM(model=str(model), dtype="float32", max_model_len=1024, enforce_eager=True, seed=0,

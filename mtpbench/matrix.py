@@ -74,7 +74,7 @@ def vllm_check(records: list, num_layers: int, k: int, num_drafts: int, crash: s
     """What, if anything, disagrees with vLLM itself (see the module docstring)."""
     from collections import Counter
 
-    from mtpbench.trace import ABSENT
+    from mtpbench.trace.records import ABSENT
 
     if crash and not records:
         return "not checked: no draft call before the crash"
@@ -119,7 +119,8 @@ def load_verdict(check: dict, loaded_layers: int | None, hidden_layers: int) -> 
 
 
 def _cells_for(arch, k: int, L: int, data: dict | None, error: str, verdict: str, hidden_layers: int = 0) -> list[Cell]:
-    from mtpbench.trace import CallRecord, judge, loaded_vs_checkpoint
+    from mtpbench.trace.records import CallRecord
+    from mtpbench.trace.verdict import judge, loaded_vs_checkpoint
 
     cells = []
     check = (data or {}).get("load_check") or {}
@@ -213,7 +214,8 @@ def run_matrix(names: list[str] | None, out: Path, k: int | None = None, jobs: i
     architectures that finished (the rest ``interrupted``) and raises ``MatrixInterrupted``."""
     import threading
 
-    from mtpbench.backends.vllm import Workers, require_vllm
+    from mtpbench.backends.vllm import Workers
+    from mtpbench.environment import require_vllm
     from mtpbench.config import check_writable
     from mtpbench.synth import archs
 

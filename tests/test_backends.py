@@ -56,6 +56,23 @@ for backend in ('vllm', 'vllm-server'):
     assert not (tmp_path / "v").exists()
 
 
+def test_synth_does_not_import_the_backends():
+    # synth asks environment.require_vllm, not the vLLM backend (which takes synth's archs): no import circle
+    code = """
+import sys
+sys.modules['vllm'] = None  # require_vllm refuses at once: only the imports on the way to it run
+import mtpbench.synth
+from mtpbench.errors import MtpBenchError
+try:
+    mtpbench.synth.registry_mtp_classes()
+except MtpBenchError:
+    pass
+assert not [m for m in sys.modules if m.startswith('mtpbench.backends')], sorted(sys.modules)
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-2000:]
+
+
 def test_qwen35_style_config_layer_count_and_derived_checkpoint(tmp_path):
     """Qwen3.5 declares its MTP layers as text_config.mtp_num_hidden_layers and names them mtp.layers.j."""
     import torch

@@ -16,7 +16,7 @@ import pytest
 
 from mtpbench.matrix import vllm_check
 from mtpbench.prompts import BUILTIN_MODEL_DIR
-from mtpbench.trace import CallRecord
+from mtpbench.trace.records import CallRecord
 
 # The stand-in engine: "fast" refuses to start at once (a finished cell); any other model writes its pid and
 # a child's pid, then sleeps as a slow engine start would.

@@ -1,4 +1,6 @@
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -10,7 +12,10 @@ from mtpbench.cli import app
 from mtpbench.config import SweepConfig
 from mtpbench.engine import Faults
 from mtpbench.errors import MtpBenchError
-from mtpbench.trace import ABSENT, CallRecord, LayerTracer, discover, judge, loaded_vs_checkpoint, run_trace
+from mtpbench.trace.hooks import LayerTracer, discover
+from mtpbench.trace.records import ABSENT, CallRecord
+from mtpbench.trace.verdict import judge, loaded_vs_checkpoint
+from mtpbench.trace_layers import run_trace
 
 runner = CliRunner()
 
@@ -243,7 +248,7 @@ def test_calls_that_ran_no_mtp_layer_are_inconclusive_not_a_mismatch():
 def test_forcing_in_timed_runs_records_nothing_and_wraps_only_the_wrapper():
     """sweep --force-spec-step-idx on vLLM: the timed run gets the forced index but no tracer records, so
     nothing grows with the run and the predictor and layers run unwrapped."""
-    from mtpbench.trace import force_spec_step_idx
+    from mtpbench.trace.hooks import force_spec_step_idx
 
     class IdxLogits(Wrapper):
         def compute_logits(self, x, spec_step_idx=0):
@@ -268,3 +273,10 @@ def test_forcing_in_timed_runs_records_nothing_and_wraps_only_the_wrapper():
     x = target(torch.zeros(1, 4))
     wrapper(x), wrapper(x)
     assert ran[-2:] == [0, 0]  # removed: the loop's own (absent) index again
+
+
+def test_the_verdict_needs_no_torch():
+    # the verdict is pure logic on records: judging saved traces must not need torch (or an engine)
+    code = "import sys; sys.modules['torch'] = None; import mtpbench.trace.verdict"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr

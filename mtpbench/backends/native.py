@@ -74,8 +74,8 @@ class NativeBackend:
                           force_spec_step_idx=cfg.force_spec_step_idx)
 
     def trace_point(self, cfg: SweepConfig, mode: str, k: int, mtp_layers: int, prompts: list[Prompt]) -> dict:
-        """One traced generation over the prompts (one batch at a time); see mtpbench.trace."""
-        from mtpbench.trace import LayerTracer
+        """One traced generation over the prompts (one batch at a time); see mtpbench.trace_layers."""
+        from mtpbench.trace.hooks import LayerTracer
 
         records, crash, in_draft = [], None, False
         totals = {"num_drafts": 0, "num_accepted_tokens_per_pos": [0] * k}

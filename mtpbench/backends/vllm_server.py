@@ -32,10 +32,10 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from mtpbench.backends.vllm import (check_num_speculative_tokens, counter_delta, engine_env, engine_kwargs,
-                                   require_vllm)
+from mtpbench.backends.vllm import check_num_speculative_tokens, counter_delta, engine_env, engine_kwargs
 from mtpbench.checkpoint import derived_checkpoint, mtp_layer_bytes
 from mtpbench.config import SweepConfig
+from mtpbench.environment import require_vllm
 from mtpbench.errors import MtpBenchError
 from mtpbench.metrics import BatchRecord, GridPoint, PointRun, RequestRecord
 from mtpbench.procguard import process_group_pids

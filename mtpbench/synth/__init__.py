@@ -64,7 +64,7 @@ def get_arch(name: str) -> Arch:
 
 def registry_mtp_classes() -> list[tuple[str, str, str]]:
     """(registry key, module, class) of every MTP draft model the installed vLLM registers."""
-    from mtpbench.backends.vllm import require_vllm
+    from mtpbench.environment import require_vllm
 
     require_vllm()
     from vllm.model_executor.models.registry import _SPECULATIVE_DECODING_MODELS

@@ -1,0 +1,26 @@
+"""The tracer's record of one draft-model forward; plain data, no torch, read by the verdict and the tables."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ABSENT = "absent"
+
+
+@dataclass
+class CallRecord:
+    """One draft-model forward."""
+
+    batch: int  # which generate call of the traced run
+    proposal: int  # target forwards seen before this call: one proposal per verify step
+    draft_step: int
+    wrapper_spec_step_idx: int | str = ABSENT
+    predictor_spec_step_idx: int | str = ABSENT
+    layer_spec_step_idx: int | str = ABSENT
+    logits_spec_step_idx: int | str = ABSENT
+    executed_layer: int | None = None  # -1: several layers ran in this one call
+    expected_layer: int = 0
+    num_tokens: int = 0
+    forced: bool = False  # --force-spec-step-idx put the step into this call
+    predictor: str = ""  # the module between wrapper and layers whose forward ran (its path)
+    layers_run: str = ""  # every layer that ran in this call, in order ("0 1 2"), when there were several

@@ -1,0 +1,86 @@
+"""``mtpbench trace-layers``: trace one short generation on a backend and write what the tracer saw.
+
+Orchestration above the backends: it starts the backend, has it run a traced generation
+(``mtpbench.trace.hooks``), judges the records (``mtpbench.trace.verdict``) and writes ``trace.csv``,
+``trace.json`` and ``layers.png`` (``mtpbench.trace.report``) into ``cfg.out``.
+"""
+
+from __future__ import annotations
+
+from mtpbench.errors import MtpBenchError
+from mtpbench.trace.records import CallRecord
+from mtpbench.trace.report import STEP_HEADERS, heatmap, model_label, provenance_versions, step_table, trace_csv
+from mtpbench.trace.verdict import judge, layer_per_step, loaded_vs_checkpoint
+
+
+def run_trace(cfg, k: int, mode: str = "reuse", backend=None) -> dict:
+    """Trace one short generation and write trace.csv, trace.json and layers.png into ``cfg.out``.
+
+    ``backend`` may be passed in already started (tests use it to set the native fault switches).
+    """
+    import json
+    from pathlib import Path
+
+    from mtpbench.backends import get_backend
+    from mtpbench.config import validate
+    from mtpbench.prompts import prompt_set
+    from mtpbench.checkpoint import mtp_layer_bytes
+    from mtpbench.report import write_json, write_text
+    from mtpbench.environment import provenance
+
+    n_layers = cfg.num_mtp_layers()
+    if k < 1:
+        raise MtpBenchError(f"--k must be >= 1 to trace drafting, got {k}")
+    validate(cfg, n_layers)
+    L = max(cfg.mtp_layers) if cfg.mtp_layers else n_layers
+    if cfg.backend == "vllm-server":
+        raise MtpBenchError("trace-layers wraps the draft model in mtpbench's own process: use --backend vllm "
+                            "(a served engine's modules are out of reach)")
+    if cfg.backend == "vllm" and cfg.tensor_parallel_size > 1:
+        raise MtpBenchError("tracing needs the vLLM engine in one process: use tensor_parallel_size 1 "
+                            f"(got {cfg.tensor_parallel_size})")
+    prompts = prompt_set(cfg.prompts, cfg.num_prompts, cfg.model_dir, cfg.chat_template).prompts
+    if backend is None:
+        backend = get_backend(cfg.backend)
+        backend.start(cfg)
+    if cfg.backend == "vllm":
+        mode = "vllm"
+    try:
+        data = backend.trace_point(cfg, mode, k, L, prompts)
+    except (RuntimeError, OSError) as e:  # the engine did not start (a crash while drafting is a verdict)
+        raise MtpBenchError(f"the {cfg.backend} engine could not run the trace: {e}") from None
+    records: list[CallRecord] = data["records"]
+
+    # weight bytes per layer as stored in the checkpoint: the same figure for every backend, whatever
+    # form (dtype, prepacked) the engine keeps them in
+    all_bytes = mtp_layer_bytes(cfg.mtp_dir, drafter=bool(cfg.draft_model))
+    layer_bytes = (all_bytes + [0] * data["num_layers"])[: data["num_layers"]]
+    v = judge(records, data["num_layers"], k, layer_bytes, data["crash"], data.get("crash_in_draft", True))
+    # the layers asked of the engine (the derived checkpoint's L) against those it holds
+    dropped = loaded_vs_checkpoint(L, data["num_layers"], all_bytes)
+    v.evidence += dropped
+    drafts = data["num_drafts"]
+    steps = layer_per_step(records)
+    attribution = [{"position": i, "layer": steps.get(i), "num_accepted_tokens": n,
+                    "acceptance_rate": round(n / drafts, 4) if drafts and n is not None else None}
+                   for i, n in enumerate(data["num_accepted_tokens_per_pos"])]
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_text(out / "trace.csv", trace_csv(records))
+    summary = {"verdict": v.verdict, "evidence": v.evidence, "backend": cfg.backend, "mode": mode, "k": k,
+               "num_mtp_layers": data["num_layers"], "structure": data["structure"],
+               "force_spec_step_idx": cfg.force_spec_step_idx, "num_draft_calls": len(records),
+               "num_proposals": len({(r.batch, r.proposal) for r in records}),
+               "unused_layers": v.unused_layers, "unused_layer_bytes": v.unused_layer_bytes,
+               "checkpoint_mtp_layers": L, "dropped_at_load": list(range(data["num_layers"], L)),
+               "crash": data["crash"], "per_step": [dict(zip(STEP_HEADERS, row)) for row in
+                                                    step_table(records, data["num_layers"])],
+               "acceptance_by_layer": attribution, "num_drafts": drafts,
+               "config": cfg.to_json(), "provenance": provenance()}
+    write_json(out / "trace.json", summary)
+    from mtpbench import __version__
+
+    engine = f"vLLM {provenance_versions(summary)}" if cfg.backend == "vllm" else f"mtpbench {__version__} native"
+    heatmap(out / "layers.png", records, data["num_layers"], k,
+            f"{model_label(cfg.model_dir)} on {engine} ({mode}, k={k}): {v.verdict}")
+    return json.loads((out / "trace.json").read_text())
