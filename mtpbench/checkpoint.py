@@ -20,9 +20,11 @@ from mtpbench.prompts import BUILTIN_MODEL_DIR
 
 
 def resolve_model_dir(model: str) -> Path:
-    """'builtin', a local directory, or a hub id already in the local Hugging Face cache."""
+    """'builtin', 'builtin-glm', a local directory, or a hub id already in the local Hugging Face cache."""
     if model == "builtin":
         return BUILTIN_MODEL_DIR
+    if model == "builtin-glm":
+        return builtin_glm_dir()
     path = Path(model)
     if path.is_dir() or model.count("/") != 1 or path.exists():
         return path
@@ -187,3 +189,163 @@ def derived_checkpoint(model_dir: Path, layers: int, cache: Path | None = None) 
             os.symlink(p, tmp / p.name)
     os.replace(tmp, out)
     return out
+
+
+# The built-in weights in GLM-4.5's format (``builtin-glm``): vLLM's MiMo MTP class asserts spec_step_idx == 0,
+# so Model Runner V2, which drafts step s with MTP layer s mod L, cannot run the built-in checkpoint at k >= 2.
+# Glm4MoeMTP honours the index. The derivation maps every tensor; what GLM computes differently is folded in:
+# - concat order: MiMo projects [hidden, embedding], GLM [embedding, hidden]: eh_proj swaps input_proj's halves.
+# - the target's hidden: MiMo hands its MTP layer the hidden *before* the final norm, GLM the normed one. The
+#   final norm's weight moves into lm_head (columns scaled: a bf16 x bf16 product is exact in f32), the norm keeps
+#   weight 1, and the MTP layer re-normalizes a unit-RMS vector: equal up to the norm's eps (~1e-6 relative).
+# - MiMo's layer ends in final_layernorm, GLM's in the residual sum with the norm moved to shared_head (logits
+#   only): shared_head.norm takes final_layernorm (divided by the target norm's weight for layer 0, whose head is
+#   the scaled lm_head). Logits are exact; the hidden fed to the next layer is not normed in GLM. Layer j >= 1's
+#   hnorm takes hidden_layernorm_j * final_layernorm_{j-1} / rms(final_layernorm_{j-1}), which is MiMo's input
+#   up to one scalar per token, rms(final_layernorm_{j-1} * unit(h)) / rms(final_layernorm_{j-1}). That scalar
+#   is the one difference left on the chain (V2); on V1, which feeds layer 0 its own output, the elementwise
+#   final_layernorm_0 is missing too.
+# - Glm4MoeForCausalLM and Glm4MoeMTP each need one MoE layer: the last target layer and the MTP blocks are MoE
+#   whose shared expert is the original MLP and whose two routed experts are all zeros (they add exactly 0).
+GLM_FORMAT_VERSION = 2  # bump when glm_tensors or glm_config changes what they write
+GLM_MOE_INTERMEDIATE = 32  # routed expert width; the shared expert is GLM_MOE_INTERMEDIATE * n_shared_experts
+GLM_ROUTED_EXPERTS = 2  # vLLM's CPU grouped top-k takes the top 2 of each group
+
+
+def glm_config(cfg: dict) -> dict:
+    """GLM-4.5 (``Glm4MoeForCausalLM``) config.json for a MiMo-format config (see the notes above)."""
+    n, inter = cfg["num_hidden_layers"], cfg["intermediate_size"]
+    if inter % GLM_MOE_INTERMEDIATE:
+        raise MtpBenchError(f"intermediate_size {inter} is not a multiple of {GLM_MOE_INTERMEDIATE}")
+    theta = float(cfg.get("rope_theta", 10000.0))
+    keep = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "num_nextn_predict_layers", "max_position_embeddings", "rms_norm_eps",
+            "bos_token_id", "eos_token_id")
+    return {
+        "architectures": ["Glm4MoeForCausalLM"],
+        "model_type": "glm4_moe",
+        **{k: cfg[k] for k in keep},
+        "head_dim": cfg["hidden_size"] // cfg["num_attention_heads"],
+        "hidden_act": "silu",
+        "attention_bias": True,  # Qwen2's q/k/v biases
+        "use_qk_norm": False,
+        "partial_rotary_factor": 1.0,  # GLM's default is 0.5; Qwen2 rotates the whole head (neox style)
+        "rope_theta": theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": theta, "partial_rotary_factor": 1.0},
+        "first_k_dense_replace": n - 1,  # the last target layer and every MTP layer are (zero-routed) MoE
+        "n_routed_experts": GLM_ROUTED_EXPERTS,
+        "num_experts_per_tok": 1,
+        "n_shared_experts": inter // GLM_MOE_INTERMEDIATE,
+        "moe_intermediate_size": GLM_MOE_INTERMEDIATE,
+        "n_group": 1,
+        "topk_group": 1,
+        "norm_topk_prob": True,
+        "routed_scaling_factor": 1.0,
+        "tie_word_embeddings": False,
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "use_cache": True,
+        "torch_dtype": "bfloat16",
+    }
+
+
+def glm_tensors(state: dict, cfg: dict) -> dict:
+    """The GLM-4.5 tensors for a MiMo-format state dict (names as in the checkpoint; see the notes above)."""
+    import torch
+
+    n, m = cfg["num_hidden_layers"], cfg["num_nextn_predict_layers"]
+    h = cfg["hidden_size"]
+    f32 = lambda t: t.to(torch.float32)  # noqa: E731
+    w_norm = state["model.norm.weight"]
+    head = f32(state["lm_head.weight"]) * f32(w_norm)  # exact: 8-bit x 8-bit mantissas fit in f32's 24
+    out = {"model.embed_tokens.weight": state["model.embed_tokens.weight"],
+           "model.norm.weight": torch.ones_like(w_norm), "lm_head.weight": head}
+
+    def block(src: str, dst: str, moe: bool) -> None:
+        for part in ("input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.o_proj.weight",
+                     *(f"self_attn.{p}_proj.{w}" for p in "qkv" for w in ("weight", "bias"))):
+            out[dst + part] = state[src + part]
+        mlp = "mlp.shared_experts." if moe else "mlp."
+        for p in ("gate", "up", "down"):
+            out[f"{dst}{mlp}{p}_proj.weight"] = state[f"{src}mlp.{p}_proj.weight"]
+        if moe:
+            dt = state[src + "mlp.gate_proj.weight"].dtype
+            out[dst + "mlp.gate.weight"] = torch.zeros(GLM_ROUTED_EXPERTS, h, dtype=dt)
+            out[dst + "mlp.gate.e_score_correction_bias"] = torch.zeros(GLM_ROUTED_EXPERTS, dtype=torch.float32)
+            for e in range(GLM_ROUTED_EXPERTS):
+                for p, shape in (("gate", (GLM_MOE_INTERMEDIATE, h)), ("up", (GLM_MOE_INTERMEDIATE, h)),
+                                 ("down", (h, GLM_MOE_INTERMEDIATE))):
+                    out[f"{dst}mlp.experts.{e}.{p}_proj.weight"] = torch.zeros(shape, dtype=dt)
+
+    first_moe = glm_config(cfg)["first_k_dense_replace"]
+    for i in range(n):
+        block(f"model.layers.{i}.", f"model.layers.{i}.", i >= first_moe)
+    for j in range(m):
+        src, dst = f"model.mtp_layers.{j}.", f"model.layers.{n + j}."
+        block(src, dst, True)
+        proj = state[src + "input_proj.weight"]
+        out[dst + "eh_proj.weight"] = torch.cat([proj[:, h:], proj[:, :h]], dim=1).contiguous()
+        out[dst + "enorm.weight"] = state[src + "token_layernorm.weight"]
+        final = state[src + "final_layernorm.weight"]
+        if j == 0:
+            out[dst + "hnorm.weight"] = state[src + "hidden_layernorm.weight"]
+            out[dst + "shared_head.norm.weight"] = f32(final) / f32(w_norm)
+            out[dst + "shared_head.head.weight"] = head
+        else:
+            prev = f32(state[f"model.mtp_layers.{j - 1}.final_layernorm.weight"]).double()
+            out[dst + "hnorm.weight"] = (f32(state[src + "hidden_layernorm.weight"]).double() * prev
+                                         / prev.pow(2).mean().sqrt()).float()
+            out[dst + "shared_head.norm.weight"] = final
+            out[dst + "shared_head.head.weight"] = state["lm_head.weight"]
+    return out
+
+
+def derive_glm(src: Path, out: Path) -> Path:
+    """Write the GLM-4.5 form of MiMo-format checkpoint ``src`` to ``out`` (atomically: aside, then renamed).
+    Deterministic: the same source gives the same bytes."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    src, out = Path(src), Path(out)
+    cfg = read_config(src)
+    if cfg.get("architectures") != ["MiMoForCausalLM"]:
+        raise MtpBenchError(f"{src} is not a MiMo-format checkpoint (architectures {cfg.get('architectures')})")
+    tmp = out.with_name(out.name + f".partial-{os.getpid()}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    weights = src / "model.safetensors"
+    tensors = {k: v.contiguous().clone() for k, v in glm_tensors(load_file(str(weights)), cfg).items()}
+    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    (tmp / "config.json").write_text(json.dumps(glm_config(cfg), indent=2) + "\n")
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "prompts.jsonl",
+                 "train_log.json"):
+        if (src / name).exists():
+            shutil.copyfile(src / name, tmp / name)
+    (tmp / "derived_from.json").write_text(json.dumps({
+        "format": "glm4_moe", "format_version": GLM_FORMAT_VERSION, "source": "MiMo-format checkpoint",
+        "source_model_safetensors_sha256": hashlib.sha256(weights.read_bytes()).hexdigest(),
+        "rule": "mtpbench.checkpoint.glm_tensors"}, indent=2) + "\n")
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    return out
+
+
+def builtin_glm_dir(cache: Path | None = None) -> Path:
+    """``builtin-glm``: the built-in weights in GLM-4.5's format, derived once and cached under
+    ``~/.cache/mtpbench/builtin-glm-<key>`` (the key follows the built-in files and GLM_FORMAT_VERSION)."""
+    src = BUILTIN_MODEL_DIR
+    stamp = "|".join(f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in sorted(src.iterdir()))
+    key = hashlib.sha256(f"{GLM_FORMAT_VERSION}|{src.resolve()}|{stamp}".encode()).hexdigest()[:16]
+    cache = cache or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mtpbench"
+    out = cache / f"builtin-glm-{key}"
+    if (out / "config.json").exists():
+        return out
+    try:
+        return derive_glm(src, out)
+    except OSError:  # another process finished the same directory first
+        if (out / "config.json").exists():
+            return out
+        raise

@@ -53,7 +53,7 @@ def model_or_profile(arg: Optional[str], profile: Optional[str]) -> tuple[Option
         return None, profile
     from mtpbench.config import list_profiles
 
-    if arg == "builtin" or Path(arg).is_dir() or (arg.count("/") == 1 and not Path(arg).exists()
+    if arg in ("builtin", "builtin-glm") or Path(arg).is_dir() or (arg.count("/") == 1 and not Path(arg).exists()
                                                    and not arg.endswith(".toml")):
         return arg, profile  # a directory, or a hub id (resolved from the local Hugging Face cache)
     if arg in list_profiles() or arg.endswith(".toml"):
@@ -439,8 +439,25 @@ def make_model(
     batch: Annotated[int, typer.Option(help="Sequences per step.")] = 16,
     seq_len: Annotated[int, typer.Option(help="Tokens per sequence.")] = 256,
     threads: Annotated[Optional[int], typer.Option(help="torch threads (the built-in model used 1; results differ with the count).")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="mimo: train the MiMo-format model. glm: write --source's weights in "
+                                             "GLM-4.5's format (no training; the same bytes as 'builtin-glm').")] = "mimo",
+    source: Annotated[str, typer.Option(help="--format glm: the MiMo-format checkpoint to convert.")] = "builtin",
 ) -> None:
-    """Train the built-in tiny MTP model from this interpreter's standard library (no download)."""
+    """Train the built-in tiny MTP model from this interpreter's standard library (no download), or write
+    its GLM-4.5 form (--format glm), whose MTP class honours spec_step_idx (Model Runner V2 drafts with every layer)."""
+    if fmt == "glm":
+        from mtpbench.checkpoint import derive_glm, resolve_model_dir
+
+        if out.exists() and any(out.iterdir()):
+            fail(f"output directory already exists and is not empty: {out}")
+        try:
+            derive_glm(resolve_model_dir(source), out)
+        except MtpBenchError as e:
+            fail(str(e))
+        typer.echo(f"wrote {out} (GLM-4.5 format, from {source})")
+        return
+    if fmt != "mimo":
+        fail(f"unknown --format {fmt!r} (choose mimo or glm)")
     import torch
 
     from mtpbench.train import make_model as train
