@@ -133,3 +133,37 @@ def test_vllm_loads_builtin_glm_and_decodes_the_native_tokens():
             got = [(r["num_drafts"], r["num_accepted_tokens_per_pos"]) for r in data["requests"]]
             assert got == [(r.num_drafts, r.num_accepted_tokens_per_pos) for r in reuse]
             assert all(d > 0 for d, _ in got)
+
+
+@pytest.mark.vllm
+def test_vllm_v2_drafts_builtin_glm_as_the_native_chain():
+    """Model Runner V2 (through the Triton-interpreter shim on a CPU) drafts with MTP layers 0, 1 at k = 2:
+    each request's drafts and per-position acceptance equal the native engine's chain mode on the
+    built-in weights, and differ from reuse here (8 tokens of the first built-in prompt)."""
+    if os.environ.get("CI") != "true":
+        pytest.importorskip("vllm")
+    from dataclasses import asdict
+
+    from mtpbench.backends.native import NativeBackend
+    from mtpbench.backends.vllm import call_worker, engine_kwargs
+    from mtpbench.config import SweepConfig
+    from mtpbench.metrics import GridPoint
+    from mtpbench.prompts import load_prompts
+    from mtpbench.runners import runner_env
+
+    model = str(resolve_model_dir("builtin-glm"))
+    c = SweepConfig(backend="vllm", model=model, num_prompts=1, max_tokens=8, max_model_len=512,
+                    engine_args={"enforce_eager": True})
+    prompts = load_prompts("builtin", 1)
+    spec = {"config": c.to_json(), "k": 2, "engine_kwargs": engine_kwargs(c, model, 2), "load_check": True,
+            "prompts": [asdict(p) for p in prompts]}
+    data = call_worker(spec, env=runner_env("v2"), timeout=600)
+    assert data["load_check"]["ok"], data["load_check"]
+    native = NativeBackend()
+    nc = SweepConfig(backend="native", num_prompts=1, max_tokens=8, max_model_len=512)
+    native.start(nc)
+    got = [(r["output_token_ids"], r["num_drafts"], r["num_accepted_tokens_per_pos"]) for r in data["requests"]]
+    want = {mode: [(r.output_token_ids, r.num_drafts, r.num_accepted_tokens_per_pos)
+                   for r in native.run_point(nc, GridPoint(mode, 2, 3), prompts).requests]
+            for mode in ("chain", "reuse")}
+    assert got == want["chain"] != want["reuse"], (got, want)
