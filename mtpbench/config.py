@@ -43,6 +43,7 @@ class SweepConfig:
     dtype: str = "float32"
     out: str = "results"
     force_spec_step_idx: bool = False
+    runner: str | None = None  # vLLM's model runner, "v1" or "v2"; None: the one vLLM picks here (mtpbench.runners)
     max_model_len: int | None = None
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
@@ -114,7 +115,8 @@ def fingerprint(config: dict, versions: dict) -> dict:
 def execution(config: dict) -> dict:
     """How the engine executed every point of a run (``config``: a saved run's settings), as far as its
     settings tell: ``graphs`` "eager" or "compiled" (None: not known, e.g. an attached server's), and
-    ``runner``, the vLLM model runner (None: vLLM's default). vLLM compiles the model and replays graphs
+    ``runner``, the vLLM model runner each engine was asked for (None: the native engine, or an attached
+    server's, which cannot be observed). vLLM compiles the model and replays graphs
     unless told not to; ``--force-spec-step-idx`` runs every point eagerly, k = 0 included."""
     backend, args = config.get("backend"), config.get("engine_args") or {}
     if backend == "native":
@@ -269,6 +271,7 @@ def validate(cfg: SweepConfig, checkpoint_layers: int | None) -> None:
         raise MtpBenchError("--force-spec-step-idx needs the vLLM engine in one process: "
                             f"use tensor_parallel_size 1 (got {cfg.tensor_parallel_size})")
     check_draft_model(cfg)
+    check_runner_option(cfg)
     if cfg.engine_args.get("disable_log_stats"):
         raise MtpBenchError("--engine-arg disable_log_stats=true would switch off the spec-decode counters "
                             "mtpbench reads: leave it out")
@@ -282,6 +285,30 @@ def check_draft_model(cfg: SweepConfig) -> None:
             raise MtpBenchError("--draft-model is a vLLM speculative_config model: use --backend vllm or vllm-server")
         if not (resolve_model_dir(cfg.draft_model) / "config.json").is_file():
             raise MtpBenchError(f"--draft-model {cfg.draft_model}: no config.json there")
+
+
+def check_runner_option(cfg: SweepConfig) -> None:
+    """--runner picks vLLM's model runner: only for an engine mtpbench starts."""
+    from mtpbench.runners import check_runner
+
+    if cfg.runner is None:
+        return
+    check_runner(cfg.runner)
+    if cfg.backend == "native":
+        raise MtpBenchError("--runner picks vLLM's model runner: use --backend vllm or vllm-server")
+    if cfg.server:
+        raise MtpBenchError("--runner cannot choose the model runner of an attached --server (it is the "
+                            "server's own): leave it out, and the rows say the runner is unknown")
+
+
+def with_runner(cfg: SweepConfig) -> SweepConfig:
+    """The config with the runner each engine of it is asked for: the one given, or the one vLLM picks here
+    by itself (decided before any shim is loaded); unchanged for the native backend and an attached server."""
+    from mtpbench.runners import resolve
+
+    if cfg.backend == "native" or cfg.server:
+        return cfg
+    return replace(cfg, runner=resolve(cfg.runner))
 
 
 def validate_serving(cfg: SweepConfig) -> None:

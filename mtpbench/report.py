@@ -20,7 +20,7 @@ from mtpbench import stats
 # a point's fingerprint is derived from SweepConfig's fields, next to it (re-exported for the sweep)
 from mtpbench.config import FINGERPRINT_KEYS, fingerprint  # noqa: F401
 from mtpbench.errors import MtpBenchError
-from mtpbench.metrics import GridPoint, PointResult, PointRun, mean_call_s, summarize
+from mtpbench.metrics import GridPoint, PointResult, PointRun, mean_call_s, summarize, without_timings
 
 
 def write_text(path: Path, text: str) -> None:
@@ -93,6 +93,7 @@ def _read_json(path: Path):
 def rows_from_points(points: list[dict], failures: list[dict]) -> list[PointResult]:
     rows: list[PointResult] = []
     tokps: dict[int, list] = {}  # each whole-point row's tokens/s per repeat, for the speedup's interval
+    untimed: set[int] = set()  # rows whose clock measured Triton's interpreter (V2 on a CPU): timings null
     loaded = [(d, PointRun.from_json(d)) for d in sorted(points, key=lambda d: _sort_key(d["point"]))]
     # the target's decode-step time at k = 0 of the same load and context, per category: the unit of the
     # draft cost ratio c
@@ -114,23 +115,27 @@ def rows_from_points(points: list[dict], failures: list[dict]) -> list[PointResu
         point = GridPoint.from_json(data["point"])
         backend = data["point"]["backend"]
         cats = sorted({r.category for r in requests})
-        rows.append(summarize(backend, point, "all", requests, batches, data.get("startup_s"),
-                              step_s.get((where(data), "all")), run.telemetry, run.mtp_weight_bytes, run.notes,
-                              run.repeats))
+        ran = {"runner": run.engine.get("runner"), "drafter": run.engine.get("drafter")}
+        rows.append(replace(summarize(backend, point, "all", requests, batches, data.get("startup_s"),
+                                      step_s.get((where(data), "all")), run.telemetry, run.mtp_weight_bytes,
+                                      run.notes, run.repeats), **ran))
         tokps[id(rows[-1])] = [r.get("output_tokens_per_sec") for r in run.repeats]
-        if len(cats) < 2:
-            continue
-        for c in cats:
-            bats = [b for b in batches if b.category == c]
-            # a served window mixes categories in flight: its counters and time cannot be split by
-            # category (acceptance then comes from the requests' own counts, where the server sent them)
-            note = [] if bats else ["tokens/s of a concurrent window is not split by category"]
-            rows.append(summarize(backend, point, c, [r for r in requests if r.category == c], bats,
-                                  data.get("startup_s"), step_s.get((where(data), c)), notes=note))
+        first = len(rows) - 1
+        if len(cats) > 1:
+            for c in cats:
+                bats = [b for b in batches if b.category == c]
+                # a served window mixes categories in flight: its counters and time cannot be split by
+                # category (acceptance then comes from the requests' own counts, where the server sent them)
+                note = [] if bats else ["tokens/s of a concurrent window is not split by category"]
+                rows.append(replace(summarize(backend, point, c, [r for r in requests if r.category == c], bats,
+                                              data.get("startup_s"), step_s.get((where(data), c)), notes=note),
+                                    **ran))
+        if run.engine.get("interpreted"):
+            untimed.update(id(r) for r in rows[first:])
     for f in sorted(failures, key=lambda d: _sort_key(d["point"])):
         p = GridPoint.from_json(f["point"])
         rows.append(PointResult(f["point"]["backend"], p.mode, p.k, p.mtp_layers, "all", "failed",
-                                concurrency=p.concurrency, request_rate=f["point"].get("request_rate"),
+                                runner=f.get("runner"), concurrency=p.concurrency, request_rate=f["point"].get("request_rate"),
                                 context_tokens=p.context_tokens, error=f["error"]))
 
     def load(r: PointResult) -> tuple:
@@ -146,7 +151,7 @@ def rows_from_points(points: list[dict], failures: list[dict]) -> list[PointResu
         return replace(r, speedup=round(r.output_tokens_per_sec / b.output_tokens_per_sec, 4),
                        speedup_ci_low=round(ci[0], 4) if ci else None, speedup_ci_high=round(ci[1], 4) if ci else None)
 
-    return [with_speedup(r) for r in rows]
+    return [without_timings(r) if id(r) in untimed else with_speedup(r) for r in rows]
 
 
 def csv_text(rows: list[PointResult]) -> str:
@@ -161,7 +166,11 @@ def csv_text(rows: list[PointResult]) -> str:
 def table(rows: list[PointResult]) -> str:
     from tabulate import tabulate
 
+    from mtpbench.runners import label
+
     def cell(name, v, r):
+        if name == "runner":  # "V2 MultiModuleMTPSpeculator": the runner and the class that drafted
+            return label(v, r.drafter) if v else "-"
         if name == "request_rate" and v is None and r.concurrency is not None:
             return "inf"
         if isinstance(v, tuple):
@@ -185,6 +194,8 @@ def table(rows: list[PointResult]) -> str:
         cols[-3:-3] = SERVED_COLUMNS[2:]
     if any(getattr(r, name) is not None for r in rows for name, _ in TELEMETRY_COLUMNS):
         cols[-1:-1] = TELEMETRY_COLUMNS
+    if any(r.runner for r in rows):
+        cols[1:1] = [("runner", "vLLM runner")]
     body = [[cell(name, getattr(r, name), r) for name, _ in cols] for r in rows]
     # 3 significant digits, but tokens/s in full (1823.4, not 1.82e+03)
     fmt = [".1f" if name == "output_tokens_per_sec" else ".3g" for name, _ in cols]

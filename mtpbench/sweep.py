@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from mtpbench.backends import get_backend
-from mtpbench.config import SweepConfig, execution, validate
+from mtpbench.config import SweepConfig, execution, validate, with_runner
 from mtpbench.environment import environment, provenance
 from mtpbench.errors import MtpBenchError
 from mtpbench.metrics import GridPoint, PointResult, check_requests_against_counters
@@ -52,6 +52,7 @@ def grid(cfg: SweepConfig, checkpoint_layers: int | None, attached_k: int | None
 def run_sweep(cfg: SweepConfig, on_point: Callable[[int, int, str], None] | None = None) -> list[PointResult]:
     n_layers = None if cfg.server else cfg.num_mtp_layers()  # an attached server's model is remote
     validate(cfg, n_layers)
+    cfg = with_runner(cfg)  # the runner each engine is asked for, recorded in run.json and every point
     pset = sweep_prompts(cfg)
     psets = {x: sweep_prompts(cfg, x) if x else pset for x in sorted(set(cfg.context_tokens)) or [None]}
     out = Path(cfg.out)
@@ -179,9 +180,11 @@ def measure(cfg: SweepConfig, backend, point: GridPoint, prompts, out: Path, fp:
         return backend.run_point(cfg, point, prompts)
     except MtpBenchError:
         raise
-    except Exception as e:  # one broken point must not end the sweep
+    except Exception as e:  # one broken point must not end the sweep (a crash inside vLLM is a finding)
+        runner = f" (vLLM model runner {cfg.runner.upper()})" if cfg.runner else ""
         write_json(out / f"{point.name}.failure.json", {"point": point.to_json(cfg.backend), "fingerprint": fp,
-                                                         "error": f"{type(e).__name__}: {e}".strip()[:2000]})
+                                                         "runner": cfg.runner,
+                                                         "error": f"{type(e).__name__}: {e}".strip()[:1900] + runner})
         return None
 
 

@@ -13,6 +13,10 @@ from mtpbench.trace.report import STEP_HEADERS, heatmap, model_label, provenance
 from mtpbench.trace.verdict import judge, layer_per_step, loaded_vs_checkpoint
 
 
+EAGER_NOTE = ("eager (enforce_eager): compiled modules and replayed CUDA graphs, which Model Runner V2 uses by "
+              "default on a GPU, run no Python forward, so a trace runs eagerly to see the wrappers")
+
+
 def run_trace(cfg, k: int, mode: str = "reuse", backend=None) -> dict:
     """Trace one short generation and write trace.csv, trace.json and layers.png into ``cfg.out``.
 
@@ -22,7 +26,8 @@ def run_trace(cfg, k: int, mode: str = "reuse", backend=None) -> dict:
     from pathlib import Path
 
     from mtpbench.backends import get_backend
-    from mtpbench.config import validate
+    from mtpbench.config import validate, with_runner
+    from mtpbench.runners import label
     from mtpbench.prompts import prompt_set
     from mtpbench.checkpoint import mtp_layer_bytes
     from mtpbench.report import write_json, write_text
@@ -32,6 +37,7 @@ def run_trace(cfg, k: int, mode: str = "reuse", backend=None) -> dict:
     if k < 1:
         raise MtpBenchError(f"--k must be >= 1 to trace drafting, got {k}")
     validate(cfg, n_layers)
+    cfg = with_runner(cfg)
     L = max(cfg.mtp_layers) if cfg.mtp_layers else n_layers
     if cfg.backend == "vllm-server":
         raise MtpBenchError("trace-layers wraps the draft model in mtpbench's own process: use --backend vllm "
@@ -73,6 +79,9 @@ def run_trace(cfg, k: int, mode: str = "reuse", backend=None) -> dict:
                "num_proposals": len({(r.batch, r.proposal) for r in records}),
                "unused_layers": v.unused_layers, "unused_layer_bytes": v.unused_layer_bytes,
                "checkpoint_mtp_layers": L, "dropped_at_load": list(range(data["num_layers"], L)),
+               "runner": data.get("runner"), "drafter": data.get("drafter"),
+               "execution": EAGER_NOTE if cfg.backend == "vllm" else "eager (PyTorch modules)",
+               "notes": data.get("notes") or [],
                "crash": data["crash"], "per_step": [dict(zip(STEP_HEADERS, row)) for row in
                                                     step_table(records, data["num_layers"])],
                "acceptance_by_layer": attribution, "num_drafts": drafts,
@@ -80,7 +89,8 @@ def run_trace(cfg, k: int, mode: str = "reuse", backend=None) -> dict:
     write_json(out / "trace.json", summary)
     from mtpbench import __version__
 
-    engine = f"vLLM {provenance_versions(summary)}" if cfg.backend == "vllm" else f"mtpbench {__version__} native"
+    engine = (f"vLLM {provenance_versions(summary)} {label(summary['runner'], summary['drafter'])}"
+              if cfg.backend == "vllm" else f"mtpbench {__version__} native")
     heatmap(out / "layers.png", records, data["num_layers"], k,
             f"{model_label(cfg.model_dir)} on {engine} ({mode}, k={k}): {v.verdict}")
     return json.loads((out / "trace.json").read_text())

@@ -58,26 +58,31 @@ def engine_kwargs(cfg: SweepConfig, model: str, k: int) -> dict:
     return kw
 
 
-def worker_env(model_dir=None) -> dict:
-    env = engine_env(model_dir)
+def worker_env(model_dir=None, runner: str | None = None) -> dict:
+    env = engine_env(model_dir, runner)
     env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process: hooks can reach it
     return env
 
 
-def engine_env(model_dir=None) -> dict:
-    """The environment of a vLLM engine process (offline worker or launched server) for this model."""
+def engine_env(model_dir=None, runner: str | None = None) -> dict:
+    """The environment of a vLLM engine process (offline worker or launched server) for this model and
+    model runner (``mtpbench.runners``: nothing for the one vLLM picks here, else the variables and shim
+    the other needs)."""
+    from mtpbench.runners import runner_env
+
     env = dict(os.environ)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the CPU build reserves ~21 GiB otherwise
     if model_dir is not None and needs_torchvision_shim(model_dir):
-        shims = str(Path(__file__).resolve().parents[1] / "synth" / "shims")
+        shims = str(Path(__file__).resolve().parents[1] / "shims" / "torchvision")
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [shims, env.get("PYTHONPATH")]))
+    env.update(runner_env(runner, env))
     return env
 
 
 def needs_torchvision_shim(model_dir) -> bool:
     """vLLM's classes for some architectures (Qwen3.5, GLM-OCR, MiMo-V2-Omni: ``Arch.needs_torchvision_stub``)
     import transformers' vision processors, which import torchvision; with no torchvision installed, a
-    text-only engine of those gets mtpbench's import shim (synth/shims/torchvision). Never for other models:
+    text-only engine of those gets mtpbench's import shim (shims/torchvision). Never for other models:
     transformers would take the shim for the real thing."""
     import importlib.util
 
@@ -132,7 +137,7 @@ class VllmBackend:
             # graph replay and compiled __call__ skip Python wrappers; under --force the k = 0 baseline is
             # eager too, so speedups compare like with like
             kwargs["enforce_eager"] = True
-        spec = {"config": cfg.to_json(), "k": k, "engine_kwargs": kwargs, "trace": trace,
+        spec = {"config": cfg.to_json(), "k": k, "engine_kwargs": kwargs, "trace": trace, "runner": cfg.runner,
                 "prompts": [asdict(p) for p in prompts]}
         return call_worker(spec)
 
@@ -206,8 +211,8 @@ def call_worker(spec: dict, env: dict | None = None, timeout: float = WORKER_TIM
         with open(Path(tmp) / "stdout", "w+") as out, open(Path(tmp) / "stderr", "w+") as err:
             proc = subprocess.Popen([sys.executable, "-m", "mtpbench.backends.vllm", str(spec_path),
                                      str(result_path)],
-                                    env={**worker_env(spec["engine_kwargs"]["model"]), **(env or {}),
-                                         PARENT_PIPE_ENV: "1"},
+                                    env={**worker_env(spec["engine_kwargs"]["model"], spec.get("runner")),
+                                         **(env or {}), PARENT_PIPE_ENV: "1"},
                                     stdin=subprocess.PIPE, stdout=out, stderr=err, start_new_session=True)
             try:
                 if workers is not None:
@@ -366,27 +371,47 @@ def held_mtp_bytes(llm) -> int | None:
     return sum(t.numel() * t.element_size() for m in layers for t in m.parameters())
 
 
-def engine_models(llm):
-    """(draft model, target model) of an in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0)."""
+def engine_worker(llm):
+    """vLLM's worker of an in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0)."""
     try:
-        worker = llm.llm_engine.model_executor.driver_worker.worker
+        return llm.llm_engine.model_executor.driver_worker.worker
     except AttributeError:
         raise MtpBenchError("cannot reach vLLM's worker: tracing needs the engine in-process "
                             "(VLLM_ENABLE_V1_MULTIPROCESSING=0) and a single worker") from None
+
+
+def engine_models(llm):
+    """(draft model, target model) of an in-process engine. ``worker.get_draft_model()`` reaches the drafter
+    on both runners: V1's ``model_runner.drafter.model``, V2's ``model_runner.speculator.model``."""
+    worker = engine_worker(llm)
     runner = worker.model_runner
     draft = worker.get_draft_model() if hasattr(worker, "get_draft_model") else None
     if draft is None:
-        draft = getattr(getattr(runner, "drafter", None), "model", None)
+        draft = getattr(getattr(runner, "drafter", None) or getattr(runner, "speculator", None), "model", None)
     if draft is None:
         raise MtpBenchError("this vLLM engine has no draft model (is speculative decoding on?)")
     return draft, runner.get_model()
 
 
-def trace(llm, cfg: dict, k: int, prompts: list[Prompt], force: bool) -> dict:
+def engine_runner(llm, asked: str | None) -> dict:
+    """The model runner the engine built and the class that drafts (``runners.observed``), whether its
+    timings measure Triton's interpreter, and the notes a reader needs."""
+    from mtpbench.runners import INTERPRETED_NOTE, label, observed
+
+    ran = observed(engine_worker(llm).model_runner)
+    ran["interpreted"] = ran["runner"] == "v2" and os.environ.get("TRITON_INTERPRET") == "1"
+    notes = [INTERPRETED_NOTE] if ran["interpreted"] else []
+    if asked and asked != ran["runner"]:
+        notes.append(f"asked for vLLM model runner {asked.upper()}, the engine ran {label(ran['runner'])}")
+    return {**ran, "notes": notes}
+
+
+def trace(llm, cfg: dict, k: int, prompts: list[Prompt], force: bool, asked: str | None = None) -> dict:
     from vllm import SamplingParams
 
     from mtpbench.trace.hooks import LayerTracer
 
+    ran = {k_: v for k_, v in engine_runner(llm, asked).items() if k_ != "interpreted"}
     draft, target = engine_models(llm)
     tracer = LayerTracer(draft, target, force_spec_step_idx=force).install()
     params = SamplingParams(temperature=cfg["temperature"], max_tokens=cfg["max_tokens"], ignore_eos=True)
@@ -405,7 +430,7 @@ def trace(llm, cfg: dict, k: int, prompts: list[Prompt], force: bool) -> dict:
     after = read_spec_counters(llm) if crash is None else before
     st = tracer.structure
     delta = counter_delta(before, after, k)
-    return {"records": [asdict(r) for r in tracer.records], "crash": crash,
+    return {"records": [asdict(r) for r in tracer.records], "crash": crash, **ran,
             "crash_in_draft": tracer.draft_error is not None, "num_layers": len(st.layers),
             "num_drafts": delta["num_drafts"],
             "num_accepted_tokens_per_pos": delta["num_accepted_tokens_per_pos"], "structure": st.describe()}
@@ -439,21 +464,25 @@ def worker(spec_path: str, result_path: str) -> None:
         if spec.get("trace_forces"):  # trace-matrix: one engine, traced as it drafts and then forced
             traces = []
             for f in spec["trace_forces"]:
-                traces.append(trace(llm, spec["config"], spec["k"], prompts, f))
+                traces.append(trace(llm, spec["config"], spec["k"], prompts, f, spec.get("runner")))
                 if traces[-1]["crash"]:  # a request that failed can leave the engine unable to schedule
                     break  # (seen with vllm-cpu 0.32.0): the caller traces the rest in a fresh engine
             data = {"traces": traces}
         elif spec.get("trace"):
-            data = trace(llm, spec["config"], spec["k"], prompts, force)
+            data = trace(llm, spec["config"], spec["k"], prompts, force, spec.get("runner"))
         else:
             if force and spec["k"] > 0:  # the PR's proposal, applied at run time; nothing is recorded
                 from mtpbench.trace.hooks import force_spec_step_idx
 
                 force_spec_step_idx(*engine_models(llm))
+            ran = engine_runner(llm, spec.get("runner"))
             run = measure(llm, spec["config"], spec["k"], prompts)
             run.mtp_weight_bytes = held_mtp_bytes(llm) if spec["k"] > 0 else 0
+            run.notes += ran.pop("notes")
             data = asdict(run)
-        data.update({"startup_s": round(startup, 3), "engine": {"engine": "vllm", "engine_kwargs": kwargs}})
+            data["engine_ran"] = ran
+        data.update({"startup_s": round(startup, 3), "engine": {"engine": "vllm", "engine_kwargs": kwargs,
+                                                                 **data.pop("engine_ran", {})}})
         if check is not None:
             data["load_check"] = check.report()
     except Exception as e:  # reported as a failed point by the parent
