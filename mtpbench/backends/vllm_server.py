@@ -6,12 +6,15 @@ Two ways in:
   127.0.0.1 on a free port (the derived checkpoint for L, as the offline backend), under
   ``mtpbench.procguard`` so no process of it outlives mtpbench; waits for ``/health``; measures every
   load point (concurrency x request rate) of that (k, L) on it; stops it. The server's log is kept next
-  to the point files as ``<mode>-L<L>-k<k>.server.log`` (``k0.server.log``).
+  to the point files as ``<mode>-L<L>-k<k>.server.log`` (``k0.server.log``). The server gets the
+  environment of the model runner asked for (``--runner``, ``mtpbench.runners``: on a CPU, V2 runs through
+  the Triton-interpreter shim, which its engine-core processes inherit); which runner it really ran is
+  read from that log (vLLM's "Using V2 Model Runner" line), and interpreted V2 leaves timings null.
 * attached (``--server URL``): a server the user runs (one GPU, several, several nodes: vLLM's business).
   mtpbench neither starts nor stops it; it reads the model from ``/v1/models``, the version from
   ``/version`` and k from ``/metrics`` (vLLM creates one ``num_accepted_tokens_per_pos`` counter per draft
   position at start-up); what it cannot read (the MTP layer count) is taken from the options as given,
-  and the row says so.
+  and the row says so. Its model runner cannot be observed from outside: rows say ``unknown``.
 
 Each load point: warm-up requests first (excluded), then ``/metrics`` is read, the load generator runs
 (``mtpbench.loadgen``) with the GPU sampler on, ``/metrics`` is read again, and the spec-decode counters'
@@ -238,8 +241,42 @@ def server_command(args: dict, port: int) -> list[str]:
             "--port", str(port), *cli_flags(rest)]
 
 
-def server_env(model_dir=None) -> dict:
-    return engine_env(model_dir)
+def server_env(model_dir=None, runner: str | None = None) -> dict:
+    """A launched server's environment: the offline engine's for this model and model runner (for V2 on a
+    CPU the Triton-interpreter shim, which the server's engine-core processes inherit)."""
+    return engine_env(model_dir, runner)
+
+
+V2_LOG_LINE = "Using V2 Model Runner"  # vLLM's workers (cpu_worker, gpu_worker) log it once when V2 runs
+
+
+def launched_runner(log_text: str, env: dict, asked: str | None) -> dict:
+    """The model runner a launched server ran, read from its log once it is healthy (the worker logs
+    ``V2_LOG_LINE`` before the server answers), and the notes a reader needs. The drafting class is not
+    logged, so it is left unknown (None). With vLLM's INFO lines switched off the log cannot tell: unknown."""
+    from mtpbench.runners import INTERPRETED_NOTE, UNKNOWN, label
+
+    quiet = env.get("VLLM_CONFIGURE_LOGGING") == "0" or \
+        env.get("VLLM_LOGGING_LEVEL", "INFO").upper() not in ("DEBUG", "INFO")
+    if V2_LOG_LINE in log_text:
+        ran = "v2"
+    else:
+        ran = UNKNOWN if quiet else "v1"
+    interpreted = ran == "v2" and env.get("TRITON_INTERPRET") == "1"
+    notes = [INTERPRETED_NOTE] if interpreted else []
+    if asked and ran == UNKNOWN:
+        notes.append(f"asked for vLLM model runner {asked.upper()}; the server's log, without vLLM's INFO lines, "
+                     "does not say which ran")
+    elif asked and asked != ran:
+        notes.append(f"asked for vLLM model runner {asked.upper()}, the server ran {label(ran)}")
+    return {"runner": ran, "drafter": None, "interpreted": interpreted, "notes": notes}
+
+
+def attached_runner() -> dict:
+    """An attached server's runner cannot be observed from outside (nor whether Triton interprets)."""
+    from mtpbench.runners import UNKNOWN
+
+    return {"runner": UNKNOWN, "drafter": None, "interpreted": None, "notes": []}
 
 
 class Server:
@@ -261,6 +298,7 @@ class VllmServerBackend:
         self.key: tuple | None = None  # the (k, L) the running server serves
         self.failed: dict[tuple, str] = {}
         self.facts: dict = {}
+        self.ran: dict = {}  # the runner the running server ran (launched_runner / attached_runner)
 
     # -- sweep protocol -------------------------------------------------------------------------------
 
@@ -291,6 +329,7 @@ class VllmServerBackend:
                 raise MtpBenchError(f"the server at {url} drafts but does not expose k: give it with --k")
             k = k_server if k_server is not None else cfg.k[0]
             self.server = Server(url, info["model"])
+            self.ran = attached_runner()
             self.facts = {"engine": "vllm-server", "attached": True, "server": cfg.server, "model": info["model"],
                           "vllm": info["vllm"], "k": k,
                           "k_source": "server /metrics" if k_server is not None else "--k as given",
@@ -322,8 +361,9 @@ class VllmServerBackend:
                        if point.k else 0)
         run = self._measure(cfg, point, prompts)
         run.startup_s, run.mtp_weight_bytes = startup, weights
-        run.notes = notes + run.notes
-        run.engine = {k: v for k, v in self.facts.items() if k != "gpu_telemetry"}
+        ran = dict(self.ran)
+        run.notes = notes + ran.pop("notes") + run.notes
+        run.engine = {**{k: v for k, v in self.facts.items() if k != "gpu_telemetry"}, **ran}
         return run
 
     def close(self) -> None:
@@ -368,12 +408,14 @@ class VllmServerBackend:
         self.facts["server_args"] = args
         log = Path(cfg.out) / f"{GridPoint(point.mode, point.k, point.mtp_layers).name}.server.log"
         t0 = time.perf_counter()
-        guard = Guarded(server_command(args, port), log, env=server_env(model))
+        env = server_env(model, cfg.runner)
+        guard = Guarded(server_command(args, port), log, env=env)
         base = f"http://127.0.0.1:{port}"
         self.server = Server(base, "", guard)
         try:
             wait_healthy(base, guard.running, cfg.server_start_timeout_s)
             self.server.model = probe(base)["model"]
+            self.ran = launched_runner(log.read_text(errors="replace"), env, cfg.runner)
             startup = time.perf_counter() - t0
             self._warm_up(cfg, prompts, max(cfg.concurrency))  # a server that cannot answer fails here
         except (RuntimeError, MtpBenchError) as e:
