@@ -39,6 +39,13 @@ CANNOT_RUN = {
                       "num_heads=2, because vLLM's CPU linear method packs kv_b_proj's weight away "
                       "(dispatch_cpu_unquantized_gemm, remove_weight=True) and Kimi-K3's own MLA, unlike "
                       "MLAAttention, does not set kv_b_proj._cpu_skip_gemm_dispatch (model loading, so V1 too)",
+    "HYV4MTPModel": "no two-layer checkpoint loads: vLLM 0.32's hy_v4 nvidia/mtp.py builds "
+                    "num_nextn_predict_layers MTP layers but maps checkpoint weights to only "
+                    "max(num_nextn_predict_layers - 1, 1) of them (_get_spec_layer_idx_from_weight_name), so the "
+                    "second layer is never written (the load check fails); with one layer, reuse and multi-module "
+                    "coincide. Probed with random weights (load_format=dummy) and full_attention layer types, it "
+                    "builds and drafts on V1 (EagleProposer) and on V2 through Triton's interpreter "
+                    "(MultiModuleMTPSpeculator)",
     "EagleDeepSeekMTPModel": "not an MTP module: an EAGLE-1 drafter (method 'eagle', separate draft "
                              "checkpoint, EAGLEConfig renames DeepSeekMTPModel to Eagle*) whose forward runs "
                              "all its layers with no spec_step_idx",
