@@ -18,7 +18,7 @@ requests both runs made of the same prompts, pooled; timings: the medians of the
 never contradicts the sign of B - A, also when a server's counters held foreign traffic or the prompt
 sets only overlap; each row says where its values come from (``values_from``).
 
-How the engines executed (eager or compiled graphs; later the model runner) is a difference between
+How the engines executed (eager or compiled graphs, and vLLM's model runner) is a difference between
 the runs as a whole: vLLM with ``--force-spec-step-idx`` runs every point eagerly, k = 0 included. Then
 the k = 0 baseline is no control for machine drift, and raw timings stay evidence for ``--fail-if-worse``.
 

@@ -409,7 +409,7 @@ def plot(path: Path, cells: list[Cell], version: str) -> None:
             if drafting == DRAFTING[0] and c.drafter:
                 text += f"  {c.drafter}"
             if c.error:
-                text += f"  {c.error.splitlines()[0][:60]}"
+                text += f"  {c.error.splitlines()[0][:38]}"
             ax.text(j + 0.02, i + 0.5, text, va="center", fontsize=6)
     ax.set_xlim(0, len(columns))
     ax.set_ylim(len(archs), 0)
