@@ -449,6 +449,10 @@ def plot(path: Path, rows: list[CompareRow], result: dict) -> None:
     ax.set_yticklabels([f"{r.point}: {r.metric}" for r in reversed(shown)], fontsize=7)
     ax.set(xlabel="(B - A) / A, % (line: 95 % interval)", title=f"B = {Path(result['b']).name} vs A = {Path(result['a']).name}")
     ax.grid(alpha=0.3, axis="x")
+    runner = next((d for d in result["differences"] if d.startswith("runner: ")), None)
+    if runner:  # V1 against V2: the picture says which runner each side ran
+        fig.text(0.995, 0.003, f"vLLM model runner (A vs B): {runner.removeprefix('runner: ')}", ha="right",
+                 va="bottom", fontsize=6, color="dimgray")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -320,7 +320,7 @@ def plots(out: Path, rows: list[PointResult]) -> list[Path]:
            title="Acceptance length vs k (bars: 95 % CI over prompts)", xticks=ks)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
-    paths.append(_save(fig, out / "acceptance_length.png", plt))
+    paths.append(_save(fig, out / "acceptance_length.png", plt, rows))
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
     bare = []
@@ -343,7 +343,7 @@ def plots(out: Path, rows: list[PointResult]) -> list[Path]:
         a.legend(fontsize=7)
     if any(bare):
         fig.suptitle("hollow markers: " + NO_INTERVAL, fontsize=7)
-    paths.append(_save(fig, out / "throughput.png", plt))
+    paths.append(_save(fig, out / "throughput.png", plt, rows))
 
     fig, ax = plt.subplots(figsize=(7, 4))
     tops = [max((r for r in lines[key] if r.k > 0), key=lambda r: r.k) for key in order]
@@ -367,7 +367,7 @@ def plots(out: Path, rows: list[PointResult]) -> list[Path]:
            xticklabels=range(npos))
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3, axis="y")
-    paths.append(_save(fig, out / "per_position.png", plt))
+    paths.append(_save(fig, out / "per_position.png", plt, rows))
     if any(key[2] is not None for key in lines):
         paths.append(serving_plot(out, rows, plt))
     if any(r.position_bucket_start for r in rows if r.k > 0) or any(key[4] is not None for key in lines):
@@ -405,7 +405,7 @@ def context_plot(out: Path, rows: list[PointResult], plt) -> Path:
         a.grid(alpha=0.3)
         if a.get_legend_handles_labels()[0]:
             a.legend(fontsize=7)
-    return _save(fig, out / "acceptance_vs_context.png", plt)
+    return _save(fig, out / "acceptance_vs_context.png", plt, rows)
 
 
 def serving_plot(out: Path, rows: list[PointResult], plt) -> Path:
@@ -443,16 +443,26 @@ def serving_plot(out: Path, rows: list[PointResult], plt) -> Path:
         a.legend(fontsize=7)
     if any(bare):
         fig.suptitle("hollow markers: " + NO_INTERVAL, fontsize=7)
-    return _save(fig, out / "serving.png", plt)
+    return _save(fig, out / "serving.png", plt, rows)
 
 
-def _save(fig, path: Path, plt) -> Path:
+def _save(fig, path: Path, plt, rows: list[PointResult] = ()) -> Path:
     try:
         fig.tight_layout()
+        who = runner_caption(rows)
+        if who:  # every picture of a vLLM run names the runner and the class that drafted
+            fig.text(0.995, 0.003, who, ha="right", va="bottom", fontsize=6, color="dimgray")
         fig.savefig(path, dpi=110)
     finally:
         plt.close(fig)
     return path
+
+
+def runner_caption(rows: list[PointResult]) -> str:
+    from mtpbench.runners import label
+
+    labels = sorted({label(r.runner, r.drafter) for r in rows if r.runner and r.k > 0})
+    return f"vLLM model runner: {', '.join(labels)}" if labels else ""
 
 
 def build(out: Path) -> list[PointResult]:
@@ -506,4 +516,4 @@ def al_histogram(out: Path, points: list[dict], rows: list[PointResult]) -> Path
         ax.title.set_fontsize(8)
     for ax in list(axes.flat)[len(per_point):]:
         ax.axis("off")
-    return _save(fig, out / "al_histogram.png", plt)
+    return _save(fig, out / "al_histogram.png", plt, rows)
