@@ -452,27 +452,34 @@ def env(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = F
 @app.command("make-model")
 def make_model(
     out: Annotated[Path, typer.Option(help="Checkpoint directory to write.")] = Path("tiny-mtp"),
-    steps: Annotated[int, typer.Option(help="Training steps.")] = 900,
+    steps: Annotated[Optional[int], typer.Option(help="Training steps [default: 900; --format glm: the shipped fine-tune's].")] = None,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
     batch: Annotated[int, typer.Option(help="Sequences per step.")] = 16,
     seq_len: Annotated[int, typer.Option(help="Tokens per sequence.")] = 256,
     threads: Annotated[Optional[int], typer.Option(help="torch threads (the built-in model used 1; results differ with the count).")] = None,
-    fmt: Annotated[str, typer.Option("--format", help="mimo: train the MiMo-format model. glm: write --source's weights in "
-                                             "GLM-4.5's format (no training; the same bytes as 'builtin-glm').")] = "mimo",
-    source: Annotated[str, typer.Option(help="--format glm: the MiMo-format checkpoint to convert.")] = "builtin",
+    fmt: Annotated[str, typer.Option("--format", help="mimo: train the MiMo-format model. glm: fine-tune --source's MTP layers "
+                                             "in GLM's (DeepSeek's) convention, target frozen, and write GLM-4.5's format "
+                                             "(from builtin: the same bytes as 'builtin-glm'; of the training options only --steps applies).")] = "mimo",
+    source: Annotated[str, typer.Option(help="--format glm: the MiMo-format checkpoint to start from.")] = "builtin",
 ) -> None:
-    """Train the built-in tiny MTP model from this interpreter's standard library (no download), or write
-    its GLM-4.5 form (--format glm), whose MTP class honours spec_step_idx (Model Runner V2 drafts with every layer)."""
+    """Train the built-in tiny MTP model from this interpreter's standard library (no download), or make its
+    GLM-4.5 form (--format glm), whose MTP class honours spec_step_idx (Model Runner V2 drafts with every layer)."""
     if fmt == "glm":
-        from mtpbench.checkpoint import derive_glm, resolve_model_dir
+        from mtpbench.checkpoint import resolve_model_dir, write_glm
+        from mtpbench.train import finetune_mtp, mtp_file_bytes
 
         if out.exists() and any(out.iterdir()):
             fail(f"output directory already exists and is not empty: {out}")
         try:
-            derive_glm(resolve_model_dir(source), out)
+            src = resolve_model_dir(source)
+            tensors, info = finetune_mtp(src, steps=steps, log=typer.echo)
+            from safetensors.torch import load_file
+
+            state = {**load_file(str(src / "model.safetensors")), **tensors}
+            write_glm(src, state, mtp_file_bytes(tensors), info["recipe"], out)
         except MtpBenchError as e:
             fail(str(e))
-        typer.echo(f"wrote {out} (GLM-4.5 format, from {source})")
+        typer.echo(f"wrote {out} (GLM-4.5 format, from {source}; MTP fine-tune {info['train_seconds']} s)")
         return
     if fmt != "mimo":
         fail(f"unknown --format {fmt!r} (choose mimo or glm)")
@@ -483,7 +490,7 @@ def make_model(
     if threads:
         torch.set_num_threads(threads)
     try:
-        info = train(out, steps=steps, batch=batch, seq_len=seq_len, seed=seed, log=typer.echo)
+        info = train(out, steps=900 if steps is None else steps, batch=batch, seq_len=seq_len, seed=seed, log=typer.echo)
     except MtpBenchError as e:
         fail(str(e))
     typer.echo(f"wrote {out} in {info['train_seconds']} s")

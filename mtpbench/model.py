@@ -3,6 +3,13 @@
 The checkpoint format is vLLM's MiMo format (``MiMoForCausalLM``, ``model_type: qwen2``), so the same
 directory loads here, in vLLM, and in transformers as ``Qwen2ForCausalLM`` (which ignores the MTP tensors).
 
+``mtp_style`` picks which of the two MTP conventions the model computes (config.json ``"mtp_style"``, absent
+= ``"mimo"``). MiMo: the target hands its MTP layer the hidden *before* its final norm, and an MTP layer ends
+in ``final_layernorm``, whose output is both the next draft step's hidden and the logits' input. DeepSeek (GLM-4.5
+and every DeepSeek-style class in vLLM): the target hands the *normed* hidden, an MTP layer hands the next step
+its residual sum before any norm, and the layer's ``final_layernorm`` (GLM's ``shared_head.norm``) is applied
+only for the logits, in ``compute_logits(hidden, spec_step_idx)``. ``builtin-glm`` is computed the second way.
+
 The draft side keeps vLLM's three-level shape so that layer tracing sees the same structure in both
 backends: ``MTPWrapper`` (like ``MiMoMTP``) -> ``MultiTokenPredictor`` (like ``MiMoMultiTokenPredictor``)
 -> ``mtp_layers[j]`` (``MTPLayer``). The predictor picks its layer as ``spec_step_idx % num_mtp_layers``.
@@ -40,6 +47,7 @@ class ModelArgs:
     rms_norm_eps: float = 1e-6
     bos_token_id: int = 0
     eos_token_id: int = 0
+    mtp_style: str = "mimo"  # or "deepseek" (see the module docstring)
 
     @property
     def head_dim(self) -> int:
@@ -48,14 +56,21 @@ class ModelArgs:
     @classmethod
     def from_config(cls, cfg: dict) -> "ModelArgs":
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in cfg.items() if k in known})
+        args = cls(**{k: v for k, v in cfg.items() if k in known})
+        if args.mtp_style not in MTP_STYLES:
+            raise MtpBenchError(f"config.json: mtp_style must be one of {', '.join(MTP_STYLES)}, got {args.mtp_style!r}")
+        return args
 
     def to_config(self) -> dict:
-        """The config.json vLLM (MiMo) and transformers (Qwen2) both read."""
+        """The config.json vLLM (MiMo) and transformers (Qwen2) both read (``mtp_style`` only when not MiMo's:
+        vLLM's MiMo class computes MiMo's convention whatever the key says)."""
+        own = asdict(self)
+        if own["mtp_style"] == "mimo":
+            del own["mtp_style"]
         return {
             "architectures": ["MiMoForCausalLM"],
             "model_type": "qwen2",
-            **asdict(self),
+            **own,
             "hidden_act": "silu",
             "tie_word_embeddings": False,
             "use_sliding_window": False,
@@ -70,6 +85,7 @@ class ModelArgs:
 
 # Named presets, gpt-fast style. "tiny" is the built-in model.
 PRESETS = {"tiny": ModelArgs()}
+MTP_STYLES = ("mimo", "deepseek")
 
 
 class RMSNorm(nn.Module):
@@ -215,10 +231,12 @@ class Qwen2Body(nn.Module):
 
 
 class MTPLayer(nn.Module):
-    """One MiMo MTP layer: h = input_proj([hidden_norm(h_prev), token_norm(e)]); block; final norm."""
+    """One MTP layer: h = input_proj([hidden_norm(h_prev), token_norm(e)]); block; then MiMo's final norm,
+    or (DeepSeek style) the residual sum as it is, the final norm left to the logits."""
 
     def __init__(self, a: ModelArgs):
         super().__init__()
+        self.normed_output = a.mtp_style == "mimo"
         self.token_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         self.hidden_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         self.input_proj = nn.Linear(2 * a.hidden_size, a.hidden_size, bias=False)
@@ -238,25 +256,27 @@ class MTPLayer(nn.Module):
         ctx = AttnContext.make(positions, self.self_attn.a, h.dtype, cache is not None, key_start)
         h = h + self.self_attn(self.input_layernorm(h), ctx, cache)
         h = h + self.mlp(self.post_attention_layernorm(h))
-        return self.final_layernorm(h)
+        return self.final_layernorm(h) if self.normed_output else h
 
 
 class TargetModel(nn.Module):
-    """The target (verifier). forward returns hidden states *before* the final norm, as MiMoModel."""
+    """The target (verifier). forward returns hidden states *before* the final norm, as MiMoModel, or after
+    it in DeepSeek style (as vLLM's DeepSeek and GLM models, whose compute_logits is the bare lm_head)."""
 
     def __init__(self, body: Qwen2Body, lm_head: nn.Linear):
         super().__init__()
         self.body, self.lm_head = body, lm_head
+        self.returns_normed = body.args.mtp_style == "deepseek"
 
     def forward(self, input_ids, positions, caches: list[KVCache] | None = None):
         h = self.body.embed_tokens(input_ids)
         ctx = AttnContext.make(positions, self.body.args, h.dtype, caches is not None)
         for i, layer in enumerate(self.body.layers):
             h = layer(h, ctx, None if caches is None else caches[i])
-        return h
+        return self.body.norm(h) if self.returns_normed else h
 
     def compute_logits(self, hidden_states):
-        return self.lm_head(self.body.norm(hidden_states))
+        return self.lm_head(hidden_states if self.returns_normed else self.body.norm(hidden_states))
 
 
 class MultiTokenPredictor(nn.Module):
@@ -295,7 +315,9 @@ class MTPWrapper(nn.Module):
         return self.model(input_ids, positions, hidden_states, spec_step_idx, caches)
 
     def compute_logits(self, hidden_states, spec_step_idx: int = 0):
-        return self.lm_head(hidden_states)
+        layer = self.model.mtp_layers[0 if self.drop_spec_step_idx else spec_step_idx % self.model.num_mtp_layers]
+        # DeepSeek style: the layer's hidden is its residual sum, normed here by that layer (vLLM's shared_head)
+        return self.lm_head(hidden_states if layer.normed_output else layer.final_layernorm(hidden_states))
 
 
 class MiMoModel(nn.Module):
@@ -324,14 +346,24 @@ class MiMoModel(nn.Module):
 
 def load_model(model_dir: Path, device="cpu", dtype=torch.float32) -> MiMoModel:
     """Load a MiMo-format checkpoint for inference (fused weights). A checkpoint without MTP layers
-    loads too: it can still run k = 0."""
+    loads too: it can still run k = 0. A GLM-4.5-format checkpoint written by mtpbench (``builtin-glm``)
+    loads as the same tensors under MiMo's names, computed in DeepSeek style (see checkpoint.mimo_from_glm)."""
     from safetensors.torch import load_file
 
-    m = MiMoModel(ModelArgs.from_config(read_config(model_dir)))
+    from mtpbench.checkpoint import GLM_ARCH, mimo_from_glm
+
+    cfg = read_config(model_dir)
+    glm = cfg.get("architectures") == [GLM_ARCH]
+    m = MiMoModel(ModelArgs.from_config({**cfg, "mtp_style": "deepseek"} if glm else cfg))
     try:
         state = load_file(str(Path(model_dir) / "model.safetensors"))
+    except Exception as e:  # missing file, corrupt file
+        raise MtpBenchError(f"{model_dir}: cannot load model.safetensors ({str(e).splitlines()[0][:200]})") from None
+    if glm:
+        state = mimo_from_glm(state, cfg, model_dir)
+    try:
         missing, unexpected = m.load_state_dict(state, strict=False)
-    except Exception as e:  # missing file, corrupt file, shapes that differ
+    except Exception as e:  # shapes that differ
         raise MtpBenchError(f"{model_dir}: cannot load model.safetensors ({str(e).splitlines()[0][:200]})") from None
     if missing or unexpected:
         raise MtpBenchError(f"{model_dir}: checkpoint tensors do not match config "

@@ -6,6 +6,10 @@ is trained as a DeepSeek-style chain to predict token t+j+2, in the geometry vLL
 layer j at position q gets (output of layer j-1 at q-1, or the target's hidden at q for j = 0) and token
 x[q+1], and predicts x[q+2]. Output: a checkpoint directory plus ``train_log.json`` (seed, corpus, steps,
 losses) and ``prompts.jsonl``.
+
+``finetune_mtp`` makes ``builtin-glm``'s MTP layers: from a trained MiMo-format checkpoint, the target frozen, it
+trains the MTP layers as the same chain in DeepSeek's convention (model.py's ``mtp_style``), in one thread with a
+fixed seed, so the same interpreter and torch give the same bytes.
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ import sys
 import sysconfig
 import time
 from pathlib import Path
+
+import dataclasses
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
@@ -89,7 +96,8 @@ def mtp_losses(m: MiMoModel, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.
     B, T = x.shape
     pos = torch.arange(T, device=x.device).expand(B, T)
     target = m.target
-    h = target(x, pos)
+    with torch.set_grad_enabled(torch.is_grad_enabled() and m.lm_head.weight.requires_grad):  # frozen: no graph
+        h = target(x, pos)
     main = F.cross_entropy(target.compute_logits(h[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
     emb = m.model.embed_tokens
     losses, prev = [], h[:, : T - 1]  # layer 0 reads the target hidden at its own slot q
@@ -99,7 +107,8 @@ def mtp_losses(m: MiMoModel, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.
             break
         hid = prev if j == 0 else prev[:, : n]  # layer j>0 reads layer j-1's output at q-1
         out = layer(emb(x[:, j + 1:]), pos[:, j: T - 1], hid)
-        logits = m.lm_head(out[:, :-1])  # slot q predicts x[q+2]; the last slot has no label
+        head_in = out[:, :-1] if layer.normed_output else layer.final_layernorm(out[:, :-1])  # DeepSeek: norm for logits
+        logits = m.lm_head(head_in)  # slot q predicts x[q+2]; the last slot has no label
         losses.append(F.cross_entropy(logits.flatten(0, 1), x[:, j + 2:].flatten()))
         prev = out
     return main, losses
@@ -175,4 +184,109 @@ def make_model(out_dir: Path, steps: int = 900, batch: int = 16, seq_len: int = 
     if final.exists():
         final.rmdir()  # empty, checked above
     os.replace(out_dir, final)
+    return info
+
+
+# builtin-glm's fine-tune (mtpbench/assets/glm_mtp): short, one core, deterministic
+FINETUNE = {"steps": 250, "batch": 8, "seq_len": 256, "seed": 0, "lr": 1e-3, "warmup_steps": 20}
+
+
+@lru_cache(maxsize=2)
+def corpus_ids(tokenizer_path: str) -> torch.Tensor:
+    """The training files' tokens under a trained checkpoint's tokenizer, each file followed by EOS: the same
+    stream make_model trained on."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(tokenizer_path)
+    eos_id = tok.token_to_id(EOS)
+    texts = [t for t in (read_text(p) for p in stdlib_files()[0]) if t]
+    ids: list[int] = []
+    for enc in tok.encode_batch(texts):
+        ids.extend(enc.ids + [eos_id])
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def finetune_recipe(steps: int | None = None, **kw) -> dict:
+    """What the fine-tune does, as recorded beside its tensors (the defaults: FINETUNE)."""
+    return {**FINETUNE, **({"steps": steps} if steps is not None else {}), **kw, "mtp_style": "deepseek",
+            "trained": "model.mtp_layers.* (target, embeddings and lm_head frozen)", "threads": 1,
+            "optimizer": "AdamW betas (0.9, 0.95), weight decay 0.01, grad clip 1.0, linear warm-up then cosine",
+            "loss": "mean of mtp_losses' per-layer losses (layer j predicts x[q+j+2])"}
+
+
+def finetune_mtp(src: Path, steps: int | None = None, log=print) -> tuple[dict, dict]:
+    """Fine-tune ``src``'s MTP layers as a DeepSeek-style chain (see the module docstring). Returns the MTP
+    tensors (MiMo names, bf16, as the checkpoint stores them) and a log: recipe, losses, seconds."""
+    from safetensors.torch import load_file
+
+    from mtpbench.checkpoint import read_config
+
+    recipe = finetune_recipe(steps)
+    if recipe["steps"] < 1:
+        raise MtpBenchError(f"--steps must be >= 1, got {recipe['steps']}")
+    src = Path(src)
+    if read_config(src).get("architectures") != ["MiMoForCausalLM"]:
+        raise MtpBenchError(f"{src} is not a MiMo-format checkpoint to fine-tune")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # results differ with the thread count
+    try:
+        t0 = time.time()
+        data = corpus_ids(str((src / "tokenizer.json").resolve()))
+        args = dataclasses.replace(ModelArgs.from_config(read_config(src)), mtp_style="deepseek")
+        m = MiMoModel(args)
+        m.load_state_dict(load_file(str(src / "model.safetensors")))
+        m = m.float()
+        mtp = [p for name, p in m.named_parameters() if name.startswith("model.mtp_layers.")]
+        for name, p in m.named_parameters():
+            p.requires_grad_(name.startswith("model.mtp_layers."))
+        torch.manual_seed(recipe["seed"])
+        opt = torch.optim.AdamW(mtp, lr=recipe["lr"], betas=(0.9, 0.95), weight_decay=0.01)
+        g = torch.Generator().manual_seed(recipe["seed"])
+        steps, seq_len, lr = recipe["steps"], recipe["seq_len"], recipe["lr"]
+        history = []
+        for step in range(steps):
+            warm = min(1.0, (step + 1) / recipe["warmup_steps"])
+            for group in opt.param_groups:
+                group["lr"] = lr * warm * 0.5 * (1 + math.cos(math.pi * step / steps))
+            starts = torch.randint(0, len(data) - seq_len - 1, (recipe["batch"],), generator=g)
+            x = torch.stack([data[s: s + seq_len] for s in starts])
+            main, losses = mtp_losses(m, x)
+            loss = sum(losses) / len(losses)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(mtp, 1.0)
+            opt.step()
+            if step % 20 == 0 or step == steps - 1:
+                row = {"step": step, "loss_main": round(main.item(), 4),
+                       "loss_mtp": [round(v.item(), 4) for v in losses], "elapsed_s": round(time.time() - t0, 1)}
+                history.append(row)
+                log(json.dumps(row))
+    finally:
+        torch.set_num_threads(threads)
+    tensors = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in m.state_dict().items()
+               if k.startswith("model.mtp_layers.")}
+    info = {"recipe": recipe, "source": str(src), "torch": torch.__version__, "python": sys.version.split()[0],
+            "machine": platform.machine(), "train_seconds": round(time.time() - t0, 1), "history": history}
+    return tensors, info
+
+
+def mtp_file_bytes(tensors: dict) -> bytes:
+    """The MTP tensors as the safetensors bytes shipped in assets/glm_mtp/mtp.safetensors."""
+    from safetensors.torch import save
+
+    return save(tensors, metadata={"format": "pt"})
+
+
+def ship_glm_mtp(out_dir: Path | None = None, log=print) -> dict:
+    """Re-make mtpbench/assets/glm_mtp from the built-in model (how the shipped files were made)."""
+    from mtpbench.checkpoint import GLM_MTP_DIR
+    from mtpbench.prompts import BUILTIN_MODEL_DIR
+
+    out_dir = Path(out_dir or GLM_MTP_DIR)
+    tensors, info = finetune_mtp(BUILTIN_MODEL_DIR, log=log)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "mtp.safetensors").write_bytes(mtp_file_bytes(tensors))
+    info["made_by"] = "python -c 'from mtpbench.train import ship_glm_mtp; ship_glm_mtp()' (torch threads 1)"
+    info["source"] = "builtin"
+    (out_dir / "finetune.json").write_text(json.dumps(info, indent=2) + "\n")
     return info
