@@ -411,7 +411,8 @@ def trace(llm, cfg: dict, k: int, prompts: list[Prompt], force: bool, asked: str
 
     from mtpbench.trace.hooks import LayerTracer
 
-    ran = {k_: v for k_, v in engine_runner(llm, asked).items() if k_ != "interpreted"}
+    ran = engine_runner(llm, asked)
+    del ran["interpreted"]  # a trace records no timing
     draft, target = engine_models(llm)
     tracer = LayerTracer(draft, target, force_spec_step_idx=force).install()
     params = SamplingParams(temperature=cfg["temperature"], max_tokens=cfg["max_tokens"], ignore_eos=True)
