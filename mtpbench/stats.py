@@ -47,6 +47,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from statistics import NormalDist
 
 import numpy as np
@@ -311,3 +312,197 @@ def speedup_diff_ci(a_k, a_0, b_k, b_0, resamples: int = RESAMPLES, seed: int = 
     se, df = _welch([(sa, logs[0]), (sa, logs[1]), (sb, logs[2]), (sb, logs[3])])
     lo, hi = _t_interval(sb - sa, se, df, level)
     return float(lo), float(hi)
+
+
+# --- Is drafting lossless? (check-lossless, sampling at temperature > 0) -----------------------------------
+#
+# Two arms (drafting off: a, on: b) sample continuations of the same prompts with independent seeds; every
+# sampled token carries the target's log-probability of it under its own prefix, from a teacher-forced k = 0
+# pass. Tokens within a continuation depend on each other, so the unit is the continuation: under the null
+# (both arms one law) the continuations of one prompt are exchangeable across arms, and permuting arm labels
+# within each prompt gives an exact test at any N, whatever the law, with no large-sample approximation.
+# Two statistics share the permutations:
+# * scores: the difference (b - a) of the mean target log-prob per token, a per-continuation mean, averaged
+#   within each prompt and weighted over prompts by nA nB / (nA + nB); two-sided;
+# * tokens: at each (prompt, position), the squared distance between the two arms' token frequency vectors,
+#   summed over all of them with the scores' weights (a continuation that has ended counts as one more token,
+#   so lengths are compared too). Tables this sparse have no usable chi-square distribution; the permutation
+#   null needs none. The chi-square's 1 / count weights were less powerful here (they favour rare tokens,
+#   which are mostly noise): power 0.25 against 0.33 for this statistic alone in the simulations of
+#   tests/test_lossless_stats.py.
+# They are combined by the smaller of their two permutation p-values, itself referred to its permutation
+# distribution (Pesarin's non-parametric combination): exact, where Bonferroni (2 * min p) would spend
+# alpha twice on two correlated statistics and fall below the nominal rate.
+
+PERMUTATIONS = 2000
+ALPHA = 0.05
+ALPHA_AA = 0.01  # the A/A control (off against off) is a check of the engine, not a second coin toss: see lossless_verdict
+POWER = 0.8  # of the minimum detectable shift
+MIN_CONTINUATIONS = 8  # per arm; fewer: inconclusive (the test stays exact, but has next to no power)
+LOGPROB_FLOOR = -50.0  # a token the target gives probability 0 (-inf) counts as e^-50: loss enough, and finite
+ENDED = -1  # the "token" at a position past a continuation's end
+
+
+@dataclass(frozen=True)
+class LosslessTest:
+    """One two-sample test of a against b (off against on, or off against off for the A/A control)."""
+    p_value: float  # combined
+    p_value_scores: float
+    p_value_tokens: float
+    min_p_value: float  # the smallest p-value these sizes can reach (1 / number of distinct labelings, or of draws)
+    mean_logprob_a: float  # mean target log-prob per token (nats), per continuation, averaged as the test does
+    mean_logprob_b: float
+    logprob_diff: float  # b - a
+    logprob_diff_ci_low: float | None  # 95 % Welch t interval, from within-prompt spread
+    logprob_diff_ci_high: float | None
+    mde_logprob: float | None  # the |b - a| this N detects with POWER at alpha (the scores' half of the test)
+    num_continuations_a: int
+    num_continuations_b: int
+    num_prompts: int
+    permutations: int
+
+
+def _generator(seed) -> np.random.Generator:
+    return seed if isinstance(seed, np.random.Generator) else _rng(seed)
+
+
+def lossless_arrays(a, b, prompts_a=None, prompts_b=None):
+    """Arrays for ``lossless_test_arrays`` from two arms' continuations, each a list of (position, token_id,
+    target_logprob) with positions 0-based from the continuation's start; ``prompts_*``: the prompt of each
+    continuation (default: one prompt). Prompts absent from either arm are left out (nothing to compare).
+    Returns scores (C,), tokens (C, L) (ENDED past a continuation's end), strata (C,) and arm (C,) (True: b)."""
+    prompts_a = [0] * len(a) if prompts_a is None else list(prompts_a)
+    prompts_b = [0] * len(b) if prompts_b is None else list(prompts_b)
+    if len(prompts_a) != len(a) or len(prompts_b) != len(b):
+        raise ValueError("one prompt per continuation")
+    both = set(prompts_a) & set(prompts_b)
+    rows = [(c, p, False) for c, p in zip(a, prompts_a) if p in both] + \
+           [(c, p, True) for c, p in zip(b, prompts_b) if p in both]
+    if any(not c for c, _, _ in rows):
+        raise ValueError("an empty continuation")
+    ids = {p: i for i, p in enumerate(sorted(both, key=str))}
+    width = 1 + max((pos for c, _, _ in rows for pos, _, _ in c), default=-1)
+    tokens = np.full((len(rows), width), ENDED, dtype=np.int64)
+    scores = np.zeros(len(rows))
+    for i, (c, _, _) in enumerate(rows):
+        pos, tok, lp = (np.asarray(v) for v in zip(*c))
+        tokens[i, pos.astype(int)] = tok
+        scores[i] = np.maximum(lp.astype(float), LOGPROB_FLOOR).mean()
+    return scores, tokens, np.array([ids[p] for _, p, _ in rows], dtype=int), np.array([r[2] for r in rows], bool)
+
+
+def permuted_labels(strata, arm, permutations: int = PERMUTATIONS, seed=SEED) -> np.ndarray:
+    """Arm labels shuffled within each stratum (prompt): (permutations + 1, C), row 0 the observed labels."""
+    strata, arm = np.asarray(strata), np.asarray(arm, bool)
+    keys = strata + _generator(seed).random((permutations, strata.size))  # sorts by stratum, randomly within
+    order = np.argsort(keys, axis=1, kind="stable")
+    base = np.argsort(strata, kind="stable")
+    z = np.empty((permutations, strata.size), bool)
+    np.put_along_axis(z, order, np.broadcast_to(arm[base], order.shape), axis=1)
+    return np.vstack([arm[None], z])
+
+
+def _upper_p(t: np.ndarray) -> np.ndarray:
+    """For each row's statistic, the share of rows at or above it (its permutation p-value)."""
+    tol = 1e-9 * max(float(np.abs(t).max()), 1e-300)  # the same labeling must tie with itself despite rounding
+    return (t.size - np.searchsorted(np.sort(t), t - tol, side="left")) / t.size
+
+
+def _distinct_labelings(strata, arm) -> float:
+    return float(np.prod([math.comb(int((strata == s).sum()), int(arm[strata == s].sum()))
+                          for s in np.unique(strata)]))
+
+
+def lossless_test_arrays(scores, tokens, strata, arm, permutations: int = PERMUTATIONS, seed=SEED,
+                         alpha: float = ALPHA) -> LosslessTest | None:
+    """The permutation test of the block comment above, on arrays from ``lossless_arrays``; ``seed``: an int or
+    a numpy Generator (the permutations). None when some prompt lacks an arm or no arm has a continuation."""
+    x, tok = np.asarray(scores, float), np.asarray(tokens)
+    strata, arm = np.asarray(strata), np.asarray(arm, bool)
+    prompts = np.unique(strata)
+    n_b = np.array([arm[strata == s].sum() for s in prompts])
+    n_a = np.array([(~arm[strata == s]).sum() for s in prompts])
+    if x.size == 0 or (n_a == 0).any() or (n_b == 0).any():
+        return None
+    j = np.searchsorted(prompts, strata)
+    na, nb = n_a[j].astype(float), n_b[j].astype(float)
+    h = n_a * n_b / (n_a + n_b)
+    w = (h / h.sum())[j]
+    z = permuted_labels(strata, arm, permutations, seed)
+    u = np.where(z, 1 / nb, -1 / na)  # b's share minus a's, per prompt, for every labeling
+    # tokens: at each (prompt, position), the squared distance between the two arms' token frequencies,
+    # weighted like the scores; a quadratic form u' G u in the labels, G_cd = h * (positions where c and d
+    # agree), computed once and block by block (prompts never mix)
+    t_tokens = np.zeros(permutations + 1)
+    for s, hs in zip(prompts, h):
+        m = strata == s
+        g = (tok[m][:, None, :] == tok[m][None, :, :]).sum(-1) * hs
+        t_tokens += ((u[:, m] @ g) * u[:, m]).sum(1)
+    diff = (w * u) @ x
+    p_scores, p_tokens = _upper_p(np.abs(diff)), _upper_p(t_tokens)
+    combined = np.minimum(p_scores, p_tokens)
+    p = float(np.mean(combined <= combined[0] * (1 + 1e-12)))
+    # effect size: Welch t interval with each arm's within-prompt variance pooled over prompts
+    means = {side: np.array([x[(strata == s) & (arm == side)].mean() for s in prompts]) for side in (False, True)}
+    wp = h / h.sum()
+    ci_low = ci_high = mde = None
+    dev = x - np.where(arm, means[True][j], means[False][j])
+    df_a, df_b = int((n_a - 1).sum()), int((n_b - 1).sum())
+    if df_a > 0 and df_b > 0:
+        va, vb = (dev[~arm] ** 2).sum() / df_a, (dev[arm] ** 2).sum() / df_b
+        ca, cb = va * (wp ** 2 / n_a).sum(), vb * (wp ** 2 / n_b).sum()
+        se = math.sqrt(ca + cb)
+        if se > 0:
+            df = (ca + cb) ** 2 / (ca ** 2 / df_a + cb ** 2 / df_b)
+            ci_low, ci_high = (float(v) for v in _t_interval(float(diff[0]), se, df, LEVEL))
+            # the combination spends about alpha / 2 on each statistic (exactly so were they independent)
+            mde = float((t_quantile(1 - alpha / 4, df) + t_quantile(POWER, df)) * se)
+        else:
+            ci_low = ci_high = float(diff[0])
+    return LosslessTest(
+        p_value=p, p_value_scores=float(p_scores[0]), p_value_tokens=float(p_tokens[0]),
+        min_p_value=max(1 / _distinct_labelings(strata, arm), 1 / (permutations + 1)),
+        mean_logprob_a=float(wp @ means[False]), mean_logprob_b=float(wp @ means[True]),
+        logprob_diff=float(diff[0]), logprob_diff_ci_low=ci_low, logprob_diff_ci_high=ci_high,
+        mde_logprob=mde, num_continuations_a=int((~arm).sum()), num_continuations_b=int(arm.sum()),
+        num_prompts=int(prompts.size), permutations=permutations)
+
+
+def lossless_test(a, b, prompts_a=None, prompts_b=None, permutations: int = PERMUTATIONS, seed=SEED,
+                  alpha: float = ALPHA) -> LosslessTest | None:
+    """Do continuations ``a`` (drafting off) and ``b`` (on) come from one law? See ``lossless_arrays`` for the
+    input and the block comment above for the test. None when no prompt has continuations in both arms."""
+    scores, tokens, strata, arm = lossless_arrays(a, b, prompts_a, prompts_b)
+    return lossless_test_arrays(scores, tokens, strata, arm, permutations, seed, alpha)
+
+
+LOSSLESS, LOSSY, INCONCLUSIVE = "lossless", "lossy", "inconclusive"
+
+
+def lossless_verdict(ab: LosslessTest | None, aa: LosslessTest | None, alpha: float = ALPHA,
+                     alpha_aa: float = ALPHA_AA, max_mde: float | None = None) -> tuple[str, str]:
+    """(verdict, why) from the off/on test ``ab`` and the off/off control ``aa``.
+
+    The test assumes two runs with independent seeds differ only by sampling; the A/A control checks that
+    for this engine (batch composition, a seed that is not independent, ...). If the control itself rejects
+    at ``alpha_aa``, no verdict on drafting can be drawn: inconclusive. ``alpha_aa`` is below ``alpha`` so a
+    correct engine loses only 1 % of its checks to the control, not 5 %. Inconclusive too when either test is
+    missing, when fewer than MIN_CONTINUATIONS continuations a side leave next to no power, when the smallest
+    reachable p-value is not below alpha, or when the minimum detectable shift exceeds ``max_mde`` (nats per
+    token). A rejection is called lossy whatever the power."""
+    if ab is None or aa is None:
+        return INCONCLUSIVE, "a test is missing (no prompt with continuations in both arms)"
+    if aa.p_value < alpha_aa:
+        return INCONCLUSIVE, (f"the A/A control (off against off) rejects (p = {aa.p_value:.3g} < {alpha_aa:g}): "
+                              "two runs without drafting already differ more than sampling explains")
+    if ab.p_value < alpha:
+        return LOSSY, (f"p = {ab.p_value:.3g} < {alpha:g}: drafting changes the output law "
+                       f"(mean target log-prob {ab.logprob_diff:+.3g} nats/token)")
+    if min(ab.num_continuations_a, ab.num_continuations_b) < MIN_CONTINUATIONS or ab.min_p_value >= alpha:
+        return INCONCLUSIVE, (f"too few continuations ({ab.num_continuations_a} and {ab.num_continuations_b}; "
+                              f"at least {MIN_CONTINUATIONS} each) to detect anything")
+    if max_mde is not None and (ab.mde_logprob is None or ab.mde_logprob > max_mde):
+        mde = "unknown" if ab.mde_logprob is None else f"{ab.mde_logprob:.3g}"
+        return INCONCLUSIVE, f"the smallest detectable shift ({mde} nats/token) exceeds {max_mde:g}"
+    mde = "" if ab.mde_logprob is None else f"; it would detect a shift of {ab.mde_logprob:.3g} nats/token"
+    return LOSSLESS, f"no difference detectable at this N (p = {ab.p_value:.3g}{mde})"

@@ -1,0 +1,213 @@
+"""Known-answer calibration of check-lossless's sampling test (stats.lossless_test): no model. Both arms are
+drawn from a known law (a Markov chain over 50 tokens, continuations of 16 tokens), the "drafting on" arm
+either through exact speculative sampling (the same law) or through the planted lossy rule. Fixed seeds,
+so every rate below is reproducible; the bands are about 3 binomial standard errors wide."""
+
+import numpy as np
+import pytest
+
+from mtpbench import stats
+
+V, L = 50, 16
+PROMPTS, PER_ARM = 12, 8  # the default N: 96 continuations a side, 8 of each of 12 prompts
+TRIALS = 1000
+PERMUTATIONS = 200  # 2000 in production; p-values near 0.05 are resolved to 1/201 either way
+
+
+def target_chain(rng):
+    """The target's law: a Markov chain over V tokens in 5 clusters of 10. A token's successor stays in its
+    cluster 90 % of the time, and clusters differ in entropy (peaked to flat), so a continuation has a
+    "topic" that sets the log-probabilities of all its tokens, as real text does: tokens within one
+    continuation are far from independent."""
+    cluster = np.arange(V) // 10
+    p = np.empty((V, V))
+    for s in range(V):
+        inside = cluster == cluster[s]
+        row = np.zeros(V)
+        row[inside] = rng.dirichlet(np.full(10, (0.05, 0.1, 0.3, 1.0, 3.0)[cluster[s]]))
+        p[s] = 0.9 * row + 0.1 * rng.dirichlet(np.full(V, 0.5))
+    return p
+
+
+def noisy_draft(p, rng, sharpen=1.5, noise=0.5):
+    """A draft law q: the target's log-probabilities with noise, sharpened (drafters tend to be
+    overconfident). Its argmax is the target's in most states but not all."""
+    lq = sharpen * (np.log(p) + noise * rng.normal(size=p.shape))
+    q = np.exp(lq - lq.max(1, keepdims=True))
+    return q / q.sum(1, keepdims=True)
+
+
+def planted_lossy(p, q):
+    """One drafted token under the planted rule: the draft x ~ q is accepted whenever it is q's argmax,
+    otherwise with probability min(1, p(x) / q(x)); a rejected draft is replaced from the residual
+    max(p - q, 0). Returns (law of the token, its accepted part)."""
+    i, star = np.arange(V), q.argmax(1)
+    accepted = np.minimum(p, q)
+    accepted[i, star] = q[i, star]
+    rejected = np.maximum(q - p, 0)
+    rejected[i, star] = 0
+    residual = np.maximum(p - q, 0)
+    total = residual.sum(1, keepdims=True)
+    residual = np.divide(residual, total, out=np.zeros_like(residual), where=total > 0)
+    return accepted + rejected.sum(1, keepdims=True) * residual, accepted
+
+
+def draw(rng, probs):
+    cdf = probs.cumsum(-1)
+    return np.minimum((rng.random(probs.shape[:-1])[..., None] * cdf[..., -1:] > cdf).sum(-1), V - 1)
+
+
+def sample(rng, p, start, lossy=None, k=2):
+    """Continuations of L tokens from the start states (any shape): tokens and the target's log-probability
+    of each. ``lossy``: (law, accepted part) of a drafted token; k drafts a step, then the target's bonus
+    token, and a rejection ends the step. Without it every token is the target's (exact sampling)."""
+    state, step = start.copy(), np.zeros(start.shape, int)
+    tokens, logprobs = [], []
+    for _ in range(L):
+        if lossy is None:
+            tok = draw(rng, p[state])
+        else:
+            law, accepted = lossy
+            drafted = step < k
+            tok = draw(rng, np.where(drafted[..., None], law[state], p[state]))
+            kept = rng.random(state.shape) * law[state, tok] < accepted[state, tok]
+            step = np.where(drafted & kept, step + 1, 0)
+        tokens.append(tok)
+        logprobs.append(np.log(p[state, tok]))
+        state = tok
+    return np.stack(tokens, -1), np.stack(logprobs, -1)
+
+
+def two_arms(rng, p, trials, lossy=None, prompts=PROMPTS, per_arm=PER_ARM):
+    """(tokens, logprobs) of shape (trials, C, L), strata and arm (C,): arm a (drafting off) from the target,
+    arm b through ``lossy`` (or the target); a prompt is a start state, the same in both arms."""
+    start = np.repeat(rng.integers(0, V, (trials, prompts)), per_arm, axis=1)
+    ta, la = sample(rng, p, start)
+    tb, lb = sample(rng, p, start, lossy)
+    strata = np.tile(np.repeat(np.arange(prompts), per_arm), 2)
+    return np.concatenate([ta, tb], 1), np.concatenate([la, lb], 1), strata, np.repeat([False, True], prompts * per_arm)
+
+
+@pytest.fixture(scope="module")
+def laws():
+    p = target_chain(np.random.default_rng(0))
+    return p, planted_lossy(p, noisy_draft(p, np.random.default_rng(1)))
+
+
+def run(tokens, logprobs, strata, arm):
+    return [stats.lossless_test_arrays(logprobs[t].mean(-1), tokens[t], strata, arm, PERMUTATIONS, seed=t)
+            for t in range(len(tokens))]
+
+
+def test_planted_law_is_a_law_and_moves_mass_to_the_draft_argmax(laws):
+    p, (law, accepted) = laws
+    assert np.allclose(law.sum(1), 1) and (accepted <= law + 1e-12).all()
+    tv = 0.5 * np.abs(law - p).sum(1)
+    assert 0.1 < tv.mean() < 0.2  # 0.154: the size of the planted mode simulated here, per drafted token
+    assert np.allclose(planted_lossy(p, p)[0], p)  # a perfect draft makes the rule harmless
+
+
+def test_false_alarm_rate_at_the_default_n(laws):
+    """Both arms from the target's law, 12 prompts x 8 continuations a side, 1000 trials (data seed 5,
+    permutation seed = trial): the combined test rejects at nominal 5 % in 4.9 % of trials (95 % binomial
+    interval 3.6-6.2 %); the scores' and tokens' own tests in 5.6 % and 4.3 %. The 95 % interval of the
+    log-prob difference contains 0 in 94.2 %."""
+    p, _ = laws
+    res = run(*two_arms(np.random.default_rng(5), p, TRIALS))
+    rate = np.mean([r.p_value < 0.05 for r in res])
+    assert 0.03 <= rate <= 0.07, rate
+    assert 0.03 <= np.mean([r.p_value_scores < 0.05 for r in res]) <= 0.07
+    assert 0.03 <= np.mean([r.p_value_tokens < 0.05 for r in res]) <= 0.07
+    covered = np.mean([r.logprob_diff_ci_low <= 0 <= r.logprob_diff_ci_high for r in res])
+    assert 0.93 <= covered <= 0.97, covered
+
+
+def test_power_against_the_planted_lossy_mode(laws):
+    """Arm b through the planted rule at k = 2 (TV 0.154 from the target per drafted token, +0.28 nats
+    per token of mean target log-prob), 12 x 8 a side, 1000 trials (data seed 6): lossy called in 96.7 %
+    (the scores alone 97.9 %, the tokens alone 42.1 %; Bonferroni's 2 min p 96.6 %); the reported minimum
+    detectable shift (80 % power) is 0.20 nats (median), below the real shift."""
+    p, lossy = laws
+    res = run(*two_arms(np.random.default_rng(6), p, TRIALS, lossy))
+    power = np.mean([r.p_value < 0.05 for r in res])
+    assert power >= 0.9, power
+    shift = np.mean([r.logprob_diff for r in res])
+    assert 0.2 < shift < 0.35 and np.median([r.mde_logprob for r in res]) < shift
+
+
+def test_the_calibration_check_catches_a_token_level_test(laws):
+    """The same null data, tested as if tokens were independent (Welch t on the 1536 per-token
+    log-probabilities of each arm): it rejects in 13.0 % of trials, far above 7 % (the continuation is the unit;
+    counting its tokens as separate draws understates the spread). So the band above is not one that any
+    test passes."""
+    p, _ = laws
+    tokens, logprobs, _, arm = two_arms(np.random.default_rng(5), p, TRIALS)
+    a, b = logprobs[:, ~arm].reshape(TRIALS, -1), logprobs[:, arm].reshape(TRIALS, -1)
+    t = (b.mean(1) - a.mean(1)) / np.sqrt(a.var(1, ddof=1) / a.shape[1] + b.var(1, ddof=1) / b.shape[1])
+    rate = np.mean(np.abs(t) > 1.96)  # df in the thousands: the normal quantile
+    assert rate > 0.07, rate
+
+
+def continuation(tokens, logprob=-1.0):
+    return [(i, t, logprob) for i, t in enumerate(tokens)]
+
+
+def test_lossless_test_from_continuations():
+    """The list input: positions place tokens, an ended continuation counts as one more token, a prompt
+    missing from an arm is left out, -inf log-probs stay finite, and the same seed gives the same p."""
+    rng = np.random.default_rng(2)
+    a = [continuation(rng.integers(0, 5, 6), lp) for lp in rng.normal(-1, 0.2, 10)]
+    b = [continuation(rng.integers(0, 5, 6), lp) for lp in rng.normal(-1, 0.2, 10)]
+    r = stats.lossless_test(a, b, seed=3)
+    assert r == stats.lossless_test(a, b, seed=np.random.default_rng(3))
+    assert r.num_prompts == 1 and r.num_continuations_a == r.num_continuations_b == 10 and r.p_value > 0.05
+    assert r.logprob_diff_ci_low < r.logprob_diff < r.logprob_diff_ci_high and r.mde_logprob > 0
+    # the same draws with b's scores one nat higher: the scores test rejects, the tokens test cannot
+    shifted = stats.lossless_test(a, [[(i, t, lp + 1) for i, t, lp in c] for c in b], seed=3)
+    assert shifted.p_value_scores < 0.01 and shifted.p_value_tokens == r.p_value_tokens
+    assert shifted.logprob_diff == pytest.approx(r.logprob_diff + 1)
+    # b stops after 2 tokens: same scores, but the tokens test sees the lengths
+    short = stats.lossless_test(a, [c[:2] for c in a], seed=3)
+    assert short.p_value_tokens < 0.01 and short.p_value_scores > 0.5
+    # a third prompt only in a, and a token the target rules out (-inf)
+    extra = stats.lossless_test(a + [continuation([1, 2], float("-inf"))], b, prompts_a=[0] * 10 + [7], seed=3)
+    assert extra == r
+    floor = stats.lossless_test(a[:9] + [continuation([1, 2], float("-inf"))], b)
+    assert np.isfinite(floor.mean_logprob_a)
+    scores, tokens, _, _ = stats.lossless_arrays([[(2, 4, -1.0)]], [[(0, 3, -2.0), (1, 3, -1.0)]])
+    assert tokens.tolist() == [[stats.ENDED, stats.ENDED, 4], [3, 3, stats.ENDED]] and scores.tolist() == [-1.0, -1.5]
+    assert stats.lossless_test(a, b, prompts_a=[0] * 10, prompts_b=[1] * 10) is None  # nothing to compare
+
+
+def test_permuted_labels_keep_each_prompts_split():
+    strata = np.array([0, 0, 0, 1, 1, 1, 1, 2, 2])
+    arm = np.array([0, 1, 1, 0, 0, 1, 1, 1, 0], bool)
+    z = stats.permuted_labels(strata, arm, 300, seed=0)
+    assert (z[0] == arm).all() and z.shape == (301, 9)
+    for s in (0, 1, 2):
+        assert (z[:, strata == s].sum(1) == arm[strata == s].sum()).all()
+    assert len({row.tobytes() for row in z}) == 3 * 6 * 2  # every labeling is reached
+    assert stats._distinct_labelings(strata, arm) == 36
+
+
+def test_verdicts():
+    rng = np.random.default_rng(4)
+    a = [continuation(rng.integers(0, 5, 6), lp) for lp in rng.normal(-1, 0.2, 16)]
+    b = [continuation(rng.integers(0, 5, 6), lp) for lp in rng.normal(-1, 0.2, 16)]
+    same = stats.lossless_test(a, b)
+    lossy = stats.lossless_test(a, [[(i, 0, -0.1) for i, _, _ in c] for c in b])
+    assert lossy.p_value < 0.01 and same.p_value > 0.05
+    assert stats.lossless_verdict(same, same)[0] == stats.LOSSLESS
+    assert "no difference detectable at this N" in stats.lossless_verdict(same, same)[1]
+    assert stats.lossless_verdict(lossy, same)[0] == stats.LOSSY
+    # the A/A control rejects: the engine's runs differ without drafting, so no verdict on drafting
+    verdict, why = stats.lossless_verdict(lossy, lossy)
+    assert verdict == stats.INCONCLUSIVE and "A/A" in why
+    assert stats.lossless_verdict(same, None)[0] == stats.INCONCLUSIVE
+    # too little data to detect anything: 3 continuations a side (20 labelings, smallest p 0.05)
+    tiny = stats.lossless_test(a[:3], b[:3])
+    assert tiny.min_p_value == pytest.approx(1 / 20)
+    assert stats.lossless_verdict(tiny, same)[0] == stats.INCONCLUSIVE
+    # a stated bound on the minimum detectable shift
+    assert stats.lossless_verdict(same, same, max_mde=same.mde_logprob / 2)[0] == stats.INCONCLUSIVE
+    assert stats.lossless_verdict(same, same, max_mde=same.mde_logprob * 2)[0] == stats.LOSSLESS
