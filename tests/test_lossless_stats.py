@@ -177,6 +177,12 @@ def test_lossless_test_from_continuations():
     scores, tokens, _, _ = stats.lossless_arrays([[(2, 4, -1.0)]], [[(0, 3, -2.0), (1, 3, -1.0)]])
     assert tokens.tolist() == [[stats.ENDED, stats.ENDED, 4], [3, 3, stats.ENDED]] and scores.tolist() == [-1.0, -1.5]
     assert stats.lossless_test(a, b, prompts_a=[0] * 10, prompts_b=[1] * 10) is None  # nothing to compare
+    # mass moved between two tokens the target scores alike: invisible to the scores, not to the tokens
+    half = [continuation([1 + i % 2, 3], -0.7) for i in range(12)]
+    one = [continuation([1, 3], -0.7) for _ in range(12)]
+    moved = stats.lossless_test(half, one)
+    assert moved.p_value_scores == 1 and moved.p_value_tokens < 0.05 and moved.p_value < 0.05  # exact: 0.014
+    assert moved.logprob_diff_ci_low == moved.logprob_diff_ci_high == moved.logprob_diff
 
 
 def test_permuted_labels_keep_each_prompts_split():
