@@ -48,10 +48,19 @@ class Counts:
 
 @dataclass
 class Faults:
-    """Test-only switches that reproduce the two bugs the vLLM pull request described."""
+    """Test-only switches: two reproduce the bugs the vLLM pull request described, one plants a lossy
+    acceptance rule as a known-positive control for ``check-lossless``.
+
+    ``accept_draft_argmax`` accepts a sampled draft whenever it is the drafter's own argmax, skipping the
+    probability ratio min(1, p/q); other drafts keep the standard rule. Where the drafter's top token has
+    p < q that token is over-produced, so the output law is no longer the target's. It acts only at
+    temperature > 0: at temperature 0 every draft is the drafter's argmax, and greedy verification, which
+    accepts a draft only when it is the target's argmax, is left exact (the switch then changes nothing).
+    """
 
     wrapper_drops_spec_step_idx: bool = False  # the wrapper takes the index and never forwards it
     loop_omits_spec_step_idx: bool = False  # the proposer never passes the index
+    accept_draft_argmax: bool = False  # lossy on purpose: a draft that is q's argmax is always accepted
 
 
 def _sample(probs: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
@@ -250,31 +259,42 @@ class Generation:
         return slots, tokens, prev
 
     def _verify(self, logits, drafts, qprobs):
-        """Accepted-draft count and the bonus/correction token per row."""
-        B, k = drafts.shape
-        rows = torch.arange(B, device=drafts.device)
-        if self.temperature <= 0:
-            target = logits.argmax(-1)  # [B, k+1]
-            ok = (target[:, :k] == drafts).long()
-            accepted = ok.cumprod(1).sum(1)
-            return accepted, target[rows, accepted]
-        p = torch.softmax(logits.float() / self.temperature, -1)  # [B, k+1, V]
-        pd = p[:, :k].gather(-1, drafts[..., None]).squeeze(-1)
-        qd = qprobs.gather(-1, drafts[..., None]).squeeze(-1)
-        u = torch.rand(B, k, generator=self.gen, device=drafts.device)
-        ok = (u * qd <= pd).long()  # accept with probability min(1, p/q)
+        return verify(logits, drafts, qprobs, self.temperature, self.gen, self.faults)
+
+
+def verify(logits: torch.Tensor, drafts: torch.Tensor, qprobs: torch.Tensor | None, temperature: float,
+           gen: torch.Generator | None, faults: Faults | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One verify step: the accepted-draft count [B] and the bonus/correction token [B] per row.
+
+    ``logits`` [B, k+1, V] are the target's at the k+1 verified positions, ``drafts`` [B, k] the proposed
+    tokens, ``qprobs`` [B, k, V] the drafter's probabilities (None at temperature 0).
+    """
+    B, k = drafts.shape
+    rows = torch.arange(B, device=drafts.device)
+    if temperature <= 0:
+        target = logits.argmax(-1)  # [B, k+1]
+        ok = (target[:, :k] == drafts).long()
         accepted = ok.cumprod(1).sum(1)
-        bonus = torch.empty(B, dtype=torch.long, device=drafts.device)
-        for b in range(B):
-            a = int(accepted[b])
-            if a == k:
-                dist = p[b, k]
-            else:  # rejected at a: resample from the residual max(0, p - q)
-                dist = (p[b, a] - qprobs[b, a]).clamp(min=0)
-                if float(dist.sum()) <= 0:
-                    dist = p[b, a]
-            bonus[b] = _sample(dist / dist.sum(), self.gen)
-        return accepted, bonus
+        return accepted, target[rows, accepted]
+    p = torch.softmax(logits.float() / temperature, -1)  # [B, k+1, V]
+    pd = p[:, :k].gather(-1, drafts[..., None]).squeeze(-1)
+    qd = qprobs.gather(-1, drafts[..., None]).squeeze(-1)
+    u = torch.rand(B, k, generator=gen, device=drafts.device)
+    ok = u * qd <= pd  # accept with probability min(1, p/q)
+    if faults is not None and faults.accept_draft_argmax:
+        ok = ok | (drafts == qprobs.argmax(-1))
+    accepted = ok.long().cumprod(1).sum(1)
+    bonus = torch.empty(B, dtype=torch.long, device=drafts.device)
+    for b in range(B):
+        a = int(accepted[b])
+        if a == k:
+            dist = p[b, k]
+        else:  # rejected at a: resample from the residual max(0, p - q)
+            dist = (p[b, a] - qprobs[b, a]).clamp(min=0)
+            if float(dist.sum()) <= 0:
+                dist = p[b, a]
+        bonus[b] = _sample(dist / dist.sum(), gen)
+    return accepted, bonus
 
 
 def generate(model: MiMoModel, prompts: list[list[int]], max_tokens: int, k: int = 0, **kw) -> Generation:
@@ -283,3 +303,82 @@ def generate(model: MiMoModel, prompts: list[list[int]], max_tokens: int, k: int
     for _ in g:
         pass
     return g
+
+
+# -- teacher-forced k = 0 passes: scoring a finished generation under the target ---------------------------
+
+@torch.inference_mode()
+def target_logits(model: MiMoModel, prompts: list[list[int]], continuations: list[list[int]],
+                  batch_size: int = 32) -> list[torch.Tensor]:
+    """Per row, the target's logits [len(continuation), V] (float32) at the positions that predict each
+    continuation token: a teacher-forced k = 0 pass over prompt + continuation, through the engine's own
+    prefill path (KV caches addressed by absolute position, rows of a batch right-padded).
+
+    Row i of the result scores ``continuations[i]`` under its own prefix; the drafter plays no part, so the
+    scores do not depend on how the tokens were produced.
+    """
+    if len(prompts) != len(continuations):
+        raise ValueError(f"{len(prompts)} prompts but {len(continuations)} continuations")
+    if not all(prompts):
+        raise ValueError("every prompt needs at least one token")
+    target, a = model.target, model.args
+    dev, dtype = next(model.parameters()).device, next(model.parameters()).dtype
+    out = []
+    for i in range(0, len(prompts), batch_size):
+        group = list(zip(prompts[i: i + batch_size], continuations[i: i + batch_size]))
+        seqs = [list(p) + list(c[:-1]) for p, c in group]  # the last token is scored, never fed
+        B, T = len(seqs), max(map(len, seqs))
+        X = torch.zeros(B, T, dtype=torch.long, device=dev)
+        for b, s in enumerate(seqs):
+            X[b, : len(s)] = torch.tensor(s, device=dev)
+        caches = [KVCache(B, a.num_key_value_heads, T, a.head_dim, dev, dtype) for _ in range(a.num_hidden_layers)]
+        h = target(X, torch.arange(T, device=dev).expand(B, T), caches)
+        for b, (p, c) in enumerate(group):
+            out.append(target.compute_logits(h[b, len(p) - 1: len(p) - 1 + len(c)]).float())
+    return out
+
+
+def target_logprobs(model: MiMoModel, prompts: list[list[int]], continuations: list[list[int]],
+                    temperature: float, batch_size: int = 32) -> list[list[float]]:
+    """Per row, each continuation token's log-probability under the target at ``temperature``
+    (log-softmax of logits / T, the law the engine samples from), from the teacher-forced k = 0 pass."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 to score a sampled token, got {temperature}")
+    out = []
+    for logits, c in zip(target_logits(model, prompts, continuations, batch_size), continuations):
+        lp = torch.log_softmax(logits / temperature, -1)
+        out.append(lp.gather(-1, torch.tensor(c, dtype=torch.long, device=lp.device)[:, None])[:, 0].tolist())
+    return out
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """Where a k > 0 greedy continuation first leaves the k = 0 one, and how close the target's call was."""
+
+    position: int  # index into the continuation (0 = the first generated token)
+    margin: float  # target's top-1 minus top-2 logit there (teacher-forced over the shared prefix)
+    k0_token: int
+    spec_token: int
+    logit_gap: float  # target's logit of k0_token minus that of spec_token (negative: the k > 0 run was right)
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    """Index of the first differing token; None when one is a prefix of the other (a length difference
+    alone, e.g. a different max_tokens, is not a divergence)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+
+
+def greedy_divergences(model: MiMoModel, prompts: list[list[int]], k0: list[list[int]],
+                       spec: list[list[int]], batch_size: int = 32) -> list[Divergence | None]:
+    """Per prompt, the first divergence of the k > 0 tokens from the k = 0 ones with the target's margin
+    there (one teacher-forced k = 0 pass over the prompt and the shared prefix), or None when identical."""
+    at = [first_divergence(a, b) for a, b in zip(k0, spec)]
+    rows = [i for i, j in enumerate(at) if j is not None]
+    logits = target_logits(model, [prompts[i] for i in rows], [k0[i][: at[i] + 1] for i in rows], batch_size)
+    out: list[Divergence | None] = [None] * len(prompts)
+    for i, lg in zip(rows, logits):
+        j, last = at[i], lg[-1]
+        top = last.topk(2).values
+        out[i] = Divergence(j, float(top[0] - top[1]), k0[i][j], spec[i][j],
+                            float(last[k0[i][j]] - last[spec[i][j]]))
+    return out

@@ -1,0 +1,138 @@
+"""The native engine's pieces of check-lossless: the planted lossy verify rule, teacher-forced scoring and
+the greedy divergence margin, each against a small independent reference."""
+
+import math
+
+import pytest
+import torch
+
+from mtpbench.engine import Divergence, Faults, first_divergence, generate, greedy_divergences, target_logprobs, verify
+from mtpbench.model import MiMoModel, ModelArgs
+
+LOSSY = Faults(accept_draft_argmax=True)
+# the drafter's top token (0) is over-proposed: p/q = 0.2/0.7; token 2 is under it too but not q's argmax
+P = torch.tensor([0.2, 0.4, 0.1, 0.3])
+Q = torch.tensor([0.6, 0.1, 0.25, 0.05])
+
+
+def verify_one_draft(draft: int, faults: Faults | None, n: int, seed: int):
+    """k = 1 verify on hand-made laws for n rows proposing ``draft``; returns the accepted flags."""
+    logits = P.log().expand(n, 2, 4)  # softmax(log p / 1) = p
+    drafts = torch.full((n, 1), draft)
+    accepted, _ = verify(logits, drafts, Q.expand(n, 1, 4), 1.0, torch.Generator().manual_seed(seed), faults)
+    return accepted.float()
+
+
+def within(share: float, expected: float, n: int, z: float = 4.5) -> bool:
+    return abs(share - expected) <= z * math.sqrt(expected * (1 - expected) / n) + 1e-9
+
+
+def test_the_standard_rule_accepts_with_probability_p_over_q_and_the_planted_fault_always_takes_q_argmax():
+    n = 1000
+    correct = torch.cat([verify_one_draft(0, None, n, s) for s in range(5)])
+    assert within(float(correct.mean()), 0.2 / 0.6, correct.numel()), float(correct.mean())
+    lossy = torch.cat([verify_one_draft(0, LOSSY, n, s) for s in range(5)])
+    assert bool(lossy.all())
+    # a draft that is not q's argmax keeps the ratio under the fault: p/q = 0.1/0.25
+    for faults in (None, LOSSY):
+        other = torch.cat([verify_one_draft(2, faults, n, s) for s in range(5)])
+        assert within(float(other.mean()), 0.4, other.numel()), (faults, float(other.mean()))
+
+
+def test_the_emitted_token_follows_the_target_law_only_without_the_fault():
+    """Drafts drawn from q, then the first emitted token (the draft if accepted, else the resample): its law
+    is p under the standard rule, and not under the planted fault (token 0 over-produced)."""
+    n = 10000
+    gen = torch.Generator().manual_seed(7)
+    drafts = torch.multinomial(Q, n, replacement=True, generator=gen)[:, None]
+    logits = P.log().expand(n, 2, 4)
+    for faults, lawful in ((None, True), (LOSSY, False)):
+        accepted, bonus = verify(logits, drafts, Q.expand(n, 1, 4), 1.0, gen, faults)
+        first = torch.where(accepted == 1, drafts[:, 0], bonus)
+        freq = torch.bincount(first, minlength=4).float() / n
+        chi2 = float(((freq - P) ** 2 / P).sum() * n)
+        assert (chi2 < 25.0) == lawful, (faults, freq.tolist(), chi2)  # 3 dof: p ~ 2e-5
+    # the fault's law: q0 (always accepted) + the residual mass elsewhere
+    assert float(freq[0]) == pytest.approx(0.6, abs=0.03)
+
+
+def test_the_planted_fault_changes_nothing_at_temperature_0(model, prompt_ids):
+    # hand-made: greedy verification already accepts only the target's argmax
+    logits = torch.randn(64, 3, 16, generator=torch.Generator().manual_seed(0))
+    drafts = torch.randint(0, 16, (64, 2), generator=torch.Generator().manual_seed(1))
+    drafts[:32] = logits[:32, :2].argmax(-1)  # half the rows agree with the target
+    for a, b in zip(verify(logits, drafts, None, 0.0, None), verify(logits, drafts, None, 0.0, None, LOSSY)):
+        assert torch.equal(a, b)
+    # the engine: same tokens and counters with the switch on
+    ref = generate(model, prompt_ids[:2], 16, k=2)
+    got = generate(model, prompt_ids[:2], 16, k=2, faults=LOSSY)
+    assert got.tokens == ref.tokens
+    assert [c.steps for c in got.counts] == [c.steps for c in ref.counts]
+
+
+def tiny_random_model(seed=0):
+    torch.manual_seed(seed)
+    m = MiMoModel(ModelArgs(vocab_size=4, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                            num_attention_heads=2, num_key_value_heads=2, num_nextn_predict_layers=1))
+    for p in m.parameters():
+        torch.nn.init.normal_(p, std=0.6)
+    return m.eval()
+
+
+def test_the_planted_fault_reaches_the_engine_at_temperature_above_0():
+    m = tiny_random_model()
+    ref = generate(m, [[1, 3, 2]] * 300, 4, k=2, temperature=1.0, seed=3)
+    got = generate(m, [[1, 3, 2]] * 300, 4, k=2, temperature=1.0, seed=3, faults=LOSSY)
+    acc = [sum(c.num_accepted_tokens for c in g.counts) / sum(c.num_draft_tokens for c in g.counts)
+           for g in (ref, got)]
+    assert acc[1] > acc[0] + 0.05, acc
+
+
+# -- teacher-forced scoring --------------------------------------------------------------------------------
+
+@torch.inference_mode()
+def reference_logits(model, prompt: list[int], cont: list[int]) -> torch.Tensor:
+    """A plain full-sequence forward of the target, no cache: logits predicting each continuation token."""
+    tgt = model.target
+    ids = torch.tensor([prompt + cont])
+    h = tgt(ids, torch.arange(ids.shape[1])[None], None)
+    return tgt.compute_logits(h[0, len(prompt) - 1: len(prompt) + len(cont) - 1]).float()
+
+
+@pytest.fixture(scope="module")
+def sampled(model, prompt_ids):
+    conts = generate(model, prompt_ids, 8, temperature=1.0, seed=5).tokens
+    return [c[: 8 - 3 * i] for i, c in enumerate(conts)]  # rows of different lengths in one batch
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_target_logprobs_equal_a_plain_forward(model, prompt_ids, sampled, temperature):
+    conts = sampled
+    got = target_logprobs(model, prompt_ids, conts, temperature, batch_size=2)
+    assert [len(g) for g in got] == [len(c) for c in conts]
+    for p, c, g in zip(prompt_ids, conts, got):
+        lp = torch.log_softmax(reference_logits(model, p, c) / temperature, -1)
+        want = lp[torch.arange(len(c)), torch.tensor(c)]
+        torch.testing.assert_close(torch.tensor(g), want, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError):
+        target_logprobs(model, prompt_ids, conts, 0.0)
+
+
+# -- the greedy divergence margin --------------------------------------------------------------------------
+
+def test_greedy_divergence_finds_a_hand_made_divergence_and_its_margin(model, prompt_ids):
+    k0 = generate(model, prompt_ids, 12).tokens
+    spec = [list(t) for t in k0]
+    at = 5
+    second = int(reference_logits(model, prompt_ids[0], k0[0][: at + 1])[-1].topk(2).indices[1])
+    spec[0][at] = second
+    spec[0][at + 1:] = [7] * (12 - at - 1)  # what follows a divergence is whatever the run did
+    spec[2] = spec[2][:8]  # a shorter run alone is not a divergence
+    got = greedy_divergences(model, prompt_ids, k0, spec, batch_size=2)
+    assert got[1] is None and got[2] is None
+    d = got[0]
+    assert isinstance(d, Divergence) and (d.position, d.k0_token, d.spec_token) == (at, k0[0][at], second)
+    top = reference_logits(model, prompt_ids[0], k0[0][: at + 1])[-1].topk(2).values
+    assert d.margin == pytest.approx(float(top[0] - top[1]), abs=1e-4)
+    assert d.margin > 0 and d.logit_gap == pytest.approx(d.margin, abs=1e-5)  # the runner-up was taken
+    assert first_divergence([1, 2, 3], [1, 2, 3]) is None and first_divergence([1, 2], [1, 4]) == 1
