@@ -136,3 +136,16 @@ def test_greedy_divergence_finds_a_hand_made_divergence_and_its_margin(model, pr
     assert d.margin == pytest.approx(float(top[0] - top[1]), abs=1e-4)
     assert d.margin > 0 and d.logit_gap == pytest.approx(d.margin, abs=1e-5)  # the runner-up was taken
     assert first_divergence([1, 2, 3], [1, 2, 3]) is None and first_divergence([1, 2], [1, 4]) == 1
+
+
+def test_the_native_backend_hands_out_the_scoring_pass_and_carries_the_planted_fault(model, prompt_ids, sampled):
+    from types import SimpleNamespace
+
+    from mtpbench.backends.native import NativeBackend
+
+    b = NativeBackend()
+    b.model, b.faults = model, LOSSY
+    cfg = SimpleNamespace(seed=0, temperature=1.0, force_spec_step_idx=False)
+    assert b.generation(cfg, prompt_ids[:1], 2, "reuse", 1, 4).faults.accept_draft_argmax
+    assert b.target_logprobs(prompt_ids, sampled, 1.0) == target_logprobs(model, prompt_ids, sampled, 1.0)
+    assert b.greedy_divergences(prompt_ids, sampled, sampled) == [None] * len(sampled)

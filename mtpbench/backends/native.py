@@ -73,6 +73,21 @@ class NativeBackend:
                           temperature=cfg.temperature, seed=cfg.seed, faults=self.faults,
                           force_spec_step_idx=cfg.force_spec_step_idx)
 
+    def target_logprobs(self, ids: list[list[int]], continuations: list[list[int]],
+                        temperature: float) -> list[list[float]]:
+        """Each continuation token's log-probability under the target at ``temperature``, from the engine's
+        own teacher-forced k = 0 pass (the planted ``faults`` act on drafting only, never on this pass)."""
+        from mtpbench.engine import target_logprobs
+
+        return target_logprobs(self.model, ids, continuations, temperature)
+
+    def greedy_divergences(self, ids: list[list[int]], k0: list[list[int]], spec: list[list[int]]):
+        """Per prompt, the first token where ``spec`` leaves ``k0``, with the target's top-two logit margin
+        there (``engine.Divergence``), or None when they agree."""
+        from mtpbench.engine import greedy_divergences
+
+        return greedy_divergences(self.model, ids, k0, spec)
+
     def trace_point(self, cfg: SweepConfig, mode: str, k: int, mtp_layers: int, prompts: list[Prompt]) -> dict:
         """One traced generation over the prompts (one batch at a time); see mtpbench.trace_layers."""
         from mtpbench.trace.hooks import LayerTracer
