@@ -355,6 +355,57 @@ def trace_matrix(
     typer.echo(f"wrote {out}/matrix.csv, matrix.json, matrix.md, matrix.png")
 
 
+@app.command("check-lossless")
+def check_lossless(
+    model: Annotated[Optional[str], typer.Argument(help="Model directory (default: built-in tiny model).")] = None,
+    backend: Annotated[Optional[str], typer.Option(help="native (vllm and vllm-server: not yet).")] = None,
+    k: Annotated[Optional[int], typer.Option("--k", help="num_speculative_tokens of the drafting arm, >= 1, checked against k = 0 [default: 2].")] = None,
+    temperature: Annotated[Optional[float], typer.Option(help="0: greedy (same tokens?); > 0: sampling (same law?) [default: 1.0].")] = None,
+    num_prompts: Annotated[Optional[int], typer.Option(help="Number of prompts [default: 12].")] = None,
+    samples_per_prompt: Annotated[Optional[int], typer.Option(help="Sampling only: continuations of each prompt per arm [default: 16].")] = None,
+    max_tokens: Annotated[Optional[int], typer.Option(help="Output tokens per continuation [default: 32].")] = None,
+    seed: Annotated[Optional[int], typer.Option(help="Seed of the check: the arms' seeds and the permutations derive from it.")] = None,
+    mode: Annotated[Optional[str], typer.Option(help="Native drafting mode: reuse or chain [default: reuse].")] = None,
+    mtp_layers: Annotated[Optional[int], typer.Option(help="MTP layers to draft with (default: all the checkpoint has).")] = None,
+    prompts: Annotated[Optional[str], typer.Option(help="builtin, spec-bench, mt-bench or a JSONL file.")] = None,
+    batch_size: Annotated[Optional[int], typer.Option(help="Sequences decoded together [default: 32]; greedy's A/A control reruns k = 0 at batch size 1.")] = None,
+    device: Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:1 ...")] = None,
+    dtype: Annotated[Optional[str], typer.Option(help="float32, bfloat16, float16 or auto.")] = None,
+    threads: Annotated[Optional[int], typer.Option(help="torch CPU threads (default: torch's own).")] = None,
+    planted_lossy: Annotated[bool, typer.Option("--planted-lossy", help="CONTROL, not a way to decode: the native drafter accepts every draft that is its own argmax, skipping the probability ratio min(1, p/q). Lossy on purpose (at temperature > 0): the check must call it lossy.")] = False,
+    fail_if_lossy: Annotated[bool, typer.Option("--fail-if-lossy", help="Exit 1 on a lossy or divergent verdict (a CI gate).")] = False,
+    out: Annotated[Optional[str], typer.Option(help="Output directory for lossless.json, lossless.md, lossless.png [default: lossless].")] = None,
+) -> None:
+    """Does MTP drafting change what the model says? k = K against k = 0: greedy, the same tokens; sampling, the same law (a permutation test with an A/A control)."""
+    from mtpbench.config import resolve
+    from mtpbench.lossless import CHECK_DEFAULTS, CheckConfig, failed, run_check, summary
+
+    if model is not None and model not in ("builtin", "builtin-glm") and not Path(model).is_dir() \
+            and model.count("/") != 1:
+        fail(f"model directory not found: {model}")
+    if threads is not None and threads < 1:
+        fail(f"--threads must be >= 1, got {threads}")
+    try:
+        engine = resolve(dict(model=model, backend=backend, k=None if k is None else (k,),
+                              mode=None if mode is None else (mode,),
+                              mtp_layers=None if mtp_layers is None else (mtp_layers,), prompts=prompts,
+                              num_prompts=num_prompts, max_tokens=max_tokens, temperature=temperature,
+                              batch_size=batch_size, seed=seed, device=device, dtype=dtype, out=out),
+                         None, CHECK_DEFAULTS)
+        cfg = CheckConfig(engine, samples_per_prompt=samples_per_prompt, planted_lossy=planted_lossy)
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
+        record = run_check(cfg)
+    except MtpBenchError as e:
+        fail(str(e))
+    typer.echo(summary(record))
+    typer.echo(f"wrote {engine.out}/lossless.json, lossless.md, lossless.png")
+    if fail_if_lossy and failed(record):
+        raise typer.Exit(1)
+
+
 @app.command()
 def report(out: Annotated[Path, typer.Argument(help="A sweep output directory.")]) -> None:
     """Rebuild the table, summary.csv/json and plots from a sweep's saved JSON files."""

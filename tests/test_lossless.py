@@ -1,0 +1,111 @@
+"""check-lossless end to end on the native engine: bad input, a greedy run, and sampling runs that must call
+the planted lossy rule lossy and the correct engine not lossy."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from typer.testing import CliRunner
+
+from mtpbench.cli import app
+from mtpbench.lossless import classify, greedy_verdict, numerical_threshold
+from mtpbench.prompts import BUILTIN_MODEL_DIR
+
+runner = CliRunner()
+FILES = ("lossless.json", "lossless.md", "lossless.png")
+
+
+def run(*args):
+    return runner.invoke(app, ["check-lossless", *map(str, args)])
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--k", "0"], "--k takes one value >= 1"),
+    (["--temperature", "0", "--samples-per-prompt", "4"], "--samples-per-prompt applies to sampling"),
+    (["--backend", "vllm"], "--backend vllm is not supported yet"),
+    (["--backend", "vllm-server"], "--backend vllm-server is not supported yet"),
+    (["--backend", "tensorrt"], "unknown backend 'tensorrt'"),
+    (["--dtype", "float8"], "unknown dtype 'float8'"),
+    (["--mode", "zigzag"], "unknown mode 'zigzag'"),
+    (["--temperature", "-1"], "--temperature must be >= 0"),
+    (["--samples-per-prompt", "0"], "--samples-per-prompt must be >= 1"),
+    (["--num-prompts", "65"], "has 64 prompts"),
+])
+def test_bad_input_one_line_exit_2_nothing_written(tmp_path, args, message):
+    out = tmp_path / "out"
+    r = run(*args, "--out", out)
+    assert r.exit_code == 2, r.output
+    lines = r.output.rstrip("\n").split("\n")
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], r.output
+    assert not out.exists()
+
+
+def test_a_margin_is_numerical_only_within_the_threshold_and_the_verdicts_follow():
+    t, source = numerical_threshold("float32", 1e-6, [])
+    assert source == "dtype" and 1e-5 < t < 1e-4  # 8 ulps at |logit| 32
+    assert numerical_threshold("bfloat16", 1e-6, [])[0] > 1.0  # bf16 rounds coarsely
+    assert numerical_threshold("float32", 1e-3, [])[1] == "A/A log-prob noise"
+    assert numerical_threshold("float32", 0.0, [0.5])[0] == 0.5
+    assert classify(t / 2, t) == "numerical" and classify(2 * t, t) == "divergent"
+    assert greedy_verdict([None, None]) == "lossless"
+    assert greedy_verdict([None, {"class": "numerical"}]) == "numerical only"
+    assert greedy_verdict([{"class": "numerical"}, {"class": "divergent"}]) == "divergent"
+
+
+def test_greedy_check_on_the_builtin_model_is_lossless_and_writes_three_files(tmp_path):
+    out = tmp_path / "g"
+    r = run("--temperature", "0", "--k", "2", "--num-prompts", "2", "--max-tokens", "8", "--fail-if-lossy",
+            "--out", out)
+    assert r.exit_code == 0, r.output
+    assert all((out / f).is_file() for f in FILES) and not list(out.glob("*.tmp*"))
+    rec = json.loads((out / "lossless.json").read_text())
+    assert rec["kind"] == "greedy" and rec["verdict"] == "lossless" and rec["identical_share"] == 1.0
+    assert rec["aa_batch_sizes"] == [32, 1] and rec["aa_identical_share"] == 1.0
+    assert [len(p["spec_tokens"]) for p in rec["per_prompt"]] == [8, 8]
+    assert rec["config"]["k"] == 2 and rec["provenance"]["git_sha"] is not None
+    assert "check-lossless: lossless" in r.output
+
+
+@pytest.fixture(scope="module")
+def bad_drafter(tmp_path_factory):
+    """The built-in checkpoint with random, sharp MTP layers: the drafter's argmax is a token the target
+    rarely wants, so the planted rule (accept whatever is q's argmax) moves the output law far, and a tiny N
+    detects it (on the built-in drafter the planted shift is small: the default N is sized for that)."""
+    d = tmp_path_factory.mktemp("m") / "bad-drafter"
+    shutil.copytree(BUILTIN_MODEL_DIR, d)
+    w = load_file(d / "model.safetensors")
+    g = torch.Generator().manual_seed(0)
+    for name, t in w.items():
+        if name.startswith("model.mtp_layers.") and t.ndim == 2:
+            w[name] = torch.randn(t.shape, generator=g, dtype=t.dtype) * 0.2
+        elif name.startswith("model.mtp_layers.") and name.endswith("final_layernorm.weight"):
+            w[name] = t * 20
+    save_file(w, d / "model.safetensors", metadata={"format": "pt"})
+    return d
+
+
+SMALL = ["--k", "2", "--temperature", "1", "--num-prompts", "4", "--samples-per-prompt", "8", "--max-tokens",
+         "12", "--seed", "0"]
+
+
+def test_the_planted_lossy_rule_is_called_lossy_and_fails_the_gate(tmp_path, bad_drafter):
+    out = tmp_path / "lossy"
+    r = run(bad_drafter, *SMALL, "--planted-lossy", "--fail-if-lossy", "--out", out)
+    assert r.exit_code == 1, r.output
+    rec = json.loads((out / "lossless.json").read_text())
+    assert rec["verdict"] == "lossy" and rec["config"]["planted_lossy"] is True
+    assert rec["test"]["p_value"] < 0.05 and rec["aa_test"]["p_value"] >= 0.01
+    assert rec["test"]["num_continuations_a"] == rec["test"]["num_continuations_b"] == 32
+    assert all((out / f).is_file() for f in FILES)
+    assert "PLANTED LOSSY CONTROL" in (out / "lossless.md").read_text()
+
+
+def test_the_correct_engine_at_the_same_size_is_not_lossy(tmp_path, bad_drafter):
+    out = tmp_path / "ok"
+    r = run(bad_drafter, *SMALL, "--fail-if-lossy", "--out", out)
+    assert r.exit_code == 0, r.output
+    rec = json.loads((out / "lossless.json").read_text())
+    assert rec["verdict"] == "lossless (no difference detectable at this N)", rec["why"]
+    assert rec["test"]["p_value"] >= 0.05
