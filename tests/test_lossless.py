@@ -62,7 +62,7 @@ def test_greedy_check_on_the_builtin_model_is_lossless_and_writes_three_files(tm
     assert all((out / f).is_file() for f in FILES) and not list(out.glob("*.tmp*"))
     rec = json.loads((out / "lossless.json").read_text())
     assert rec["kind"] == "greedy" and rec["verdict"] == "lossless" and rec["identical_share"] == 1.0
-    assert rec["aa_batch_sizes"] == [32, 1] and rec["aa_identical_share"] == 1.0
+    assert rec["aa_batch_sizes"] == [48, 1] and rec["aa_identical_share"] == 1.0
     assert [len(p["spec_tokens"]) for p in rec["per_prompt"]] == [8, 8]
     assert rec["config"]["k"] == 2 and rec["provenance"]["git_sha"] is not None
     assert "check-lossless: lossless" in r.output
