@@ -233,6 +233,9 @@ class PointResult:
     decode_time_s: float | None = None
     startup_s: float | None = None
     output_repetition: float | None = None
+    # greedy sweeps: the share of this row's prompts whose tokens equal the k = 0 point's (same load and context);
+    # below 1, drafting changed what the model said (mtpbench check-lossless tells a near-tie from a bug)
+    greedy_match_k0: float | None = None
     # acceptance by where in the sequence the drafts were verified (per-request data): bucket starts in
     # tokens, and per bucket the drafts and the acceptance length
     position_bucket_start: tuple[int, ...] = ()

@@ -110,6 +110,17 @@ def rows_from_points(points: list[dict], failures: list[dict]) -> list[PointResu
             for b in batches:
                 step_s.setdefault((where(d), b.category),
                                   mean_call_s([x for x in batches if x.category == b.category], "target"))
+    # greedy: each prompt's tokens at k = 0, per load and context, for the rows' greedy_match_k0
+    plain = {where(d): {r.prompt_id: r.output_token_ids for r in run.requests}
+             for d, run in loaded if d["point"]["k"] == 0 and (d.get("fingerprint") or {}).get("temperature") == 0
+             and all(r.prompt_id for r in run.requests)
+             and len({r.prompt_id for r in run.requests}) == len(run.requests)}  # ids that pair requests
+
+    def match_k0(d: dict, requests) -> dict:
+        base = plain.get(where(d)) if d["point"]["k"] > 0 else None
+        pairs = [r.output_token_ids == base[r.prompt_id] for r in requests if base and r.prompt_id in base]
+        return {"greedy_match_k0": round(sum(pairs) / len(pairs), 4)} if pairs else {}
+
     for data, run in loaded:
         requests, batches = run.requests, run.batches
         point = GridPoint.from_json(data["point"])
@@ -118,7 +129,7 @@ def rows_from_points(points: list[dict], failures: list[dict]) -> list[PointResu
         ran = {"runner": run.engine.get("runner"), "drafter": run.engine.get("drafter")}
         rows.append(replace(summarize(backend, point, "all", requests, batches, data.get("startup_s"),
                                       step_s.get((where(data), "all")), run.telemetry, run.mtp_weight_bytes,
-                                      run.notes, run.repeats), **ran))
+                                      run.notes, run.repeats), **ran, **match_k0(data, requests)))
         tokps[id(rows[-1])] = [r.get("output_tokens_per_sec") for r in run.repeats]
         first = len(rows) - 1
         if len(cats) > 1:
@@ -127,9 +138,10 @@ def rows_from_points(points: list[dict], failures: list[dict]) -> list[PointResu
                 # a served window mixes categories in flight: its counters and time cannot be split by
                 # category (acceptance then comes from the requests' own counts, where the server sent them)
                 note = [] if bats else ["tokens/s of a concurrent window is not split by category"]
-                rows.append(replace(summarize(backend, point, c, [r for r in requests if r.category == c], bats,
+                mine = [r for r in requests if r.category == c]
+                rows.append(replace(summarize(backend, point, c, mine, bats,
                                               data.get("startup_s"), step_s.get((where(data), c)), notes=note),
-                                    **ran))
+                                    **ran, **match_k0(data, mine)))
         if run.engine.get("interpreted"):
             untimed.update(id(r) for r in rows[first:])
     for f in sorted(failures, key=lambda d: _sort_key(d["point"])):
@@ -194,6 +206,8 @@ def table(rows: list[PointResult]) -> str:
         cols[-3:-3] = SERVED_COLUMNS[2:]
     if any(getattr(r, name) is not None for r in rows for name, _ in TELEMETRY_COLUMNS):
         cols[-1:-1] = TELEMETRY_COLUMNS
+    if any(r.greedy_match_k0 is not None for r in rows):
+        cols[-2:-2] = [("greedy_match_k0", "=k0")]
     if any(r.runner for r in rows):
         cols[1:1] = [("runner", "vLLM runner")]
     body = [[cell(name, getattr(r, name), r) for name, _ in cols] for r in rows]

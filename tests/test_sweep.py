@@ -47,3 +47,22 @@ def test_the_default_sweep_times_six_repeats_on_the_native_backend_only():
     assert resolve({"repeats": 2}).repeats == 2
     assert resolve({"backend": "vllm"}).repeats == 1  # each repeat there is a whole timed engine run
     assert resolve({}, defaults={"repeats": 3}).repeats == 3
+
+
+def test_greedy_rows_say_which_share_of_prompts_kept_the_k0_tokens(tmp_path):
+    """Issue 16 item 4: greedy drafting is lossless, so every k > 0 row keeps k = 0's tokens (share 1.0);
+    a point file whose second prompt's tokens were changed by hand reads 0.5, rebuilt from the files alone."""
+    from mtpbench.report import build, table
+
+    cfg = SweepConfig(k=(0, 2), mode=("chain",), num_prompts=2, max_tokens=8, repeats=1, out=str(tmp_path))
+    rows = run_sweep(cfg)
+    assert {r.k: r.greedy_match_k0 for r in rows if r.category == "all"} == {0: None, 2: 1.0}
+    assert "=k0" in table(rows)
+    path = tmp_path / "chain-L3-k2.json"
+    point = json.loads(path.read_text())
+    point["requests"][1]["output_token_ids"][3] += 1  # what a lossy drafter would have said
+    path.write_text(json.dumps(point))
+    assert next(r for r in build(tmp_path) if r.k == 2 and r.category == "all").greedy_match_k0 == 0.5
+    hot = SweepConfig(k=(0, 2), mode=("chain",), num_prompts=2, max_tokens=8, repeats=1, temperature=1.0,
+                      out=str(tmp_path / "hot"))
+    assert all(r.greedy_match_k0 is None for r in run_sweep(hot))  # sampled tokens are not compared
