@@ -102,6 +102,7 @@ class VllmBackend:
     name = "vllm"
 
     def start(self, cfg: SweepConfig) -> dict:
+        self.cfg = cfg  # check-lossless's calls take the config of the run, as the native backend's do
         return {"engine": "vllm", "vllm": require_vllm()}
 
     def run_point(self, cfg: SweepConfig, point: GridPoint, prompts: list[Prompt]) -> PointRun:
@@ -121,18 +122,7 @@ class VllmBackend:
         return data
 
     def _run_worker(self, cfg: SweepConfig, k: int, mtp_layers: int, prompts: list[Prompt], trace: bool) -> dict:
-        model = str(cfg.model_dir)
-        if k > 0:
-            problem = check_num_speculative_tokens(k, mtp_layers)
-            if problem:
-                raise RuntimeError(problem)
-            if cfg.draft_model:
-                if mtp_layers != cfg.num_mtp_layers():
-                    raise RuntimeError(f"--mtp-layers {mtp_layers}: a separate draft checkpoint runs whole "
-                                       f"({cfg.num_mtp_layers()} layers)")
-            else:
-                model = str(derived_checkpoint(cfg.model_dir, mtp_layers))
-        kwargs = engine_kwargs(cfg, model, k)
+        kwargs = engine_kwargs(cfg, engine_model(cfg, k, mtp_layers), k)
         if trace or cfg.force_spec_step_idx:
             # graph replay and compiled __call__ skip Python wrappers; under --force the k = 0 baseline is
             # eager too, so speedups compare like with like
@@ -140,6 +130,107 @@ class VllmBackend:
         spec = {"config": cfg.to_json(), "k": k, "engine_kwargs": kwargs, "trace": trace, "runner": cfg.runner,
                 "prompts": [asdict(p) for p in prompts]}
         return call_worker(spec)
+
+
+    # ---- check-lossless: the engine's own arms and teacher-forced k = 0 pass (shapes as the native backend's)
+
+    def encode(self, prompts: list[Prompt]) -> list[list[int]]:
+        """Token ids as the native backend encodes them (the checkpoint's tokenizer.json; a chat-templated
+        prompt without added special tokens, as ``engine_prompts``): every arm and every score then works
+        on the same ids, sent to vLLM as token prompts."""
+        from mtpbench.prompts import load_tokenizer
+
+        tok = load_tokenizer(self.cfg.model_dir)
+        return [tok.encode(p.text, add_special_tokens=not p.templated).ids for p in prompts]
+
+    def sample_arm(self, cfg: SweepConfig, prompts: list, k: int, seed: int, n: int, temperature: float,
+                   max_tokens: int, speculative_overrides: dict | None = None) -> list[list[list[int]]]:
+        """Per prompt (token ids, or ``Prompt``), ``n`` continuations (token ids) from one engine at k (0: no
+        speculative config). Continuation j of prompt i is drawn with seed ``seed + i * n + j`` (vLLM seeds
+        the children of an ``n`` request seed, seed + 1, ...), so arms with independent seeds share no draw;
+        temperature 0 takes no seed. ``speculative_overrides`` are merged into the speculative config, e.g.
+        the lossy control ``{"rejection_sample_method": "synthetic", "synthetic_acceptance_rates": [...]}``.
+        The arm's spec-decode counters are kept in ``self.last_counters``."""
+        data = self._lossless_worker(cfg, k, {
+            "op": "sample", "prompts": self._as_ids(prompts), "k": k, "seed": seed, "n": n,
+            "temperature": temperature, "max_tokens": max_tokens}, speculative_overrides)
+        self.last_counters = data["counters"]
+        return data["continuations"]
+
+    def target_logprobs(self, ids: list[list[int]], continuations: list[list[int]], temperature: float,
+                        cfg: SweepConfig | None = None) -> list[list[float]]:
+        """Each continuation token's log-probability under the target at ``temperature`` (log-softmax of
+        logits / T, the law vLLM samples from without top-k/top-p), teacher-forced on a k = 0 engine through
+        vLLM's prompt logprobs over prompt + continuation. vLLM's prompt logprobs are always of the raw
+        logits (no temperature, whatever ``logprobs_mode``): at T = 1 they are the score as they are; at any
+        other T the engine returns the whole vocabulary at each position (``max_logprobs=-1``) and the
+        worker renormalizes lp / T, a vocabulary-sized pass per token."""
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0 to score a sampled token, got {temperature}")
+        if len(ids) != len(continuations):
+            raise ValueError(f"{len(ids)} prompts but {len(continuations)} continuations")
+        cfg = cfg or self.cfg
+        extra = {} if temperature == 1.0 else {"max_logprobs": -1}
+        return self._lossless_worker(cfg, 0, {"op": "score", "prompts": [list(p) for p in ids],
+                                              "continuations": [list(c) for c in continuations],
+                                              "temperature": temperature}, engine_extra=extra)["logprobs"]
+
+    def greedy_divergences(self, ids: list[list[int]], k0: list[list[int]], spec: list[list[int]],
+                           cfg: SweepConfig | None = None) -> list:
+        """Per prompt, the first token where ``spec`` leaves ``k0``, with the target's top-two margin there
+        (``engine.Divergence``), or None when they agree; from a k = 0 engine's prompt logprobs (top 2) over
+        the prompt and the shared prefix. The margin and gap are differences of raw log-probs, which equal
+        those of the logits (log-softmax shifts a position's logits by one constant)."""
+        from mtpbench.engine import Divergence, first_divergence
+
+        at = [first_divergence(a, b) for a, b in zip(k0, spec)]
+        rows = [i for i, j in enumerate(at) if j is not None]
+        out: list = [None] * len(ids)
+        if not rows:
+            return out
+        data = self._lossless_worker(cfg or self.cfg, 0, {
+            "op": "margins", "prompts": [list(ids[i]) for i in rows],
+            "prefixes": [list(k0[i][: at[i]]) for i in rows],
+            "k0_tokens": [k0[i][at[i]] for i in rows], "spec_tokens": [spec[i][at[i]] for i in rows]})
+        for i, m in zip(rows, data["margins"]):
+            out[i] = Divergence(at[i], m["margin"], k0[i][at[i]], spec[i][at[i]], m["logit_gap"])
+        return out
+
+    def _as_ids(self, prompts: list) -> list[list[int]]:
+        if prompts and isinstance(prompts[0], Prompt):
+            return self.encode(prompts)
+        return [list(p) for p in prompts]
+
+    def _lossless_worker(self, cfg: SweepConfig, k: int, op: dict, speculative_overrides: dict | None = None,
+                         engine_extra: dict | None = None) -> dict:
+        layers = cfg.mtp_layers[0] if cfg.mtp_layers else cfg.num_mtp_layers()
+        kwargs = engine_kwargs(cfg, engine_model(cfg, k, layers), k)
+        if k == 0:
+            # prompt logprobs of every position: no prefix-cache hit may skip a scored one
+            kwargs["enable_prefix_caching"] = False
+        if speculative_overrides:
+            if k == 0:
+                raise ValueError("speculative_overrides need k > 0 (k = 0 runs without a speculative config)")
+            kwargs["speculative_config"] = {**kwargs["speculative_config"], **speculative_overrides}
+        kwargs.update(engine_extra or {})
+        return call_worker({"config": cfg.to_json(), "k": k, "engine_kwargs": kwargs, "runner": cfg.runner,
+                            "prompts": [], "lossless": op})
+
+
+def engine_model(cfg: SweepConfig, k: int, mtp_layers: int) -> str:
+    """The checkpoint directory an engine at k loads: the model's own, or one with ``mtp_layers`` MTP layers."""
+    model = str(cfg.model_dir)
+    if k > 0:
+        problem = check_num_speculative_tokens(k, mtp_layers)
+        if problem:
+            raise RuntimeError(problem)
+        if cfg.draft_model:
+            if mtp_layers != cfg.num_mtp_layers():
+                raise RuntimeError(f"--mtp-layers {mtp_layers}: a separate draft checkpoint runs whole "
+                                   f"({cfg.num_mtp_layers()} layers)")
+        else:
+            model = str(derived_checkpoint(cfg.model_dir, mtp_layers))
+    return model
 
 
 class Workers:
@@ -437,6 +528,63 @@ def trace(llm, cfg: dict, k: int, prompts: list[Prompt], force: bool, asked: str
             "num_accepted_tokens_per_pos": delta["num_accepted_tokens_per_pos"], "structure": st.describe()}
 
 
+def lossless_op(llm, op: dict) -> dict:
+    """check-lossless's work in one engine: ``sample`` (n continuations per prompt, with the arm's counter
+    deltas), ``score`` (each continuation token's log-prob at a temperature, teacher-forced) or ``margins``
+    (top-two margin and the k0/spec gap at each first divergence). Prompts are token ids."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    def run(seqs, params):
+        return llm.generate([TokensPrompt(prompt_token_ids=s) for s in seqs], params, use_tqdm=False)
+
+    if op["op"] == "sample":
+        t, n = op["temperature"], op["n"]
+        params = [SamplingParams(n=n, temperature=t, max_tokens=op["max_tokens"], ignore_eos=True,
+                                 seed=op["seed"] + i * n if t > 0 else None) for i in range(len(op["prompts"]))]
+        before = read_spec_counters(llm)
+        outs = run(op["prompts"], params)
+        return {"continuations": [[list(c.token_ids) for c in sorted(o.outputs, key=lambda c: c.index)]
+                                  for o in outs],
+                "counters": counter_delta(before, read_spec_counters(llm), op["k"])}
+    if op["op"] == "score":
+        import math
+
+        t = op["temperature"]
+        full = t != 1.0  # the raw prompt logprobs are the law at T = 1 only: renormalize over the vocabulary
+        rows = [i for i, c in enumerate(op["continuations"]) if c]
+        params = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=-1 if full else 0)
+        outs = run([op["prompts"][i] + op["continuations"][i] for i in rows], params)
+        logprobs = [[] for _ in op["continuations"]]
+        for i, o in zip(rows, outs):
+            p, c = op["prompts"][i], op["continuations"][i]
+            for m, tok in enumerate(c):
+                d = o.prompt_logprobs[len(p) + m]
+                if full:
+                    xs = [v.logprob / t for v in d.values()]
+                    top = max(xs)
+                    lse = top + math.log(sum(math.exp(x - top) for x in xs))
+                    logprobs[i].append(d[tok].logprob / t - lse)
+                else:
+                    logprobs[i].append(d[tok].logprob)
+        return {"logprobs": logprobs}
+    if op["op"] == "margins":
+        seqs, params = [], []
+        for p, pre, a, b in zip(op["prompts"], op["prefixes"], op["k0_tokens"], op["spec_tokens"]):
+            seqs += [p + pre + [a], p + pre + [b]]
+            params += [SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=2),
+                       SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0)]
+        outs = run(seqs, params)
+        margins = []
+        for j, (p, pre, a, b) in enumerate(zip(op["prompts"], op["prefixes"], op["k0_tokens"], op["spec_tokens"])):
+            at = len(p) + len(pre)
+            d, e = outs[2 * j].prompt_logprobs[at], outs[2 * j + 1].prompt_logprobs[at]
+            top = sorted((v.logprob for v in d.values()), reverse=True)
+            margins.append({"margin": top[0] - top[1], "logit_gap": d[a].logprob - e[b].logprob})
+        return {"margins": margins}
+    raise ValueError(f"unknown check-lossless op {op['op']!r}")
+
+
 def worker(spec_path: str, result_path: str) -> None:
     spec = json.loads(Path(spec_path).read_text())
     result = Path(result_path)
@@ -462,7 +610,11 @@ def worker(spec_path: str, result_path: str) -> None:
             check.after_build(engine_models(llm)[1])
         prompts = [Prompt(**p) for p in spec["prompts"]]
         force = spec["config"].get("force_spec_step_idx", False)
-        if spec.get("trace_forces"):  # trace-matrix: one engine, traced as it drafts and then forced
+        if spec.get("lossless"):
+            ran = engine_runner(llm, spec.get("runner"))
+            data = lossless_op(llm, spec["lossless"])
+            data["engine_ran"] = ran
+        elif spec.get("trace_forces"):  # trace-matrix: one engine, traced as it drafts and then forced
             traces = []
             for f in spec["trace_forces"]:
                 traces.append(trace(llm, spec["config"], spec["k"], prompts, f, spec.get("runner")))
