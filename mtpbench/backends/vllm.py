@@ -150,11 +150,12 @@ class VllmBackend:
         the children of an ``n`` request seed, seed + 1, ...), so arms with independent seeds share no draw;
         temperature 0 takes no seed. ``speculative_overrides`` are merged into the speculative config, e.g.
         the lossy control ``{"rejection_sample_method": "synthetic", "synthetic_acceptance_rates": [...]}``.
-        The arm's spec-decode counters are kept in ``self.last_counters``."""
+        The arm's spec-decode counters are kept in ``self.last_counters``, the engine's facts (kwargs, the
+        runner it ran, start-up) in ``self.last_engine``."""
         data = self._lossless_worker(cfg, k, {
             "op": "sample", "prompts": self._as_ids(prompts), "k": k, "seed": seed, "n": n,
             "temperature": temperature, "max_tokens": max_tokens}, speculative_overrides)
-        self.last_counters = data["counters"]
+        self.last_counters, self.last_engine = data["counters"], {**data["engine"], "startup_s": data["startup_s"]}
         return data["continuations"]
 
     def target_logprobs(self, ids: list[list[int]], continuations: list[list[int]], temperature: float,
