@@ -65,12 +65,13 @@ def native_tokens(nb, c, ids, k=0, temperature=0.0, seed=0):
 
 def test_sample_arm_is_seeded_and_greedy_equals_native(backends):
     nb, nc, vb, c, ids = backends
-    first = vb.sample_arm(c, ids, 0, seed=11, n=2, temperature=1.0, max_tokens=TOKENS)
-    again = vb.sample_arm(c, ids, 0, seed=11, n=2, temperature=1.0, max_tokens=TOKENS)
+    seed = 2**32 - 2  # check-lossless's arm seeds are uint32 (arm_seeds): seed + i * n can pass 2**32
+    first = vb.sample_arm(c, ids, 0, seed=seed, n=2, temperature=1.0, max_tokens=TOKENS)
+    again = vb.sample_arm(c, ids, 0, seed=seed, n=2, temperature=1.0, max_tokens=TOKENS)
     assert first == again
     assert [len(per) for per in first] == [2, 2] and all(len(t) == TOKENS for per in first for t in per)
     assert all(per[0] != per[1] for per in first)  # each continuation has its own seed
-    greedy = vb.sample_arm(c, ids, 0, seed=11, n=1, temperature=0.0, max_tokens=TOKENS)
+    greedy = vb.sample_arm(c, ids, 0, seed=seed, n=1, temperature=0.0, max_tokens=TOKENS)
     assert [per[0] for per in greedy] == native_tokens(nb, nc, ids)
 
 
