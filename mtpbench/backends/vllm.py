@@ -539,6 +539,10 @@ def lossless_op(llm, op: dict) -> dict:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
+    # scores need no text: no detokenized logprob tokens, and flat containers (a few lists per request,
+    # not a dict per position)
+    quiet = {"detokenize": False, "flat_logprobs": True}
+
     def run(seqs, params):
         return llm.generate([TokensPrompt(prompt_token_ids=s) for s in seqs], params, use_tqdm=False)
 
@@ -556,7 +560,7 @@ def lossless_op(llm, op: dict) -> dict:
         t = op["temperature"]
         full = t != 1.0  # the raw prompt logprobs are the law at T = 1 only: renormalize over the vocabulary
         rows = [i for i, c in enumerate(op["continuations"]) if c]
-        params = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=-1 if full else 0)
+        params = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=-1 if full else 0, **quiet)
         outs = run([op["prompts"][i] + op["continuations"][i] for i in rows], params)
         logprobs = [[] for _ in op["continuations"]]
         for i, o in zip(rows, outs):
@@ -575,8 +579,8 @@ def lossless_op(llm, op: dict) -> dict:
         seqs, params = [], []
         for p, pre, a, b in zip(op["prompts"], op["prefixes"], op["k0_tokens"], op["spec_tokens"]):
             seqs += [p + pre + [a], p + pre + [b]]
-            params += [SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=2),
-                       SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0)]
+            params += [SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=2, **quiet),
+                       SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0, **quiet)]
         outs = run(seqs, params)
         margins = []
         for j, (p, pre, a, b) in enumerate(zip(op["prompts"], op["prefixes"], op["k0_tokens"], op["spec_tokens"])):
