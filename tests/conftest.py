@@ -6,12 +6,29 @@ import pytest
 import torch
 
 from mtpbench.backends.native import load_tokenizer
-from mtpbench.model import load_model
+from mtpbench.model import MiMoModel, ModelArgs, load_model
 from mtpbench.prompts import BUILTIN_MODEL_DIR
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 CHATML = ("{{ bos_token }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
           "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def one_line_error(result, message: str) -> None:
+    """A CLI refusal as mtpbench makes them: exit code 2 and exactly one line, "error: ...", naming the problem."""
+    assert result.exit_code == 2, result.output
+    lines = result.output.rstrip("\n").split("\n")  # exactly one line: no blank line from a progress bar either
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.output
+
+
+def tiny_random_model(seed=0):
+    """A one-layer MiMo model over 4 tokens with large random weights: sharp, disagreeing target and drafter."""
+    torch.manual_seed(seed)
+    m = MiMoModel(ModelArgs(vocab_size=4, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                            num_attention_heads=2, num_key_value_heads=2, num_nextn_predict_layers=1))
+    for p in m.parameters():
+        torch.nn.init.normal_(p, std=0.6)
+    return m.eval()
 
 
 def make_chat_model(d):

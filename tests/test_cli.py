@@ -6,7 +6,7 @@ from typer.testing import CliRunner
 
 from mtpbench.cli import app
 from mtpbench.prompts import load_prompts
-from conftest import SHARED
+from conftest import SHARED, one_line_error
 
 runner = CliRunner()
 SMALL = ["--num-prompts", "2", "--max-tokens", "12", "--repeats", "1"]  # one timed run: these read no timing
@@ -44,9 +44,7 @@ def test_bad_input_one_line_exit_2_nothing_written(tmp_path, no_mtp_model, case)
     if "--out" not in args:
         args = args + ["--out", str(out)]
     r = run("sweep", *args, *SMALL)
-    assert r.exit_code == 2, r.output
-    lines = r.output.rstrip("\n").split("\n")  # exactly one line: no blank line from a progress bar either
-    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], r.output
+    one_line_error(r, message)
     assert "Traceback" not in r.output
     assert not out.exists()
 

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from mtpbench.engine import Faults, generate
-from mtpbench.model import MiMoModel, ModelArgs
+
+from conftest import tiny_random_model
 
 
 @pytest.fixture(scope="module")
@@ -77,15 +78,6 @@ def test_faults_route_every_step_to_layer_0(model, prompt_ids):
     for faults in (Faults(wrapper_drops_spec_step_idx=True), Faults(loop_omits_spec_step_idx=True)):
         ran = record_layers(model, lambda: generate(model, prompt_ids[:1], 12, k=3, mode="chain", faults=faults))
         assert ran and set(ran) == {0}
-
-
-def tiny_random_model(seed=0):
-    torch.manual_seed(seed)
-    m = MiMoModel(ModelArgs(vocab_size=4, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                            num_attention_heads=2, num_key_value_heads=2, num_nextn_predict_layers=1))
-    for p in m.parameters():
-        torch.nn.init.normal_(p, std=0.6)
-    return m.eval()
 
 
 def test_per_sequence_counts_add_up_and_positions_follow_the_tokens(model, prompt_ids):

@@ -13,6 +13,8 @@ from mtpbench.cli import app
 from mtpbench.lossless import classify, greedy_verdict, numerical_threshold
 from mtpbench.prompts import BUILTIN_MODEL_DIR
 
+from conftest import one_line_error
+
 runner = CliRunner()
 FILES = ("lossless.json", "lossless.md", "lossless.png")
 
@@ -36,9 +38,7 @@ def run(*args):
 def test_bad_input_one_line_exit_2_nothing_written(tmp_path, args, message):
     out = tmp_path / "out"
     r = run(*args, "--out", out)
-    assert r.exit_code == 2, r.output
-    lines = r.output.rstrip("\n").split("\n")
-    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], r.output
+    one_line_error(r, message)
     assert not out.exists()
 
 

