@@ -358,7 +358,7 @@ def trace_matrix(
 @app.command("check-lossless")
 def check_lossless(
     model: Annotated[Optional[str], typer.Argument(help="Model directory (default: built-in tiny model).")] = None,
-    backend: Annotated[Optional[str], typer.Option(help="native (vllm and vllm-server: not yet).")] = None,
+    backend: Annotated[Optional[str], typer.Option(help="native, vllm (offline engines) or vllm-server (launched servers, or an attached --server with a --baseline-server).")] = None,
     k: Annotated[Optional[int], typer.Option("--k", help="num_speculative_tokens of the drafting arm, >= 1, checked against k = 0 [default: 2].")] = None,
     temperature: Annotated[Optional[float], typer.Option(help="0: greedy (same tokens?); > 0: sampling (same law?) [default: 1.0].")] = None,
     num_prompts: Annotated[Optional[int], typer.Option(help="Number of prompts [default: 16].")] = None,
@@ -372,11 +372,19 @@ def check_lossless(
     device: Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:1 ...")] = None,
     dtype: Annotated[Optional[str], typer.Option(help="float32, bfloat16, float16 or auto.")] = None,
     threads: Annotated[Optional[int], typer.Option(help="torch CPU threads (default: torch's own).")] = None,
+    runner: Annotated[Optional[str], typer.Option(help=RUNNER_HELP)] = None,
+    max_model_len: Annotated[Optional[int], typer.Option(help="vLLM max_model_len.")] = None,
+    engine_arg: Annotated[Optional[list[str]], typer.Option(help="Extra vLLM engine argument KEY=VALUE (repeatable; vllm.LLM's, or vllm serve's as --key value).")] = None,
+    speculative_config: Annotated[Optional[str], typer.Option(help="vLLM only: a JSON object merged into the drafting arm's speculative_config, e.g. '{\"rejection_sample_method\": \"synthetic\", \"synthetic_acceptance_rates\": [0.9, 0.8]}' (vLLM's lossy control; V2 only on a CPU) or '{\"rejection_sample_method\": \"block\"}'.")] = None,
+    server: Annotated[Optional[str], typer.Option(help="URL of a running vLLM server that drafts (implies --backend vllm-server; needs --baseline-server).")] = None,
+    baseline_server: Annotated[Optional[str], typer.Option(help="URL of a running vLLM server of the same model without drafting: the k = 0 arms of an attached --server.")] = None,
     planted_lossy: Annotated[bool, typer.Option("--planted-lossy", help="CONTROL, not a way to decode: the native drafter accepts every draft that is its own argmax, skipping the probability ratio min(1, p/q). Lossy on purpose (at temperature > 0): the check must call it lossy.")] = False,
     fail_if_lossy: Annotated[bool, typer.Option("--fail-if-lossy", help="Exit 1 on a lossy or divergent verdict (a CI gate).")] = False,
     out: Annotated[Optional[str], typer.Option(help="Output directory for lossless.json, lossless.md, lossless.png [default: lossless].")] = None,
 ) -> None:
     """Does MTP drafting change what the model says? k = K against k = 0: greedy, the same tokens; sampling, the same law (a permutation test with an A/A control)."""
+    import json
+
     from mtpbench.config import resolve
     from mtpbench.lossless import CHECK_DEFAULTS, CheckConfig, failed, run_check, summary
 
@@ -385,14 +393,27 @@ def check_lossless(
         fail(f"model directory not found: {model}")
     if threads is not None and threads < 1:
         fail(f"--threads must be >= 1, got {threads}")
+    if server and backend not in (None, "vllm-server"):
+        fail(f"--server checks a running vLLM server: it takes --backend vllm-server, not {backend}")
+    overrides = None
+    if speculative_config is not None:
+        try:
+            overrides = json.loads(speculative_config)
+        except json.JSONDecodeError as err:
+            fail(f"--speculative-config takes a JSON object: {err.msg} at character {err.pos}")
+        if not isinstance(overrides, dict):
+            fail(f"--speculative-config takes a JSON object, got {type(overrides).__name__}")
+    extra = engine_args(engine_arg)
     try:
-        engine = resolve(dict(model=model, backend=backend, k=None if k is None else (k,),
+        engine = resolve(dict(model=model, backend="vllm-server" if server else backend, k=None if k is None else (k,),
                               mode=None if mode is None else (mode,),
                               mtp_layers=None if mtp_layers is None else (mtp_layers,), prompts=prompts,
                               num_prompts=num_prompts, max_tokens=max_tokens, temperature=temperature,
-                              batch_size=batch_size, seed=seed, device=device, dtype=dtype, out=out),
+                              batch_size=batch_size, seed=seed, device=device, dtype=dtype, runner=runner,
+                              max_model_len=max_model_len, engine_args=extra, server=server, out=out),
                          None, CHECK_DEFAULTS)
-        cfg = CheckConfig(engine, samples_per_prompt=samples_per_prompt, planted_lossy=planted_lossy)
+        cfg = CheckConfig(engine, samples_per_prompt=samples_per_prompt, planted_lossy=planted_lossy,
+                          baseline_server=baseline_server, speculative_overrides=overrides)
         if threads:
             import torch
 

