@@ -119,7 +119,17 @@ def rows_from_points(points: list[dict], failures: list[dict]) -> list[PointResu
     def match_k0(d: dict, requests) -> dict:
         base = plain.get(where(d)) if d["point"]["k"] > 0 else None
         pairs = [r.output_token_ids == base[r.prompt_id] for r in requests if base and r.prompt_id in base]
-        return {"greedy_match_k0": round(sum(pairs) / len(pairs), 4)} if pairs else {}
+        if not pairs:
+            return {}
+        differ = [(r.prompt_id, base[r.prompt_id], r.output_token_ids) for r in requests
+                  if r.prompt_id in base and r.output_token_ids != base[r.prompt_id]]
+        count, note = greedy_numerical(d.get("greedy_divergences"), differ)
+        return {"greedy_match_k0": round(sum(pairs) / len(pairs), 4), "greedy_numerical": count, "note": note}
+
+    def with_greedy(row: PointResult, d: dict, requests) -> PointResult:
+        g = match_k0(d, requests)
+        note = g.pop("note", None)
+        return replace(row, **g, **({"notes": "; ".join(filter(None, [row.notes, note]))} if note else {}))
 
     for data, run in loaded:
         requests, batches = run.requests, run.batches
@@ -127,9 +137,10 @@ def rows_from_points(points: list[dict], failures: list[dict]) -> list[PointResu
         backend = data["point"]["backend"]
         cats = sorted({r.category for r in requests})
         ran = {"runner": run.engine.get("runner"), "drafter": run.engine.get("drafter")}
-        rows.append(replace(summarize(backend, point, "all", requests, batches, data.get("startup_s"),
-                                      step_s.get((where(data), "all")), run.telemetry, run.mtp_weight_bytes,
-                                      run.notes, run.repeats), **ran, **match_k0(data, requests)))
+        rows.append(with_greedy(replace(summarize(backend, point, "all", requests, batches, data.get("startup_s"),
+                                                  step_s.get((where(data), "all")), run.telemetry,
+                                                  run.mtp_weight_bytes, run.notes, run.repeats), **ran),
+                                data, requests))
         tokps[id(rows[-1])] = [r.get("output_tokens_per_sec") for r in run.repeats]
         first = len(rows) - 1
         if len(cats) > 1:
@@ -139,9 +150,9 @@ def rows_from_points(points: list[dict], failures: list[dict]) -> list[PointResu
                 # category (acceptance then comes from the requests' own counts, where the server sent them)
                 note = [] if bats else ["tokens/s of a concurrent window is not split by category"]
                 mine = [r for r in requests if r.category == c]
-                rows.append(replace(summarize(backend, point, c, mine, bats,
-                                              data.get("startup_s"), step_s.get((where(data), c)), notes=note),
-                                    **ran, **match_k0(data, mine)))
+                rows.append(with_greedy(replace(summarize(backend, point, c, mine, bats, data.get("startup_s"),
+                                                          step_s.get((where(data), c)), notes=note), **ran),
+                                        data, mine))
         if run.engine.get("interpreted"):
             untimed.update(id(r) for r in rows[first:])
     for f in sorted(failures, key=lambda d: _sort_key(d["point"])):
@@ -164,6 +175,49 @@ def rows_from_points(points: list[dict], failures: list[dict]) -> list[PointResu
                        speedup_ci_low=round(ci[0], 4) if ci else None, speedup_ci_high=round(ci[1], 4) if ci else None)
 
     return [without_timings(r) if id(r) in untimed else with_speedup(r) for r in rows]
+
+
+def divergence_holds(rec: dict, k0: list[int], spec: list[int]) -> bool:
+    """Whether a saved divergence record still describes these two token lists (a point measured again since
+    may have other tokens)."""
+    j = rec.get("position")
+    if j is None:  # saved as a length difference: one list is a prefix of the other
+        n = min(len(k0), len(spec))
+        return k0[:n] == spec[:n] and k0 != spec
+    return j < min(len(k0), len(spec)) and k0[:j] == spec[:j] and \
+        (k0[j], spec[j]) == (rec.get("k0_token"), rec.get("spec_token"))
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def greedy_numerical(saved: dict | None, differ: list[tuple[str, list[int], list[int]]]) -> tuple[int | None, str | None]:
+    """Of the prompts whose k > 0 tokens left k = 0's (``differ``: prompt id, k = 0 tokens, k > 0 tokens), how
+    many did so at a near-tie (``numerical``), from the divergence records the sweep saved in the point file
+    (``greedy_divergences``), and the row's note; the count is None where any of them is unknown."""
+    if not differ:
+        return None, None
+    m = len(differ)
+    head = ("whether the divergence from k = 0 is numerical is unknown: " if m == 1 else
+            f"how many of the {m} divergences from k = 0 are numerical is unknown: ")
+    if not saved:
+        return None, head + "no top-two margins were saved (a sweep from before they were)"
+    if saved.get("unavailable"):
+        return None, head + saved["unavailable"]
+    recs = {r["prompt_id"]: r for r in saved.get("records") or []}
+    stale = [pid for pid, a, b in differ if pid not in recs or not divergence_holds(recs[pid], a, b)]
+    if stale:
+        return None, head + f"no saved margin for prompt(s) {', '.join(stale)} (run the sweep again to measure them)"
+    length = [pid for pid, _, _ in differ if recs[pid].get("position") is None]
+    if length:
+        return None, head + f"prompt(s) {', '.join(length)} differ from k = 0 only in length, with no divergent token"
+    if saved.get("threshold") is None:
+        return None, head + (saved.get("unclassified") or "no numerical threshold")
+    n = sum(recs[pid].get("class") == "numerical" for pid, _, _ in differ)
+    return n, (f"{n} of {_plural(m, 'divergence')} from k = 0 {'is' if n == 1 else 'are'} numerical (top-two margin "
+               f"<= {saved['threshold']:.2g}, {saved.get('threshold_source') or 'the dtype floor'}; no A/A control in a "
+               "sweep: check-lossless measures one)")
 
 
 def csv_text(rows: list[PointResult]) -> str:
@@ -208,6 +262,8 @@ def table(rows: list[PointResult]) -> str:
         cols[-1:-1] = TELEMETRY_COLUMNS
     if any(r.greedy_match_k0 is not None for r in rows):
         cols[-2:-2] = [("greedy_match_k0", "=k0")]
+    if any(r.greedy_numerical is not None for r in rows):  # of the prompts that left k = 0's tokens: near-ties
+        cols[-2:-2] = [("greedy_numerical", "numerical")]
     if any(r.runner for r in rows):
         cols[1:1] = [("runner", "vLLM runner")]
     body = [[cell(name, getattr(r, name), r) for name, _ in cols] for r in rows]

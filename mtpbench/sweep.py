@@ -28,7 +28,7 @@ from mtpbench.environment import environment, provenance
 from mtpbench.errors import MtpBenchError
 from mtpbench.metrics import GridPoint, PointResult, check_requests_against_counters
 from mtpbench.prompts import PromptSet, prompt_set
-from mtpbench.report import build, fingerprint, write_json
+from mtpbench.report import build, divergence_holds, fingerprint, write_json
 
 def grid(cfg: SweepConfig, checkpoint_layers: int | None, attached_k: int | None = None) -> list[GridPoint]:
     """The sweep's points in run order. Served runs vary the load innermost, so one server start
@@ -89,6 +89,8 @@ def run_sweep(cfg: SweepConfig, on_point: Callable[[int, int, str], None] | None
                 if on_point:
                     on_point(i, len(todo), point.name)
                 run_one(cfg, backend, point, prompts, out, fp)
+        if cfg.temperature == 0:  # while the engine is still up: the report never runs a model
+            save_greedy_divergences(cfg, backend, engine, points, psets, out, fp)
         run = json.loads((out / "run.json").read_text())
         run["provenance"]["load_average_end"] = environment()["load_average"]
         write_json(out / "run.json", run)
@@ -236,3 +238,79 @@ def save_point(cfg: SweepConfig, point: GridPoint, run, out: Path, fp: dict, wal
                 "startup_s": run.startup_s, "engine": run.engine, "mtp_weight_bytes": run.mtp_weight_bytes,
                 "notes": run.notes, "telemetry": run.telemetry, "repeats": run.repeats,
                 "requests": [asdict(r) for r in run.requests], "batches": [asdict(b) for b in run.batches]})
+
+
+def greedy_dtype(cfg: SweepConfig, engine: dict) -> str | None:
+    """The dtype the target ran in: the engine's own word (native), else the one asked for; None for vLLM's
+    ``auto``, which may cast a float32 checkpoint to a 16-bit type."""
+    return engine.get("dtype") or (cfg.dtype if cfg.dtype != "auto" else None)
+
+
+def save_greedy_divergences(cfg: SweepConfig, backend, engine: dict, points: list[GridPoint], psets: dict,
+                            out: Path, fp: dict) -> None:
+    """Greedy sweeps: for each prompt whose tokens at a k > 0 point left the k = 0 point's (same load and
+    context), the target's top-two logit margin at the first divergent token, from the backend's k = 0 pass
+    (``greedy_divergences``, one call for the whole sweep), classified against the dtype's rounding floor
+    (``lossless.dtype_floor``; a sweep has no A/A control to raise it), saved into the point file as
+    ``greedy_divergences``. Records still true of a resumed sweep's tokens are kept, not measured again."""
+    from mtpbench.lossless import classify, dtype_floor
+
+    def load(point: GridPoint) -> dict | None:
+        path = out / f"{point.name}.json"
+        if not path.exists():
+            return None  # failed
+        d = json.loads(path.read_text())
+        return d if d.get("fingerprint") == fp else None
+
+    def where(p: GridPoint) -> tuple:
+        return p.concurrency, p.request_rate, p.context_tokens
+
+    base = {where(p): d for p in points if p.k == 0 and (d := load(p))}
+    todo = []  # (point, its file, the differing prompts: prompt id, k = 0 tokens, k > 0 tokens)
+    for p in points:
+        d = load(p) if p.k > 0 and where(p) in base else None
+        if d is None:
+            continue
+        k0 = {r.get("prompt_id"): r["output_token_ids"] for r in base[where(p)]["requests"] if r.get("prompt_id")}
+        differ = [(r["prompt_id"], k0[r["prompt_id"]], r["output_token_ids"]) for r in d["requests"]
+                  if r.get("prompt_id") in k0 and r["output_token_ids"] != k0[r["prompt_id"]]]
+        saved = {r["prompt_id"]: r for r in (d.get("greedy_divergences") or {}).get("records") or []}
+        if differ and not all(pid in saved and divergence_holds(saved[pid], a, b) for pid, a, b in differ):
+            todo.append((p, d, differ))
+    if not todo:
+        return
+    if not hasattr(backend, "greedy_divergences"):
+        why = f"the {cfg.backend} backend has no k = 0 pass to read the target's logits from"
+        for p, d, _ in todo:
+            write_json(out / f"{p.name}.json", {**d, "greedy_divergences": {"unavailable": why}})
+        return
+    ids = {}  # (context, prompt id) -> the token ids the engine saw
+    for ctx in {p.context_tokens for p, _, _ in todo}:
+        prompts = psets[ctx].prompts
+        ids.update({(ctx, q.id): x for q, x in zip(prompts, backend.encode(prompts))})
+    rows = [(p, pid, a, b) for p, _, differ in todo for pid, a, b in differ]
+    try:
+        found = backend.greedy_divergences([ids[(p.context_tokens, pid)] for p, pid, _, _ in rows],
+                                           [a for _, _, a, _ in rows], [b for _, _, _, b in rows])
+    except MtpBenchError:
+        raise
+    except Exception as e:  # the margins are an addition to the points: their failure is said, not fatal
+        found, why = None, f"the k = 0 pass for the margins failed ({type(e).__name__}: {e})"[:500]
+    dtype = greedy_dtype(cfg, engine)
+    threshold = dtype_floor(dtype) if dtype else None
+    records: dict[str, list] = {}
+    for (p, pid, _, _), div in zip(rows, found or []):
+        rec = {"prompt_id": pid, "position": None, "margin": None, "k0_token": None, "spec_token": None,
+               "logit_gap": None, "class": None}
+        if div is not None:  # None: the tokens differ in length only
+            rec.update(asdict(div), **{"class": classify(div.margin, threshold) if threshold is not None else None})
+        records.setdefault(p.name, []).append(rec)
+    for p, d, _ in todo:
+        if found is None:
+            entry = {"unavailable": why}
+        else:
+            entry = {"dtype": dtype, "threshold": threshold,
+                     "threshold_source": f"the {dtype} floor" if dtype else None, "records": records[p.name]}
+            if dtype is None:
+                entry["unclassified"] = "the engine's dtype is unknown (--dtype auto): margins saved, not classified"
+        write_json(out / f"{p.name}.json", {**d, "greedy_divergences": entry})

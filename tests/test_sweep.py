@@ -66,3 +66,112 @@ def test_greedy_rows_say_which_share_of_prompts_kept_the_k0_tokens(tmp_path):
     hot = SweepConfig(k=(0, 2), mode=("chain",), num_prompts=2, max_tokens=8, repeats=1, temperature=1.0,
                       out=str(tmp_path / "hot"))
     assert all(r.greedy_match_k0 is None for r in run_sweep(hot))  # sampled tokens are not compared
+
+
+def _one_token_changed(monkeypatch, prompt_id: str = "2", position: int = 3):
+    """The native backend with a lossy drafter's symptom: at k > 0, one prompt's token at ``position`` is
+    another one (the measured run is otherwise real)."""
+    from mtpbench.backends.native import NativeBackend
+
+    real = NativeBackend._run_batch
+
+    def run_batch(self, cfg, records, group, k, mode, mtp_layers):
+        requests = real(self, cfg, records, group, k, mode, mtp_layers)
+        for r in requests:
+            if k > 0 and r.prompt_id == prompt_id:
+                r.output_token_ids[position] = (r.output_token_ids[position] + 1) % self.model.args.vocab_size
+        return requests
+
+    monkeypatch.setattr(NativeBackend, "_run_batch", run_batch)
+
+
+def test_greedy_rows_count_the_numerical_divergences_from_margins_the_sweep_saved(tmp_path, monkeypatch, model):
+    """Issue 16 item 4: a k > 0 point that leaves k = 0's tokens gets, while the engine is up, the target's
+    top-two margin at each first divergence (the engine's own k = 0 pass), classified against the float32
+    floor and saved in the point file; the report counts the numerical ones from the files alone."""
+    from mtpbench.backends.native import NativeBackend
+    from mtpbench.engine import greedy_divergences
+    from mtpbench.lossless import classify, dtype_floor
+    from mtpbench.prompts import load_tokenizer
+    from mtpbench.report import build, table
+
+    _one_token_changed(monkeypatch)
+    calls = []
+    real = NativeBackend.greedy_divergences
+    monkeypatch.setattr(NativeBackend, "greedy_divergences", lambda self, *a: calls.append(a) or real(self, *a))
+    cfg = SweepConfig(k=(0, 2), mode=("chain",), num_prompts=2, max_tokens=8, repeats=1, out=str(tmp_path))
+    rows = {r.k: r for r in run_sweep(cfg) if r.category == "all"}
+    assert len(calls) == 1
+    path = tmp_path / "chain-L3-k2.json"
+    point, k0 = (json.loads((tmp_path / n).read_text()) for n in ("chain-L3-k2.json", "k0.json"))
+    saved = point["greedy_divergences"]
+    floor = dtype_floor("float32")
+    assert saved["dtype"] == "float32" and saved["threshold"] == floor and "float32 floor" in saved["threshold_source"]
+    [rec] = saved["records"]
+    assert rec["prompt_id"] == point["requests"][1]["prompt_id"] and rec["position"] == 3
+    # the margin is the target's own, from a teacher-forced k = 0 pass over the prompt the engine saw
+    from mtpbench.sweep import sweep_prompts
+
+    prompt = sweep_prompts(cfg).prompts[1]
+    ids = load_tokenizer(cfg.model_dir).encode(prompt.text, add_special_tokens=not prompt.templated).ids
+    [div] = greedy_divergences(model, [ids], [k0["requests"][1]["output_token_ids"]],
+                               [point["requests"][1]["output_token_ids"]])
+    assert abs(rec["margin"] - div.margin) < 1e-4 and rec["spec_token"] == div.spec_token
+    assert rec["class"] == classify(rec["margin"], floor)
+    row = rows[2]
+    assert row.greedy_match_k0 == 0.5 and row.greedy_numerical == (rec["class"] == "numerical")
+    assert "of 1 divergence from k = 0" in row.notes and "no A/A control in a sweep" in row.notes
+    assert "numerical" in table(list(rows.values())).splitlines()[0] and rows[0].greedy_numerical is None
+    run_sweep(cfg)  # resumed: the saved margins still describe the tokens, no k = 0 pass again
+    assert len(calls) == 1
+
+    # a near-tie, as the record would read: counted numerical, from the file alone
+    point["greedy_divergences"]["records"][0].update(margin=1e-6, **{"class": "numerical"})
+    path.write_text(json.dumps(point))
+    row = next(r for r in build(tmp_path) if r.k == 2 and r.category == "all")
+    assert row.greedy_numerical == 1 and "1 of 1 divergence from k = 0 is numerical (top-two margin <= 3.1e-05, " \
+        "the float32 floor; no A/A control in a sweep: check-lossless measures one)" in row.notes
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [r["greedy_numerical"] for r in summary["rows"] if r["k"] == 2] == [1]
+    assert "greedy_numerical" in (tmp_path / "summary.csv").read_text().splitlines()[0]
+    # a sweep from before the margins were saved: unknown, never 0
+    del point["greedy_divergences"]
+    path.write_text(json.dumps(point))
+    row = next(r for r in build(tmp_path) if r.k == 2 and r.category == "all")
+    assert row.greedy_match_k0 == 0.5 and row.greedy_numerical is None and "unknown" in row.notes
+
+
+def test_a_backend_without_a_k0_pass_leaves_the_numerical_count_unknown(tmp_path, monkeypatch):
+    """vllm-server has no greedy_divergences: the count is None with a note saying why, never 0."""
+    from mtpbench.backends.native import NativeBackend
+    from mtpbench.report import table
+
+    _one_token_changed(monkeypatch)
+    monkeypatch.delattr(NativeBackend, "greedy_divergences")
+    cfg = SweepConfig(k=(0, 1), mode=("chain",), num_prompts=2, max_tokens=8, repeats=1, out=str(tmp_path))
+    rows = run_sweep(cfg)
+    row = next(r for r in rows if r.k == 1 and r.category == "all")
+    assert row.greedy_match_k0 == 0.5 and row.greedy_numerical is None
+    assert "unknown: the native backend has no k = 0 pass" in row.notes
+    saved = json.loads((tmp_path / "chain-L3-k1.json").read_text())["greedy_divergences"]
+    assert "unavailable" in saved
+    assert "numerical" not in table(rows).splitlines()[0]  # the column only where some row has a count
+
+
+def test_the_numerical_count_trusts_only_records_that_describe_the_tokens():
+    from mtpbench.report import greedy_numerical
+
+    saved = {"dtype": "float32", "threshold": 3.05e-5, "threshold_source": "the float32 floor",
+             "records": [{"prompt_id": "a", "position": 1, "margin": 1e-6, "k0_token": 5, "spec_token": 6,
+                          "class": "numerical"},
+                         {"prompt_id": "b", "position": 0, "margin": 2.0, "k0_token": 1, "spec_token": 2,
+                          "class": "divergent"}]}
+    differ = [("a", [4, 5, 7], [4, 6, 7]), ("b", [1, 1], [2, 1])]
+    assert greedy_numerical(saved, differ)[0] == 1
+    assert "1 of 2 divergences from k = 0 is numerical" in greedy_numerical(saved, differ)[1]
+    assert greedy_numerical(saved, []) == (None, None)
+    # the k = 0 point measured again since, with other tokens: that record no longer holds
+    count, note = greedy_numerical(saved, [("a", [4, 9, 7], [4, 6, 7]), ("b", [1, 1], [2, 1])])
+    assert count is None and "prompt(s) a" in note
+    count, note = greedy_numerical({"unavailable": "no k = 0 pass"}, differ)
+    assert count is None and note.endswith("no k = 0 pass")
