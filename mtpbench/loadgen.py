@@ -155,6 +155,33 @@ async def _run(base_url, api, model, prompts, max_tokens, temperature, seed, con
     return LoadResult(records, wall, cpu, errors, arrivals)
 
 
+async def _post_all(url: str, bodies: list[dict], concurrency: int) -> list[tuple[dict | None, str | None]]:
+    gate = asyncio.Semaphore(concurrency)
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
+    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S, sock_read=IDLE_TIMEOUT_S)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=not is_loopback(url)) as session:
+        async def one(body: dict):
+            async with gate:
+                try:
+                    async with session.post(url, json=body) as resp:
+                        text = await resp.text()
+                        if resp.status != 200:
+                            return None, f"HTTP {resp.status}: {text[:300]}"
+                        data = json.loads(text)
+                        return (data, None) if isinstance(data, dict) else (None, f"unexpected answer: {text[:200]}")
+                except (aiohttp.ClientError, OSError, ValueError, asyncio.TimeoutError) as e:
+                    return None, f"{type(e).__name__}: {e}"
+
+        return await asyncio.gather(*(one(b) for b in bodies))
+
+
+def post_all(url: str, bodies: list[dict], concurrency: int = 1) -> list[tuple[dict | None, str | None]]:
+    """POST each JSON body to ``url`` (not streamed), at most ``concurrency`` in flight; per body, in order,
+    (the answer's JSON, None) or (None, what went wrong). check-lossless's requests to a server: token-id
+    prompts, n continuations, teacher-forced prompt log-probs; nothing is timed."""
+    return asyncio.run(_post_all(url, bodies, max(1, concurrency)))
+
+
 def run_load(base_url: str, model: str, prompts: list[Prompt], *, api: str = "completions", max_tokens: int,
              temperature: float = 0.0, seed: int = 0, concurrency: int = 1,
              request_rate: float = math.inf) -> LoadResult:

