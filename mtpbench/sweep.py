@@ -240,10 +240,14 @@ def save_point(cfg: SweepConfig, point: GridPoint, run, out: Path, fp: dict, wal
                 "requests": [asdict(r) for r in run.requests], "batches": [asdict(b) for b in run.batches]})
 
 
-def greedy_dtype(cfg: SweepConfig, engine: dict) -> str | None:
-    """The dtype the target ran in: the engine's own word (native), else the one asked for; None for vLLM's
-    ``auto``, which may cast a float32 checkpoint to a 16-bit type."""
-    return engine.get("dtype") or (cfg.dtype if cfg.dtype != "auto" else None)
+def greedy_dtype(cfg: SweepConfig, backend, engine: dict) -> str | None:
+    """The dtype the target ran in: the engine's own word (``backend.dtype_name``: the vLLM backend reads it from
+    the k = 0 engine that measured the margins), else the one asked for; None for an ``auto`` that no engine
+    resolved (vLLM's may cast a float32 checkpoint to a 16-bit type)."""
+    for name in (getattr(backend, "dtype_name", None), engine.get("dtype"), cfg.dtype):
+        if name and name != "auto":
+            return name
+    return None
 
 
 def save_greedy_divergences(cfg: SweepConfig, backend, engine: dict, points: list[GridPoint], psets: dict,
@@ -296,7 +300,7 @@ def save_greedy_divergences(cfg: SweepConfig, backend, engine: dict, points: lis
         raise
     except Exception as e:  # the margins are an addition to the points: their failure is said, not fatal
         found, why = None, f"the k = 0 pass for the margins failed ({type(e).__name__}: {e})"[:500]
-    dtype = greedy_dtype(cfg, engine)
+    dtype = greedy_dtype(cfg, backend, engine)
     threshold = dtype_floor(dtype) if dtype else None
     records: dict[str, list] = {}
     for (p, pid, _, _), div in zip(rows, found or []):

@@ -175,3 +175,26 @@ def test_the_numerical_count_trusts_only_records_that_describe_the_tokens():
     assert count is None and "prompt(s) a" in note
     count, note = greedy_numerical({"unavailable": "no k = 0 pass"}, differ)
     assert count is None and note.endswith("no k = 0 pass")
+
+
+def test_an_engine_that_does_not_say_its_dtype_under_auto_saves_margins_unclassified(tmp_path, monkeypatch):
+    """The vLLM backend's facts name no dtype, and its --dtype auto may cast a float32 checkpoint to 16 bits:
+    the margins are saved, but no floor is guessed for them (count None, the note says why)."""
+    from mtpbench import sweep
+    from mtpbench.backends.native import NativeBackend
+
+    class Quiet(NativeBackend):
+        def start(self, cfg):
+            facts = {k: v for k, v in super().start(cfg).items() if k != "dtype"}
+            self.dtype_name = None
+            return facts
+
+    monkeypatch.setattr(sweep, "get_backend", lambda name: Quiet())
+    _one_token_changed(monkeypatch)
+    cfg = SweepConfig(k=(0, 1), mode=("chain",), num_prompts=2, max_tokens=8, repeats=1, dtype="auto",
+                      out=str(tmp_path))
+    row = next(r for r in run_sweep(cfg) if r.k == 1 and r.category == "all")
+    saved = json.loads((tmp_path / "chain-L3-k1.json").read_text())["greedy_divergences"]
+    [rec] = saved["records"]
+    assert rec["position"] == 3 and rec["margin"] > 0 and rec["class"] is None and saved["threshold"] is None
+    assert row.greedy_match_k0 == 0.5 and row.greedy_numerical is None and "dtype is unknown" in row.notes
