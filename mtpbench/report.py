@@ -215,7 +215,7 @@ def greedy_numerical(saved: dict | None, differ: list[tuple[str, list[int], list
     if saved.get("threshold") is None:
         return None, head + (saved.get("unclassified") or "no numerical threshold")
     n = sum(recs[pid].get("class") == "numerical" for pid, _, _ in differ)
-    return n, (f"{n} of {_plural(m, 'divergence')} from k = 0 {'is' if n == 1 else 'are'} numerical (top-two margin "
+    return n, (f"{n} of {_plural(m, 'divergence')} from k = 0 {'is' if n <= 1 else 'are'} numerical (top-two margin "
                f"<= {saved['threshold']:.2g}, {saved.get('threshold_source') or 'the dtype floor'}; no A/A control in a "
                "sweep: check-lossless measures one)")
 
