@@ -111,3 +111,15 @@ def test_attached_refusals_are_one_line_and_write_nothing(tmp_path, pair):
     for args, message in cases:
         one_line_error(check(*args, "--temperature", "0", "--out", str(out)), message)
         assert not out.exists(), args
+
+
+def test_an_attached_sweep_has_no_k0_pass_without_a_baseline():
+    """A greedy sweep asks for divergence margins from a k = 0 pass: an attached server alone has none."""
+    from mtpbench.backends.vllm_server import VllmServerBackend
+    from mtpbench.config import SweepConfig
+    from mtpbench.errors import MtpBenchError
+
+    b = VllmServerBackend()
+    b.cfg = SweepConfig(backend="vllm-server", server="http://127.0.0.1:1")
+    with pytest.raises(MtpBenchError, match="give --baseline-server"):
+        b.greedy_divergences([[1, 2]], [[3, 4]], [[3, 5]])

@@ -429,6 +429,8 @@ class VllmServerBackend:
         cfg = self.cfg
         if cfg.server:
             if k == 0:
+                if not self.baseline_server:  # e.g. a sweep of one attached server: nothing runs without drafting
+                    raise MtpBenchError(f"no k = 0 server beside the attached {cfg.server}: give --baseline-server")
                 return self.baseline, self.baseline_facts
             if overrides:
                 raise MtpBenchError("--speculative-config cannot change an attached --server's drafting: start "
