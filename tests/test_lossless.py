@@ -37,6 +37,8 @@ def run(*args):
     (["--runner", "v3", "--backend", "vllm"], "--runner must be one of v1, v2"),
     (["--runner", "v2"], "--runner picks vLLM's model runner"),
     (["--engine-arg", "enforce_eager"], "--engine-arg takes KEY=VALUE"),
+    (["--backend", "vllm", "--runner", "v1", "--speculative-config", '{"rejection_sample_method": "block"}'],
+     "its rejection sampler has no block verification"),
     (["--dtype", "float8"], "unknown dtype 'float8'"),
     (["--mode", "zigzag"], "unknown mode 'zigzag'"),
     (["--temperature", "-1"], "--temperature must be >= 0"),
