@@ -405,7 +405,8 @@ def check_lossless(
             fail(f"--speculative-config takes a JSON object, got {type(overrides).__name__}")
     extra = engine_args(engine_arg)
     try:
-        engine = resolve(dict(model=model, backend="vllm-server" if server else backend, k=None if k is None else (k,),
+        engine = resolve(dict(model=model, backend="vllm-server" if server else backend,
+                              k=(() if server else None) if k is None else (k,),  # attached: the server's k
                               mode=None if mode is None else (mode,),
                               mtp_layers=None if mtp_layers is None else (mtp_layers,), prompts=prompts,
                               num_prompts=num_prompts, max_tokens=max_tokens, temperature=temperature,

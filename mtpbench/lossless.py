@@ -146,7 +146,12 @@ def check_config(cfg: CheckConfig) -> None:
                             "(the same model served without drafting), or leave out --server to launch servers")
     if not supports_check(e.backend):
         raise MtpBenchError(f"check-lossless: --backend {e.backend} is not supported yet")
-    if len(e.k) != 1 or e.k[0] < 1:
+    if cfg.speculative_overrides is not None and e.server:
+        raise MtpBenchError("--speculative-config cannot change an attached --server's speculative config (it is "
+                            "the server's own): start that server with it, or leave out --server to launch servers")
+    if e.server and not e.k:
+        pass  # an attached server's k is read from the server (run_check)
+    elif len(e.k) != 1 or e.k[0] < 1:
         raise MtpBenchError(f"--k takes one value >= 1 (the drafting arm; k = 0 is the baseline it is checked "
                             f"against), got {','.join(map(str, e.k)) or 'none'}")
     if len(e.mode) != 1:
@@ -363,6 +368,12 @@ def run_check(cfg: CheckConfig) -> dict:
     if e.backend == "vllm-server":
         backend.baseline_server = cfg.baseline_server
     engine = backend.start(e)
+    if e.server and not e.k:  # the attached server's own k
+        e = replace(e, k=(backend.grid_k(),))
+        cfg = replace(cfg, engine=e)
+        if not e.k[0]:
+            backend.close()
+            raise MtpBenchError(f"the server at {e.server} runs without speculative decoding: nothing to check")
     if e.backend == "native":
         import torch
 
@@ -377,6 +388,8 @@ def run_check(cfg: CheckConfig) -> dict:
         backend.close()
     # the drafting arm's facts beside the engine's: what ran (runner, drafter class) and how much it accepted
     engine["drafting_arm"] = result["arms"]["spec" if cfg.greedy else "on"]
+    if getattr(backend, "scoring_engine", None):  # vLLM: which runner scored (VllmBackend._lossless_worker)
+        engine["scoring_engine"] = backend.scoring_engine
     engine.setdefault("dtype", getattr(backend, "dtype_name", None))  # vLLM's: what its engines reported
     record = {"kind": "greedy" if cfg.greedy else "sampling", "verdict": result["verdict"],
               "config": cfg.to_json(), "provenance": provenance(), "engine": engine, "prompts": pset.describe(),
@@ -418,6 +431,8 @@ def summary(record: dict) -> str:
         facts.append(f"speculative_config overrides {json.dumps(c['speculative_overrides'])}")
     if facts:
         head += "drafting arm: " + "; ".join(facts) + "\n"
+    if ran.get("sampler_fault") and c["temperature"] > 0:  # VllmBackend's probe of the engine's own sampler
+        head += f"known fault of this vLLM build: {ran['sampler_fault']}\n"
     if record["kind"] == "greedy":
         lines = [f"- identical to k = 0: {record['identical_share']:.1%} of prompts; divergent "
                  f"{record['num_divergent']}, numerical {record['num_numerical']}",

