@@ -362,7 +362,7 @@ def check_lossless(
     k: Annotated[Optional[int], typer.Option("--k", help="num_speculative_tokens of the drafting arm, >= 1, checked against k = 0 [default: 2].")] = None,
     temperature: Annotated[Optional[float], typer.Option(help="0: greedy (same tokens?); > 0: sampling (same law?) [default: 1.0].")] = None,
     num_prompts: Annotated[Optional[int], typer.Option(help="Number of prompts [default: 16].")] = None,
-    samples_per_prompt: Annotated[Optional[int], typer.Option(help="Sampling only: continuations of each prompt per arm [default: 24].")] = None,
+    samples_per_prompt: Annotated[Optional[int], typer.Option(help="Sampling only: continuations of each prompt per arm [default: 40].")] = None,
     max_tokens: Annotated[Optional[int], typer.Option(help="Output tokens per continuation [default: 64].")] = None,
     seed: Annotated[Optional[int], typer.Option(help="Seed of the check: the arms' seeds and the permutations derive from it.")] = None,
     mode: Annotated[Optional[str], typer.Option(help="Native drafting mode: reuse or chain [default: reuse].")] = None,

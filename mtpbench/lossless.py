@@ -39,13 +39,15 @@ from mtpbench.errors import MtpBenchError
 
 BACKENDS = ("native", "vllm", "vllm-server")
 PROTOCOL = ("encode", "sample_arm", "target_logprobs", "logprob_noise", "greedy_divergences")
-# the default N, measured on the built-in model at k = 2, temperature 1 (README, check-lossless): the planted
-# lossy rule is called lossy in >= 9 of 10 seeded checks, the correct engine in <= 1 of 10, in well under 3 min
-# (on that drafter the planted shift is small, about +0.1 nats/token, per-continuation sd 0.39 at 64 tokens:
-# subsampled from pools of 48 continuations a prompt, 12 x 24 x 64 tokens was called lossy 85 % of the time,
-# 12 x 16 x 64 65 %, 12 x 24 x 32 42 %; so 16 x 24 x 64 tokens, 384 continuations an arm)
+# the default N, measured on the built-in model at k = 2, temperature 1, --threads 1 (README, check-lossless): the
+# planted lossy rule shifts the mean target log-prob by +0.101 +- 0.007 nats/token (10 checks); the standard error of
+# the shift is 0.0213 at 16 x 40 x 64 tokens (per-continuation sd about 0.37 at 64 tokens, 0.46 at 32: more
+# continuations buy more than longer ones). Power of the score half alone: 0.92 at 24 a prompt, 0.98 at 32, 0.994
+# at 40 (0.82 / 0.92 / 0.97 at a shift of 0.087). At 16 x 40 x 64 tokens (640 continuations an arm) the planted rule
+# was called lossy in 10 of 10 seeded checks, the correct engine in 0 of 10, each in about 105 s on one thread of
+# the 2-core EPYC. Batch 384 was no faster than 48 per token and took 3 x the memory.
 DEFAULT_PROMPTS = 16
-DEFAULT_SAMPLES_PER_PROMPT = 24
+DEFAULT_SAMPLES_PER_PROMPT = 40
 DEFAULT_MAX_TOKENS = 64
 DEFAULT_BATCH_SIZE = 48
 CHECK_DEFAULTS = {"k": (2,), "mode": ("reuse",), "num_prompts": DEFAULT_PROMPTS, "max_tokens": DEFAULT_MAX_TOKENS,

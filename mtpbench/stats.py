@@ -424,9 +424,10 @@ def _upper_p(t: np.ndarray, scale: float) -> np.ndarray:
     return (t.size - np.searchsorted(np.sort(t), t - tol, side="left")) / t.size
 
 
-def _distinct_labelings(strata, arm) -> float:
-    return float(np.prod([math.comb(int((strata == s).sum()), int(arm[strata == s].sum()))
-                          for s in np.unique(strata)]))
+def _distinct_labelings(strata, arm) -> int:
+    """How many labelings the within-prompt permutations can reach: an exact Python int (a product of
+    binomials overflows int64 and float at the default N; 1 / it underflows to 0.0, which is harmless)."""
+    return math.prod(math.comb(int((strata == s).sum()), int(arm[strata == s].sum())) for s in np.unique(strata))
 
 
 def lossless_test_arrays(scores, tokens, strata, arm, permutations: int = PERMUTATIONS, seed=SEED,

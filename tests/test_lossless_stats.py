@@ -3,6 +3,8 @@ drawn from a known law (a Markov chain over 50 tokens, continuations of 16 token
 either through exact speculative sampling (the same law) or through the planted lossy rule. Fixed seeds,
 so every rate below is reproducible; the bands are about 3 binomial standard errors wide."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -217,3 +219,17 @@ def test_verdicts():
     # a stated bound on the minimum detectable shift
     assert stats.lossless_verdict(same, same, max_mde=same.mde_logprob / 2)[0] == stats.INCONCLUSIVE
     assert stats.lossless_verdict(same, same, max_mde=same.mde_logprob * 2)[0] == stats.LOSSLESS
+
+
+@pytest.mark.parametrize("per_prompt", [24, 30, 40])
+def test_the_default_n_and_its_neighbours_count_their_labelings_exactly(per_prompt):
+    """16 prompts x n continuations per arm: the product of binomials is far beyond int64 and float (it used to
+    wrap to a negative or to 0.0, or overflow: ZeroDivisionError at 16 x 30, OverflowError at 16 x 40)."""
+    rng = np.random.default_rng(per_prompt)
+    prompts = [p for p in range(16) for _ in range(per_prompt)]
+    a = [continuation(rng.integers(0, 5, 4), lp) for lp in rng.normal(-1, 0.2, len(prompts))]
+    b = [continuation(rng.integers(0, 5, 4), lp) for lp in rng.normal(-1, 0.2, len(prompts))]
+    r = stats.lossless_test(a, b, prompts, prompts, permutations=200)
+    assert r.min_p_value == 1 / 201 and r.num_continuations_a == 16 * per_prompt
+    strata, arm = np.repeat(np.arange(16), 2 * per_prompt), np.tile(np.repeat([False, True], per_prompt), 16)
+    assert stats._distinct_labelings(strata, arm) == math.comb(2 * per_prompt, per_prompt) ** 16

@@ -141,3 +141,26 @@ def test_the_native_backend_hands_out_the_scoring_pass_and_carries_the_planted_f
     assert b.generation(cfg, prompt_ids[:1], 2, "reuse", 1, 4).faults.accept_draft_argmax
     assert b.target_logprobs(prompt_ids, sampled, 1.0) == target_logprobs(model, prompt_ids, sampled, 1.0)
     assert b.greedy_divergences(prompt_ids, sampled, sampled) == [None] * len(sampled)
+
+
+def test_each_batch_chunk_of_an_arm_draws_with_a_seed_of_its_own(model, prompt_ids):
+    """An arm larger than the batch: every chunk gets its own seed (from the arm's), so no two rows share a
+    random stream; with the arm's seed in every chunk, row j and row j + batch of a prompt came out identical."""
+    from mtpbench.backends.native import NativeBackend
+    from mtpbench.config import SweepConfig
+
+    b = NativeBackend()
+    b.model, b.faults = model, Faults()
+    seeds = []
+    real = b.generation
+
+    def spy(cfg, *args, **kwargs):
+        seeds.append(cfg.seed)
+        return real(cfg, *args, **kwargs)
+
+    b.generation = spy
+    cfg = SweepConfig(seed=0, temperature=1.0, batch_size=3, mtp_layers=(1,))
+    per = b.sample_arm(cfg, prompt_ids[:1], 0, seed=11, n=6, temperature=1.0, max_tokens=6)
+    assert len(seeds) == 2 and len(set(seeds)) == 2
+    assert per[0][0] != per[0][3]  # row 0 and row 0 + batch of the one prompt
+    assert b.sample_arm(cfg, prompt_ids[:1], 0, seed=11, n=6, temperature=1.0, max_tokens=6) == per  # reproducible

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
+import numpy as np
 import torch
 
 from mtpbench.config import SweepConfig
@@ -90,8 +91,12 @@ class NativeBackend:
         rows = [p for p in ids for _ in range(n)]
         bs = batch_size or c.batch_size
         out, counts = [], []
-        for i in range(0, len(rows), bs):
-            g = self.generation(c, rows[i: i + bs], k, c.mode[0], layers, max_tokens)
+        for chunk, i in enumerate(range(0, len(rows), bs)):
+            # a seed of its own per chunk: the arm's seed in every chunk would give the rows at one place in
+            # their chunks the same random stream (duplicate continuations once n > batch, and prompts that
+            # share draws across chunks, which the permutation test assumes independent)
+            seed_c = int(np.random.SeedSequence([seed, chunk]).generate_state(1)[0])
+            g = self.generation(replace(c, seed=seed_c), rows[i: i + bs], k, c.mode[0], layers, max_tokens)
             for _ in g:
                 pass
             out += [t[:max_tokens] for t in g.tokens]
