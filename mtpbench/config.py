@@ -58,7 +58,17 @@ class SweepConfig:
     request_rate: tuple[float, ...] = (math.inf,)  # Poisson arrivals per second; inf: all at once
     server_port: int = 0  # 0: any free port
     server_start_timeout_s: float = 600.0
+    # how an attached --server is reached (mtpbench.connection): names only, never a secret's value
+    api_key_env: str | None = None  # the variable holding the API key; None: OPENAI_API_KEY
+    header: tuple[str, ...] = ()  # names of the --header headers (their values: header_values)
+    header_env: tuple[str, ...] = ()  # "Name=VAR": a header whose value is the environment variable VAR's
+    ca_cert: str | None = None  # verify https:// against this CA file instead of the system store
+    insecure: bool = False  # https:// without verification (every row says so)
+    metrics_url: str | None = None  # where /metrics is read; None: <server>/metrics
+    metrics_credentials: bool = False  # send the credentials to --metrics-url's origin too
     description: str = ""
+    # --header values: in memory only, never written (to_json leaves it out, profiles cannot set it)
+    header_values: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def model_dir(self) -> Path:
@@ -80,10 +90,12 @@ class SweepConfig:
         """JSON-safe: tuples as lists, an infinite request rate as the string "inf"."""
         def safe(v):
             return "inf" if isinstance(v, float) and math.isinf(v) else v
-        return {k: [safe(x) for x in v] if isinstance(v, tuple) else safe(v) for k, v in asdict(self).items()}
+        return {k: [safe(x) for x in v] if isinstance(v, tuple) else safe(v) for k, v in asdict(self).items()
+                if k not in RUNTIME_ONLY}
 
 
-_TYPES = {f.name: f.type for f in fields(SweepConfig)}
+RUNTIME_ONLY = ("header_values",)  # SweepConfig fields that are never written nor read from a profile
+_TYPES = {f.name: f.type for f in fields(SweepConfig) if f.name not in RUNTIME_ONLY}
 
 # SweepConfig fields that do not change what one saved point measures. Every other field is in the
 # fingerprint, so a field added later is in it unless it is named here (tests/test_fingerprint.py pins
@@ -102,6 +114,15 @@ NOT_MEASURED = {
     # how a launched server is reached and waited for, not what it runs
     "server_port": "the launched server's local port",
     "server_start_timeout_s": "how long to wait for a launched server",
+    # how an attached server is reached and read, not what it runs (attached points are never reused)
+    "api_key_env": "how the server is reached (the API key's variable)",
+    "header": "how the server is reached (gateway header names)",
+    "header_env": "how the server is reached (secret header names and their variables)",
+    "ca_cert": "how the server's certificate is verified",
+    "insecure": "how the server's certificate is verified (every row notes it when off)",
+    "metrics_url": "where the same server's counters are read",
+    "metrics_credentials": "whether credentials go to --metrics-url",
+    "header_values": "runtime only: never written",
 }
 FINGERPRINT_KEYS = tuple(name for name in _TYPES if name not in NOT_MEASURED)
 
@@ -241,6 +262,8 @@ def resolve(cli: dict, profile: str | None = None, defaults: dict | None = None)
 
 def validate(cfg: SweepConfig, checkpoint_layers: int | None) -> None:
     """Everything that can be checked before a model is loaded or a file is written."""
+    from mtpbench.connection import check_options
+
     if not cfg.k and not cfg.server:  # an attached server's k is read from the server
         raise MtpBenchError("--k needs at least one value")
     for k in cfg.k:
@@ -276,6 +299,7 @@ def validate(cfg: SweepConfig, checkpoint_layers: int | None) -> None:
         raise MtpBenchError("--engine-arg disable_log_stats=true would switch off the spec-decode counters "
                             "mtpbench reads: leave it out")
     validate_serving(cfg)
+    check_options(cfg)
     check_writable(Path(cfg.out))
 
 

@@ -242,7 +242,31 @@ def environment(with_torch: bool = True) -> dict:
     }
 
 
+def redacted_argv(argv: list[str]) -> list[str]:
+    """The command line with every ``--header 'Name: value'`` value replaced (the name kept): a gateway
+    header's value is written nowhere. ``--header-env`` and ``--api-key-env`` hold variable names, kept."""
+    out, hide = [], False
+    for arg in argv:
+        if hide:
+            out.append(_hidden_header(arg))
+            hide = False
+        elif arg == "--header":
+            out.append(arg)
+            hide = True
+        elif arg.startswith("--header="):
+            out.append("--header=" + _hidden_header(arg[len("--header="):]))
+        else:
+            out.append(arg)
+    return out
+
+
+def _hidden_header(text: str) -> str:
+    name, sep, _ = text.partition(":")
+    return f"{name.strip()}: <redacted>" if sep else "<redacted>"
+
+
 def provenance() -> dict:
-    """What a result file keeps about where and how it was made."""
+    """What a result file keeps about where and how it was made (the command line with header values
+    redacted)."""
     return {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), **environment(with_torch=False),
-            "git_sha": git_sha(), "argv": sys.argv}
+            "git_sha": git_sha(), "argv": redacted_argv(sys.argv)}

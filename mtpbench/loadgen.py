@@ -65,14 +65,30 @@ def is_loopback(url: str) -> bool:
     return host in ("localhost", "::1") or host.startswith("127.")
 
 
-async def _request(session, url: str, body: dict, prompt: Prompt, t0: float) -> tuple[RequestRecord | None, str | None]:
+def _session(url: str, conn, **kwargs) -> aiohttp.ClientSession:
+    """A session for requests to ``url``'s server: ``conn``'s TLS context (``mtpbench.connection``); its
+    headers go per request (``conn.headers``), so they reach that server's origin only."""
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60,
+                                     ssl=conn.ssl_context if conn is not None and conn.ssl_context else True)
+    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S, sock_read=IDLE_TIMEOUT_S)
+    # proxies from the environment apply to remote servers only, as for any HTTP client
+    return aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=not is_loopback(url), **kwargs)
+
+
+def _headers(url: str, conn) -> dict:
+    return conn.headers(url) if conn is not None else {}
+
+
+async def _request(session, url: str, body: dict, prompt: Prompt, t0: float,
+                   headers: dict | None = None) -> tuple[RequestRecord | None, str | None]:
     tokens: list[int] = []
     usage_tokens = prompt_tokens = spec = None
     ttft = last = None
     itl: list[float] = []
     st = time.perf_counter()
     try:
-        async with session.post(url, json=body) as resp:
+        # redirects are not followed: they would carry the credentials to wherever the server says
+        async with session.post(url, json=body, headers=headers, allow_redirects=False) as resp:
             if resp.status != 200:
                 return None, f"HTTP {resp.status}: {(await resp.text())[:300]}"
             async for raw in resp.content:  # one SSE line at a time
@@ -127,18 +143,16 @@ def served_acceptance(spec: dict | None, prompt_tokens: int) -> dict:
     return request_acceptance_from_histogram(k, spec["acceptance_histogram"], spec["num_draft_tokens"])
 
 
-async def _run(base_url, api, model, prompts, max_tokens, temperature, seed, concurrency, request_rate):
+async def _run(base_url, api, model, prompts, max_tokens, temperature, seed, concurrency, request_rate, conn=None):
     url = base_url.rstrip("/") + ("/v1/chat/completions" if api == "chat" else "/v1/completions")
     rng = random.Random(seed)
     gate = asyncio.Semaphore(concurrency)
-    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
-    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S, sock_read=IDLE_TIMEOUT_S)
-    # proxies from the environment apply to remote servers only, as for any HTTP client
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout, read_bufsize=2 ** 22,
-                                     trust_env=not is_loopback(base_url)) as session:
+    headers = _headers(url, conn)
+    async with _session(base_url, conn, read_bufsize=2 ** 22) as session:
         async def one(p: Prompt):
             async with gate:
-                return await _request(session, url, payload(api, model, p, max_tokens, temperature, seed), p, t0)
+                return await _request(session, url, payload(api, model, p, max_tokens, temperature, seed), p, t0,
+                                      headers)
 
         # the event loop's thread is the client: its CPU time, not the process's (a GPU sampler runs beside)
         cpu0, t0 = time.thread_time(), time.perf_counter()
@@ -155,15 +169,15 @@ async def _run(base_url, api, model, prompts, max_tokens, temperature, seed, con
     return LoadResult(records, wall, cpu, errors, arrivals)
 
 
-async def _post_all(url: str, bodies: list[dict], concurrency: int) -> list[tuple[dict | None, str | None]]:
+async def _post_all(url: str, bodies: list[dict], concurrency: int,
+                    conn=None) -> list[tuple[dict | None, str | None]]:
     gate = asyncio.Semaphore(concurrency)
-    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
-    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S, sock_read=IDLE_TIMEOUT_S)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=not is_loopback(url)) as session:
+    headers = _headers(url, conn)
+    async with _session(url, conn) as session:
         async def one(body: dict):
             async with gate:
                 try:
-                    async with session.post(url, json=body) as resp:
+                    async with session.post(url, json=body, headers=headers, allow_redirects=False) as resp:
                         text = await resp.text()
                         if resp.status != 200:
                             return None, f"HTTP {resp.status}: {text[:300]}"
@@ -175,18 +189,21 @@ async def _post_all(url: str, bodies: list[dict], concurrency: int) -> list[tupl
         return await asyncio.gather(*(one(b) for b in bodies))
 
 
-def post_all(url: str, bodies: list[dict], concurrency: int = 1) -> list[tuple[dict | None, str | None]]:
+def post_all(url: str, bodies: list[dict], concurrency: int = 1,
+             conn=None) -> list[tuple[dict | None, str | None]]:
     """POST each JSON body to ``url`` (not streamed), at most ``concurrency`` in flight; per body, in order,
     (the answer's JSON, None) or (None, what went wrong). check-lossless's requests to a server: token-id
-    prompts, n continuations, teacher-forced prompt log-probs; nothing is timed."""
-    return asyncio.run(_post_all(url, bodies, max(1, concurrency)))
+    prompts, n continuations, teacher-forced prompt log-probs; nothing is timed. ``conn``: the server's
+    ``mtpbench.connection.Connection`` (headers, TLS), None for an open one."""
+    return asyncio.run(_post_all(url, bodies, max(1, concurrency), conn))
 
 
 def run_load(base_url: str, model: str, prompts: list[Prompt], *, api: str = "completions", max_tokens: int,
              temperature: float = 0.0, seed: int = 0, concurrency: int = 1,
-             request_rate: float = math.inf) -> LoadResult:
-    """Send every prompt once under the given load; see the module docstring."""
+             request_rate: float = math.inf, conn=None) -> LoadResult:
+    """Send every prompt once under the given load; see the module docstring. ``conn``: the server's
+    ``mtpbench.connection.Connection`` (headers, TLS), None for an open one."""
     if api not in APIS:
         raise ValueError(f"unknown api {api!r}")
     return asyncio.run(_run(base_url, api, model, prompts, max_tokens, temperature, seed, max(1, concurrency),
-                            request_rate))
+                            request_rate, conn))

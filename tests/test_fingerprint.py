@@ -18,7 +18,10 @@ MEASURED = {"model", "backend", "method", "draft_model", "prompts", "num_prompts
             "distributed_executor_backend", "gpu_memory_utilization", "engine_args", "server", "api",
             "runner"}  # V1 and V2 draft differently: a point of one is never reused for the other
 NOT_MEASURED_BY_HAND = {"out", "description", "k", "mtp_layers", "mode", "context_tokens", "concurrency",
-                        "request_rate", "server_port", "server_start_timeout_s"}
+                        "request_rate", "server_port", "server_start_timeout_s",
+                        # how an attached server is reached (issue 18); header_values is never written
+                        "api_key_env", "header", "header_env", "ca_cert", "insecure", "metrics_url",
+                        "metrics_credentials", "header_values"}
 
 
 def test_every_sweep_setting_is_classified():

@@ -43,6 +43,7 @@ import http.client
 import json
 import math
 import socket
+import ssl
 import sys
 import time
 import urllib.error
@@ -112,38 +113,70 @@ def parse_metrics(text: str) -> dict:
 
 # ---- HTTP ------------------------------------------------------------------------------------------
 
-def http_get(url: str, timeout: float = HTTP_TIMEOUT_S) -> tuple[int, str]:
-    """(status, body); OSError when nothing usable answered (refused, timed out, not HTTP at all)."""
-    req = urllib.request.Request(url, headers={"Accept": "*/*"})
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect is answered, not followed: urllib would carry every header (the API key) to its target."""
+
+    def redirect_request(self, *args, **kwargs):
+        return None
+
+
+def fetch(url: str, conn=None, timeout: float = HTTP_TIMEOUT_S) -> tuple[int, str, dict]:
+    """(status, body, response headers) of a GET with ``conn``'s headers for ``url``'s origin and its TLS
+    context (``mtpbench.connection``); MtpBenchError for a TLS failure (its reason and how to pass a CA);
+    OSError when nothing usable answered (refused, timed out, not HTTP at all)."""
+    from mtpbench.connection import as_connection, tls_message
+
+    conn = as_connection(conn if conn is not None else url)
+    req = urllib.request.Request(url, headers={"Accept": "*/*", **conn.headers(url)})
+    handlers = [_NoRedirect()]
+    if url.startswith("https://"):
+        handlers.append(urllib.request.HTTPSHandler(context=conn.ssl_context))
+    opener = urllib.request.build_opener(*handlers)
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status, resp.read().decode("utf-8", "replace")
+        with opener.open(req, timeout=timeout) as resp:
+            return resp.status, resp.read().decode("utf-8", "replace"), dict(resp.headers)
     except urllib.error.HTTPError as e:
-        return e.code, ""
+        return e.code, "", dict(e.headers or {})
+    except urllib.error.URLError as e:
+        if isinstance(e.reason, ssl.SSLError):
+            raise MtpBenchError(tls_message(url, e.reason, conn)) from None
+        raise
+    except ssl.SSLError as e:
+        raise MtpBenchError(tls_message(url, e, conn)) from None
     except (http.client.HTTPException, ValueError) as e:  # e.g. a port that speaks another protocol
         raise OSError(f"not an HTTP answer ({type(e).__name__})") from None
 
 
-def read_metrics(base_url: str) -> dict:
-    status, text = http_get(base_url + "/metrics")
+def http_get(url: str, timeout: float = HTTP_TIMEOUT_S, conn=None) -> tuple[int, str]:
+    """(status, body); see ``fetch``."""
+    status, body, _ = fetch(url, conn, timeout)
+    return status, body
+
+
+def read_metrics(target) -> dict:
+    """The counters at a server's /metrics (``target``: a ``Connection``, or an open server's base URL)."""
+    from mtpbench.connection import as_connection
+
+    conn = as_connection(target)
+    status, text = http_get(conn.metrics_url, conn=conn)
     if status != 200:
-        raise RuntimeError(f"{base_url}/metrics answered HTTP {status}")
+        raise RuntimeError(f"{conn.metrics_url} answered HTTP {status}")
     return parse_metrics(text)
 
 
-def settled_metrics(base_url: str, before: dict, sent: int) -> tuple[dict, str | None]:
+def settled_metrics(target, before: dict, sent: int) -> tuple[dict, str | None]:
     """/metrics once ``vllm:request_success_total`` has counted the ``sent`` requests finished since
     ``before`` (the stat logger may count the last ones a moment after their final chunk went out), and
     what a reader must know when it had not within ``COUNTER_SETTLE_S`` (None when it had)."""
-    after = read_metrics(base_url)
+    after = read_metrics(target)
     end = time.monotonic() + COUNTER_SETTLE_S
     while after["num_requests_finished"] - before["num_requests_finished"] < sent and time.monotonic() < end:
         time.sleep(0.05)
-        after = read_metrics(base_url)
+        after = read_metrics(target)
     end = time.monotonic() + 1.0  # the running/waiting gauges may trail the counter by a step
     while after["num_requests_in_flight"] and time.monotonic() < end:
         time.sleep(0.05)
-        after = read_metrics(base_url)
+        after = read_metrics(target)
     counted = after["num_requests_finished"] - before["num_requests_finished"]
     if counted >= sent:
         return after, None
@@ -151,33 +184,98 @@ def settled_metrics(base_url: str, before: dict, sent: int) -> tuple[dict, str |
                    "of waiting: the counters read may miss the last steps (acceptance, foreign traffic)")
 
 
-def probe(base_url: str) -> dict:
-    """What a running server tells about itself; MtpBenchError when it is not a reachable vLLM server."""
+GENERIC_SERVERS = ("uvicorn", "hypercorn", "gunicorn", "nginx", "envoy", "caddy", "apache", "istio-envoy")
+
+
+def engine_name(headers: dict, version_body: str) -> str | None:
+    """What a server says it is: its ``Server`` header, unless that names only a web server or proxy, else
+    the ``/version`` answer's name fields. None when it says nothing."""
+    server = next((v for k, v in headers.items() if k.lower() == "server"), "") or ""
+    if server and not server.lower().startswith(GENERIC_SERVERS):
+        return server.strip()[:80]
     try:
-        status, text = http_get(base_url + "/v1/models")
+        info = json.loads(version_body)
+    except (json.JSONDecodeError, TypeError):
+        return None
+    if isinstance(info, dict):
+        for key in ("engine", "name", "server", "model_server"):
+            if isinstance(info.get(key), str):
+                return info[key][:80]
+    return None
+
+
+def probe(target) -> dict:
+    """What a running server tells about itself (``target``: a ``Connection``, or an open server's base URL);
+    MtpBenchError, one line naming the reason, when it cannot be measured: out of reach, TLS, an API key wanted
+    or refused, not the OpenAI API, not vLLM, or its /metrics out of reach."""
+    from mtpbench.connection import as_connection
+
+    conn = as_connection(target)
+    url = conn.base_url
+    try:
+        status, text, _ = fetch(url + "/v1/models", conn)
     except (OSError, urllib.error.URLError) as e:
         reason = getattr(e, "reason", e)
-        raise MtpBenchError(f"cannot reach a server at {base_url} ({reason})") from None
+        raise MtpBenchError(f"cannot reach a server at {url} ({reason})") from None
+    if status in (401, 403):
+        if conn.key_source:
+            raise MtpBenchError(f"the server at {url} refused the API key from {conn.key_source} (HTTP {status}): "
+                                "check its value, or a gateway header it wants (--header-env 'Name=VAR')")
+        raise MtpBenchError(f"the server at {url} wants an API key (HTTP {status}); set OPENAI_API_KEY or "
+                            "--api-key-env NAME")
+    if 300 <= status < 400:
+        raise MtpBenchError(f"the server at {url} redirects /v1/models (HTTP {status}), and mtpbench does not follow "
+                            "redirects (they would carry the credentials elsewhere): give the URL it redirects to")
     models = []
     if status == 200:
         try:
             models = [m["id"] for m in json.loads(text).get("data", [])]
         except (json.JSONDecodeError, AttributeError, KeyError, TypeError):
             models = []
+    if not models:
+        raise MtpBenchError(f"{url} is not a vLLM server: it does not serve the OpenAI API (/v1/models answered HTTP {status}"
+                            f"{'' if status != 200 else ' without a model list'})")
+    version, version_body, v_headers = None, "", {}
     try:
-        m_status, m_text = http_get(base_url + "/metrics")
-    except OSError:
-        m_status, m_text = 0, ""
-    metrics = parse_metrics(m_text) if m_status == 200 else {"is_vllm": False}
-    if not models or not metrics["is_vllm"]:
-        raise MtpBenchError(f"{base_url} is not a vLLM server (needs /v1/models and vllm: counters at /metrics)")
-    version = None
-    try:
-        v_status, v_text = http_get(base_url + "/version")
-        version = json.loads(v_text).get("version") if v_status == 200 else None
+        v_status, version_body, v_headers = fetch(url + "/version", conn)
+        version = json.loads(version_body).get("version") if v_status == 200 else None
     except (OSError, json.JSONDecodeError, AttributeError):
         pass
+    metrics = _probe_metrics(conn, v_headers, version_body if version is not None else "")
     return {"model": models[0], "models": models, "vllm": version, "metrics": metrics}
+
+
+def _probe_metrics(conn, headers: dict, version_body: str) -> dict:
+    """vLLM's counters at ``conn.metrics_url``, or MtpBenchError saying why acceptance cannot be read there."""
+    from mtpbench.connection import origin
+
+    where = conn.metrics_url
+    elsewhere = origin(where) != origin(conn.base_url)
+    offer = ("give another with --metrics-url URL" if elsewhere else
+             "give the engine's own with --metrics-url URL (e.g. its port behind the gateway)")
+    try:
+        status, text, m_headers = fetch(where, conn)
+    except (OSError, urllib.error.URLError) as e:
+        status, text, m_headers, why = None, "", {}, f"unreachable: {getattr(e, 'reason', e)}"
+    else:
+        why = f"HTTP {status}"
+    hint = ""
+    if elsewhere and status in (401, 403) and conn.credentials and not conn.metrics_credentials:
+        hint = " (no credentials were sent to that origin; --metrics-credentials sends them)"
+    if status != 200:
+        raise MtpBenchError(f"{conn.base_url} answers the OpenAI routes, but its /metrics at {where} cannot be read "
+                            f"({why}){hint}: acceptance cannot be read through this URL; {offer}")
+    try:
+        metrics = parse_metrics(text)
+    except MtpBenchError:
+        raise MtpBenchError(f"{where} answered, but not with Prometheus text: acceptance cannot be read through this "
+                            f"URL; {offer}") from None
+    if not metrics["is_vllm"]:
+        name = engine_name(headers, version_body) or engine_name(m_headers, "")
+        says = f" (it says it is {name})" if name else ""
+        raise MtpBenchError(f"{conn.base_url} serves the OpenAI API but is not vLLM{says}: no vllm: counters at "
+                            f"{where}; if vLLM runs behind a gateway there, {offer}")
+    return metrics
 
 
 def wait_healthy(base_url: str, alive, timeout_s: float) -> None:
@@ -295,11 +393,21 @@ def attached_runner() -> dict:
     return {"runner": UNKNOWN, "drafter": None, "interpreted": None, "notes": []}
 
 
+def connection_facts(conn) -> dict:
+    """What a result may keep about how a server was reached: names, never a value."""
+    return {"tls_verified": None if not conn.base_url.startswith("https://") else not conn.insecure,
+            "api_key_from": conn.key_source, "headers": sorted(conn.credentials), "metrics_url": conn.metrics_url,
+            "credentials_to_metrics_url": conn.sends_credentials(conn.metrics_url)}
+
+
 class Server:
     """One launched server, or an attached one (``guard`` None)."""
 
-    def __init__(self, base_url: str, model: str, guard=None):
+    def __init__(self, base_url: str, model: str, guard=None, conn=None):
+        from mtpbench.connection import Connection
+
         self.base_url, self.model, self.guard = base_url, model, guard
+        self.conn = conn or Connection.open(base_url)  # a launched server: open, on loopback
 
     def stop(self) -> None:
         if self.guard is not None:
@@ -325,6 +433,10 @@ class VllmServerBackend:
 
         self.cfg = cfg
         self.dtype_name = None if cfg.dtype == "auto" else cfg.dtype  # a server does not say which it ran
+        if cfg.server:
+            from mtpbench.connection import connect
+
+            self.conn = connect(cfg, self.baseline_server)  # credentials and TLS; MtpBenchError on bad input
         if cfg.server and self.baseline_server:
             self._attach_pair(cfg)
         if cfg.server:
@@ -332,7 +444,7 @@ class VllmServerBackend:
                 raise MtpBenchError("--server measures the server as it runs: give one --mtp-layers value or none "
                                     f"(got {','.join(map(str, cfg.mtp_layers))})")
             url = cfg.server.rstrip("/")
-            info = probe(url)
+            info = probe(self.conn)
             m = info["metrics"]
             k_server = m["num_positions"] if m["spec_decode"] else 0
             if m["spec_decode"] and not m["num_positions"]:
@@ -350,12 +462,15 @@ class VllmServerBackend:
             if k_server is None and not given:
                 raise MtpBenchError(f"the server at {url} drafts but does not expose k: give it with --k")
             k = k_server if k_server is not None else cfg.k[0]
-            self.server = Server(url, info["model"])
+            self.server = Server(url, info["model"], conn=self.conn)
             self.ran = attached_runner()
             self.facts = {"engine": "vllm-server", "attached": True, "server": cfg.server, "model": info["model"],
                           "vllm": info["vllm"], "k": k,
                           "k_source": "server /metrics" if k_server is not None else "--k as given",
-                          "mtp_layers": cfg.mtp_layers[0] if cfg.mtp_layers else None}
+                          "mtp_layers": cfg.mtp_layers[0] if cfg.mtp_layers else None,
+                          "connection": connection_facts(self.conn)}
+            if self.conn.insecure:
+                self.facts["notes"] = self.conn.notes()
         else:
             if cfg.server_port and port_taken(cfg.server_port):
                 raise MtpBenchError(f"port {cfg.server_port} on 127.0.0.1 is already in use")
@@ -385,8 +500,8 @@ class VllmServerBackend:
         run = self._measure(cfg, point, prompts)
         run.startup_s, run.mtp_weight_bytes = startup, weights
         ran = dict(self.ran)
-        run.notes = notes + ran.pop("notes") + run.notes
-        run.engine = {**{k: v for k, v in self.facts.items() if k != "gpu_telemetry"}, **ran}
+        run.notes = self.server.conn.notes() + notes + ran.pop("notes") + run.notes
+        run.engine = {**{k: v for k, v in self.facts.items() if k not in ("gpu_telemetry", "notes")}, **ran}
         return run
 
     def close(self) -> None:
@@ -405,22 +520,24 @@ class VllmServerBackend:
         """An attached check: the --server must draft and the --baseline-server must not. MtpBenchError
         (nothing written yet) when either is out of reach or the wrong kind."""
         url, base = cfg.server.rstrip("/"), self.baseline_server.rstrip("/")
-        m = probe(url)["metrics"]
+        m = probe(self.conn)["metrics"]
         if not m["spec_decode"]:
             raise MtpBenchError(f"the --server at {url} does not draft (no vllm:spec_decode counters at /metrics): "
                                 "check-lossless needs it started with a --speculative-config; its twin without "
                                 "drafting goes to --baseline-server")
+        base_conn = self.conn.for_server(base)  # the same credentials: both servers are the user's
         try:
-            info = probe(base)
+            info = probe(base_conn)
         except MtpBenchError as e:
             raise MtpBenchError(f"--baseline-server: {e}") from None
         if info["metrics"]["spec_decode"]:
             k = info["metrics"]["num_positions"] or "unknown"
             raise MtpBenchError(f"the --baseline-server at {base} drafts (num_speculative_tokens={k}): it must "
                                 "serve the same model without a --speculative-config")
-        self.baseline = Server(base, info["model"])
+        self.baseline = Server(base, info["model"], conn=base_conn)
         self.baseline_facts = {"engine": "vllm-server", "attached": True, "server": base, "model": info["model"],
-                               "vllm": info["vllm"], "k": 0, **attached_runner()}
+                               "vllm": info["vllm"], "k": 0, "connection": connection_facts(base_conn),
+                               **attached_runner()}
 
     def _check_server(self, k: int, seed: int, overrides: dict | None = None) -> tuple[Server, dict]:
         """The server of an arm at k (0: the baseline) and its facts; a launched one starts on first use,
@@ -488,7 +605,7 @@ class VllmServerBackend:
         from mtpbench.loadgen import post_all
 
         answers = post_all(server.base_url + "/v1/completions", [{"model": server.model, **b} for b in bodies],
-                           concurrency)
+                           concurrency, conn=server.conn)
         errors = [e for _, e in answers if e]
         if errors:
             if "max allowed" in errors[0] and any(b.get("prompt_logprobs") == -1 for b in bodies):
@@ -510,14 +627,14 @@ class VllmServerBackend:
         server, facts = self._check_server(k, seed, speculative_overrides)
         bodies = [{"prompt": list(p), "max_tokens": max_tokens, "temperature": temperature, "ignore_eos": True,
                    "return_token_ids": True} for p in ids for _ in range(n)]
-        before = read_metrics(server.base_url)
+        before = read_metrics(server.conn)
         choices = self._complete(server, bodies, batch_size or cfg.batch_size)
-        after, late = settled_metrics(server.base_url, before, len(bodies))
+        after, late = settled_metrics(server.conn, before, len(bodies))
         if any(c.get("token_ids") is None for c in choices):
             raise RuntimeError(f"{server.base_url} returned no token ids (return_token_ids): is it a vLLM server?")
         self.last_counters = counter_delta(before, after, k) if k > 0 else None
         self.last_engine = {**facts, "concurrency": batch_size or cfg.batch_size,
-                            "notes": [late] if late else []}
+                            "notes": server.conn.notes() + ([late] if late else [])}
         toks = [list(c["token_ids"]) for c in choices]
         return [toks[i * n: (i + 1) * n] for i in range(len(ids))]
 
@@ -657,12 +774,13 @@ class VllmServerBackend:
         notes a point measured after it must carry."""
         from mtpbench.loadgen import run_load
 
-        before = read_metrics(self.server.base_url)
+        before = read_metrics(self.server.conn)
         result = run_load(self.server.base_url, self.server.model, (prompts * n)[:n], api=cfg.api,
-                          max_tokens=WARMUP_TOKENS, temperature=0.0, seed=cfg.seed, concurrency=n)
+                          max_tokens=WARMUP_TOKENS, temperature=0.0, seed=cfg.seed, concurrency=n,
+                          conn=self.server.conn)
         if result.errors:
             raise RuntimeError(f"warm-up request failed: {result.errors[0]}")
-        _, late = settled_metrics(self.server.base_url, before, n)  # so no warm-up count lands in the window
+        _, late = settled_metrics(self.server.conn, before, n)  # so no warm-up count lands in the window
         return [f"warm-up: {late}; the rest may land in the first window, as foreign traffic"] if late else []
 
     # -- one load point -------------------------------------------------------------------------------
@@ -689,14 +807,15 @@ class VllmServerBackend:
         from mtpbench.loadgen import run_load
 
         base, s = self.server.base_url, self.server
-        before = read_metrics(base)
+        before = read_metrics(s.conn)
         with sampler if sampler is not None else nullcontext():
             load = run_load(base, s.model, prompts, api=cfg.api, max_tokens=cfg.max_tokens,
                             temperature=cfg.temperature, seed=cfg.seed, concurrency=point.concurrency or 1,
-                            request_rate=point.request_rate if point.request_rate is not None else math.inf)
+                            request_rate=point.request_rate if point.request_rate is not None else math.inf,
+                            conn=s.conn)
         if load.errors:
             raise RuntimeError(f"{len(load.errors)} of {len(prompts)} requests failed; first: {load.errors[0]}")
-        after, late = settled_metrics(base, before, len(prompts))
+        after, late = settled_metrics(s.conn, before, len(prompts))
         if any(after[c] < before[c] for c in ("num_requests_finished", "num_drafts", "num_generation_tokens")):
             raise RuntimeError("the server's counters went backwards during the window: was it restarted?")
         # requests of others active in the window: those that finished in it, and those still in flight
