@@ -83,6 +83,9 @@ def as_connection(target) -> Connection:
     return target if isinstance(target, Connection) else Connection.open(target)
 
 
+SECRET_HEADERS = ("authorization", "proxy-authorization", "cookie", "x-api-key", "api-key")
+
+
 def parse_header(text: str) -> tuple[str, str]:
     """``'Name: value'`` -> (name, value); MtpBenchError naming the header, never its value."""
     name, sep, value = text.partition(":")
@@ -90,6 +93,10 @@ def parse_header(text: str) -> tuple[str, str]:
     if not sep or not _token(name):
         raise MtpBenchError(f"--header takes 'Name: value', got one without a valid name before ':' "
                             f"({name[:40]!r})" if sep else "--header takes 'Name: value' (no ':' in it)")
+    if name.lower() in SECRET_HEADERS:
+        raise MtpBenchError(f"--header {name}: a credential on the command line shows in ps and shell history: give "
+                            f"it with --header-env '{name}=VAR'" + (" or OPENAI_API_KEY" if name.lower() == "authorization"
+                                                                    else ""))
     if "\n" in value or "\r" in value:
         raise MtpBenchError(f"--header {name}: its value holds a line break")
     return name, value.strip()

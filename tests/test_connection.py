@@ -346,6 +346,9 @@ def test_cli_refuses_header_without_server_and_never_echoes_values(tmp_path):
     assert r.exit_code == 2 and "describe a server you attach to" in r.output and GATEWAY not in r.output
     r = CliRunner().invoke(app, ["check-lossless", "--header", f"no colon {GATEWAY}", "--out", str(tmp_path / "o")])
     assert r.exit_code == 2 and "--header takes 'Name: value'" in r.output and GATEWAY not in r.output
+    r = CliRunner().invoke(app, ["sweep", "--server", "http://h", "--header", f"Authorization: Bearer {KEY}",
+                                 "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "--header-env 'Authorization=VAR' or OPENAI_API_KEY" in r.output and KEY not in r.output
     assert not (tmp_path / "o").exists()
 
 
