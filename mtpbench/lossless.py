@@ -435,6 +435,8 @@ def summary(record: dict) -> str:
         head += "drafting arm: " + "; ".join(facts) + "\n"
     if ran.get("sampler_fault") and c["temperature"] > 0:  # VllmBackend's probe of the engine's own sampler
         head += f"known fault of this vLLM build: {ran['sampler_fault']}\n"
+    for note in record["engine"].get("notes") or []:  # e.g. TLS verification off (--insecure)
+        head += f"note: {note}\n"
     if record["kind"] == "greedy":
         lines = [f"- identical to k = 0: {record['identical_share']:.1%} of prompts; divergent "
                  f"{record['num_divergent']}, numerical {record['num_numerical']}",

@@ -89,6 +89,10 @@ def test_greedy_check_on_the_builtin_model_is_lossless_and_writes_three_files(tm
     assert [len(p["spec_tokens"]) for p in rec["per_prompt"]] == [8, 8]
     assert rec["config"]["k"] == 2 and rec["provenance"]["git_sha"] is not None
     assert "check-lossless: lossless" in r.output
+    from mtpbench.lossless import summary
+
+    rec["engine"]["notes"] = ["TLS verification was off (--insecure)"]  # e.g. an attached server's
+    assert "note: TLS verification was off (--insecure)" in summary(rec)
 
 
 @pytest.fixture(scope="module")
