@@ -125,6 +125,8 @@ def connection_options(api_key_env, header, header_env, ca_cert, insecure, metri
     try:
         for text in header or []:
             name, value = parse_header(text)
+            if name.lower() in (n.lower() for n in values):
+                raise MtpBenchError(f"--header {name} is given twice: give it once")
             values[name] = value
     except MtpBenchError as e:
         fail(str(e))
@@ -464,7 +466,7 @@ def check_lossless(
                               mode=None if mode is None else (mode,),
                               mtp_layers=None if mtp_layers is None else (mtp_layers,), prompts=prompts,
                               num_prompts=num_prompts, max_tokens=max_tokens, temperature=temperature,
-                              batch_size=batch_size, seed=seed, device=device, dtype=dtype, runner=runner,
+                              batch_size=batch_size, seed=seed, device=device, dtype="auto" if server and dtype is None else dtype, runner=runner,
                               max_model_len=max_model_len, engine_args=extra, server=server, out=out, **reach),
                          None, CHECK_DEFAULTS)
         engine = replace(engine, header_values=header_values)

@@ -106,9 +106,16 @@ def parse_header_env(text: str) -> tuple[str, str]:
     """``'Name=VAR'`` -> (name, VAR)."""
     name, sep, var = text.partition("=")
     name, var = name.strip(), var.strip()
-    if not sep or not _token(name) or not var:
-        raise MtpBenchError(f"--header-env takes 'Name=VAR' (a header name and an environment variable), got {text!r}")
+    if not sep or not _token(name) or not _variable(var):
+        # never echo the text: a value pasted in place of a variable's name is a secret
+        raise MtpBenchError("--header-env takes 'Name=VAR' (a header name and the name of an environment variable "
+                            "that holds its value)" + (f", got one for header {name!r}" if sep and _token(name) else ""))
     return name, var
+
+
+def _variable(name: str | None) -> bool:
+    """An environment variable's name (not a value pasted in its place)."""
+    return bool(name) and (name[0].isalpha() or name[0] == "_") and all(c.isalnum() or c == "_" for c in name)
 
 
 def _token(name: str) -> bool:
@@ -140,6 +147,9 @@ def check_options(cfg, baseline_server: str | None = None) -> None:
         raise MtpBenchError("--ca-cert verifies the server's certificate and --insecure skips verification: give one")
     if cfg.ca_cert and not os.path.isfile(cfg.ca_cert):
         raise MtpBenchError(f"--ca-cert {cfg.ca_cert}: no such file")
+    if cfg.api_key_env is not None and not _variable(cfg.api_key_env):
+        raise MtpBenchError("--api-key-env takes the name of an environment variable that holds the key, not the key "
+                            "itself (which is not echoed here)")
     if cfg.metrics_credentials and not cfg.metrics_url:
         raise MtpBenchError("--metrics-credentials sends the credentials to --metrics-url's origin: give --metrics-url")
     missing = [n for n in cfg.header if n not in cfg.header_values]
@@ -166,15 +176,17 @@ def connect(cfg, baseline_server: str | None = None, environ=None) -> Connection
     key = env.get(key_var)
     if cfg.api_key_env and not key:
         raise MtpBenchError(f"--api-key-env {key_var}: that environment variable is not set (or empty)")
+    from_env = [parse_header_env(text) for text in cfg.header_env]
+    if key and any(name.lower() == "authorization" for name, _ in from_env):
+        raise MtpBenchError(f"Authorization is given twice: by the API key in {key_var} and by --header-env: give one")
     if key:
-        creds["Authorization"] = f"Bearer {key}"
+        creds["Authorization"] = f"Bearer {_one_line(key, key_var)}"
     for name in cfg.header:
         creds[name] = cfg.header_values[name]
-    for text in cfg.header_env:
-        name, var = parse_header_env(text)
+    for name, var in from_env:
         if not env.get(var):
             raise MtpBenchError(f"--header-env {name}={var}: the environment variable {var} is not set (or empty)")
-        creds[name] = env[var]
+        creds[name] = _one_line(env[var], var)
     origins = {origin(cfg.server)} | ({origin(baseline_server)} if baseline_server else set())
     if cfg.metrics_url and cfg.metrics_credentials:
         origins.add(origin(cfg.metrics_url))
@@ -182,6 +194,16 @@ def connect(cfg, baseline_server: str | None = None, environ=None) -> Connection
     return Connection(base, cfg.metrics_url or base + "/metrics", creds, frozenset(origins),
                       ssl_context(cfg.ca_cert, cfg.insecure), cfg.insecure, key_var if key else None,
                       cfg.metrics_credentials)
+
+
+def _one_line(value: str, var: str) -> str:
+    """A header value from the environment, stripped; one holding a line break (a secret file's last newline
+    inside the value, say) is refused, naming the variable, never the value."""
+    value = value.strip()
+    if "\n" in value or "\r" in value:
+        raise MtpBenchError(f"the environment variable {var} holds a line break inside its value: a header value is "
+                            "one line")
+    return value
 
 
 def ssl_context(ca_cert: str | None = None, insecure: bool = False) -> ssl.SSLContext:
@@ -197,7 +219,7 @@ def ssl_context(ca_cert: str | None = None, insecure: bool = False) -> ssl.SSLCo
         raise MtpBenchError(f"--ca-cert {ca_cert}: not a readable PEM certificate ({e})") from None
 
 
-def tls_message(url: str, err, conn: Connection) -> str:
+def tls_message(url: str, err) -> str:
     """One line for a TLS failure at ``url``: the verification error, and how to pass a CA."""
     reason = getattr(err, "verify_message", None) or getattr(err, "reason", None) or str(err)
     if isinstance(err, ssl.SSLCertVerificationError) or "CERTIFICATE_VERIFY_FAILED" in str(err):

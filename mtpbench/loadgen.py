@@ -71,8 +71,20 @@ def _session(url: str, conn, **kwargs) -> aiohttp.ClientSession:
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60,
                                      ssl=conn.ssl_context if conn is not None and conn.ssl_context else True)
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S, sock_read=IDLE_TIMEOUT_S)
-    # proxies from the environment apply to remote servers only, as for any HTTP client
-    return aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=not is_loopback(url), **kwargs)
+    # the environment's proxy for a remote server, as any HTTP client; never aiohttp's trust_env, which also
+    # reads ~/.netrc and then refuses every request that carries the API key ("Cannot combine AUTHORIZATION ...")
+    return aiohttp.ClientSession(connector=connector, timeout=timeout, proxy=env_proxy(url), **kwargs)
+
+
+def env_proxy(url: str) -> str | None:
+    """The proxy the environment names for ``url`` (``https_proxy``, ``http_proxy``, ``no_proxy``), None for a
+    loopback server or none named. urllib's opener in ``vllm_server.fetch`` asks the same."""
+    import urllib.request
+
+    host = urlparse(url).hostname or ""
+    if is_loopback(url) or urllib.request.proxy_bypass(host):
+        return None
+    return urllib.request.getproxies().get(urlparse(url).scheme)
 
 
 def _headers(url: str, conn) -> dict:

@@ -165,13 +165,15 @@ def check_config(cfg: CheckConfig) -> None:
         raise MtpBenchError(f"--samples-per-prompt must be >= 1, got {cfg.samples_per_prompt}")
     if e.context_tokens:
         raise MtpBenchError("--context-tokens is a sweep dimension: check-lossless runs without held-out text")
+    if cfg.greedy and e.backend == "vllm-server" and e.dtype == "auto":
+        raise MtpBenchError("--dtype auto: a server does not report the dtype it runs, and greedy's numerical "
+                            "threshold hangs on it: give --dtype (the server's)")
     validate(e, None if e.server else e.num_mtp_layers())  # an attached server's model is remote
     check_overrides(cfg)
 
 
 def check_overrides(cfg: CheckConfig) -> None:
     """Speculative overrides a runner is known to refuse only at generate time, refused before loading."""
-    from mtpbench.config import with_runner
     from mtpbench.runners import cpu_build
 
     method = (cfg.speculative_overrides or {}).get("rejection_sample_method")
@@ -286,11 +288,13 @@ def run_greedy(backend, cfg: CheckConfig, ids: list[list[int]], prompt_ids: list
     div = [_divergence(d, threshold) for d in backend.greedy_divergences(ids, k0, spec)]
     aa_rows = [_divergence(d) for d in aa_div]
     identical = [d is None and len(a) == len(b) for d, a, b in zip(div, k0, spec)]
+    # one run stopped sooner than the other, the tokens they share equal: a difference with no token to judge
+    length_only = sum(d is None and len(a) != len(b) for d, a, b in zip(div, k0, spec))
     per_prompt = [{"prompt_id": pid, "identical": same, "k0_tokens": a, "spec_tokens": b, "divergence": d,
                    "aa_identical": ad is None, "aa_divergence": ad}
                   for pid, same, a, b, d, ad in zip(prompt_ids, identical, k0, spec, div, aa_rows)]
     return {
-        "verdict": greedy_verdict(div),
+        "verdict": DIVERGENT if length_only else greedy_verdict(div), "num_length_differences": length_only,
         "identical_share": sum(identical) / len(identical),
         "num_prompts": len(ids),
         "num_divergent": sum(d is not None and d["class"] == DIVERGENT_CLASS for d in div),
@@ -314,9 +318,13 @@ def run_sampling(backend, cfg: CheckConfig, ids: list[list[int]], prompt_ids: li
     rows = [p for p in ids for _ in range(n)]
     strata = [i for i in range(len(ids)) for _ in range(n)]
     seeds = dict(zip(("off", "on", "off_aa"), arm_seeds(e.seed)))
-    names, log, drawn = ("off", "on", "off_aa"), [], {}
-    for name, k in zip(names, (0, cfg.k, 0)):
-        toks = generate(backend, cfg, ids, k, seeds[name], n=n, log=log)
+    names, log, drawn = ("off", "on", "off_aa"), {}, {}
+    # drawn A/A first: on two attached servers of one engine seed (vLLM's default, 0; requests carry none), the
+    # drafting server's first draws line up with the baseline's first, the A/A arm's, never the tested off arm's
+    for name, k in (("off_aa", 0), ("off", 0), ("on", cfg.k)):
+        arm_log: list = []
+        toks = generate(backend, cfg, ids, k, seeds[name], n=n, log=arm_log)
+        log[name] = arm_log[0]
         drawn[name] = [i for i, t in enumerate(toks) if t], toks  # an empty continuation has nothing to score
     # one teacher-forced pass scores all three arms (on vLLM: one scoring engine, not three)
     lps = iter(backend.target_logprobs([rows[i] for name in names for i in drawn[name][0]],
@@ -347,7 +355,7 @@ def run_sampling(backend, cfg: CheckConfig, ids: list[list[int]], prompt_ids: li
         "verdict": SAMPLING_LOSSLESS if verdict == stats.LOSSLESS else verdict, "why": why,
         "test": None if ab is None else asdict(ab), "aa_test": None if aa is None else asdict(aa),
         "alpha": stats.ALPHA, "alpha_aa": stats.ALPHA_AA, "arm_seeds": seeds,
-        "arms": dict(zip(("off", "on", "off_aa"), log)),
+        "arms": {name: log[name] for name in names},
         "num_prompts": len(ids), "samples_per_prompt": n, "per_prompt": per_prompt,
     }
 
@@ -370,12 +378,9 @@ def run_check(cfg: CheckConfig) -> dict:
     if e.backend == "vllm-server":
         backend.baseline_server = cfg.baseline_server
     engine = backend.start(e)
-    if e.server and not e.k:  # the attached server's own k
+    if e.server and not e.k:  # the attached server's own k (start refuses a --server that does not draft)
         e = replace(e, k=(backend.grid_k(),))
         cfg = replace(cfg, engine=e)
-        if not e.k[0]:
-            backend.close()
-            raise MtpBenchError(f"the server at {e.server} runs without speculative decoding: nothing to check")
     if e.backend == "native":
         import torch
 
@@ -439,7 +444,9 @@ def summary(record: dict) -> str:
         head += f"note: {note}\n"
     if record["kind"] == "greedy":
         lines = [f"- identical to k = 0: {record['identical_share']:.1%} of prompts; divergent "
-                 f"{record['num_divergent']}, numerical {record['num_numerical']}",
+                 f"{record['num_divergent']}, numerical {record['num_numerical']}"
+                 + (f", {record['num_length_differences']} of other length (the same tokens, one run stopped sooner)"
+                    if record.get("num_length_differences") else ""),
                  f"- numerical threshold: top-two margin <= {record['numerical_threshold']:.3g} (set by "
                  f"{record['numerical_threshold_source']}; dtype floor {record['dtype_floor']:.3g})",
                  f"- A/A control (k = 0 at batch sizes {record['aa_batch_sizes'][0]} and "

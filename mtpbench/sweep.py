@@ -283,8 +283,12 @@ def save_greedy_divergences(cfg: SweepConfig, backend, engine: dict, points: lis
             todo.append((p, d, differ))
     if not todo:
         return
+    why = None
     if not hasattr(backend, "greedy_divergences"):
         why = f"the {cfg.backend} backend has no k = 0 pass to read the target's logits from"
+    elif cfg.backend == "vllm-server" and cfg.api == "chat":
+        why = "--api chat: the server applied its own chat template, so the token ids the margins need are not known"
+    if why:
         for p, d, _ in todo:
             write_json(out / f"{p.name}.json", {**d, "greedy_divergences": {"unavailable": why}})
         return
@@ -296,8 +300,6 @@ def save_greedy_divergences(cfg: SweepConfig, backend, engine: dict, points: lis
     try:
         found = backend.greedy_divergences([ids[(p.context_tokens, pid)] for p, pid, _, _ in rows],
                                            [a for _, _, a, _ in rows], [b for _, _, _, b in rows])
-    except MtpBenchError:
-        raise
     except Exception as e:  # the margins are an addition to the points: their failure is said, not fatal
         found, why = None, f"the k = 0 pass for the margins failed ({type(e).__name__}: {e})"[:500]
     dtype = greedy_dtype(cfg, backend, engine)

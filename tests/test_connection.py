@@ -330,10 +330,55 @@ def test_tls_insecure_passes_with_its_note(fake, tls):
     (dict(server="http://h", api_key_env="NOT_SET_HERE"), "--api-key-env NOT_SET_HERE: that environment variable"),
     (dict(server="http://h", header_env=("X-A=NOT_SET_HERE",)), "NOT_SET_HERE is not set"),
     (dict(server="http://h", header=("X-A",)), "have no value"),
+    (dict(server="http://h", header_env=("X-A=VAR_A", "Authorization=VAR_A")), "Authorization is given twice"),
+    (dict(server="http://h", header_env=("X-A=VAR_B",)), "VAR_B holds a line break"),
 ])
 def test_connection_options_refused(kw, message):
     with pytest.raises(MtpBenchError, match=message):
-        connect(SweepConfig(backend="vllm-server", **kw), environ={})
+        connect(SweepConfig(backend="vllm-server", **kw),
+                environ={"OPENAI_API_KEY": KEY, "VAR_A": "a", "VAR_B": f"{SECRET_HEADER}\nsecond line"})
+
+
+def test_a_value_pasted_in_place_of_a_variable_name_is_not_echoed():
+    """--api-key-env and --header-env take variables' names: a key typed there instead is refused unechoed."""
+    for kw in (dict(api_key_env=KEY), dict(header_env=(f"X-Token: {KEY}",)), dict(header_env=(f"X-Token={KEY}",))):
+        with pytest.raises(MtpBenchError) as e:
+            connect(SweepConfig(backend="vllm-server", server="http://h", **kw), environ={})
+        assert KEY not in str(e.value) and "environment variable" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_secret_files_last_newline_is_stripped():
+    conn = connect(SweepConfig(backend="vllm-server", server="http://h"), environ={"OPENAI_API_KEY": KEY + "\n"})
+    assert conn.headers("http://h/v1/models") == {"Authorization": f"Bearer {KEY}"}
+
+
+def test_environment_proxies_apply_to_remote_servers_only(monkeypatch):
+    """Both clients ask loadgen.env_proxy: a loopback server never goes through a proxy (with the key on it),
+    and aiohttp's trust_env (which would also read ~/.netrc and then refuse every keyed request) is not used."""
+    from mtpbench.loadgen import env_proxy
+
+    monkeypatch.setenv("https_proxy", "http://proxy.example:3128")
+    monkeypatch.setenv("no_proxy", "skip.example")
+    assert env_proxy("https://llm.example/v1") == "http://proxy.example:3128"
+    assert env_proxy("https://127.0.0.1:8000") is None and env_proxy("https://skip.example") is None
+
+
+def test_a_launched_server_does_not_inherit_a_vllm_api_key(monkeypatch):
+    from mtpbench.backends.vllm_server import server_env
+
+    monkeypatch.setenv("VLLM_API_KEY", KEY)
+    assert "VLLM_API_KEY" not in server_env()
+
+
+def test_a_header_given_twice_is_refused():
+    from typer.testing import CliRunner
+
+    from mtpbench.cli import app
+
+    from conftest import one_line_error
+
+    r = CliRunner().invoke(app, ["sweep", "--server", "http://h", "--header", "X-A: 1", "--header", "x-a: 2"])
+    one_line_error(r, "--header x-a is given twice")
 
 
 def test_cli_refuses_header_without_server_and_never_echoes_values(tmp_path):
@@ -383,9 +428,10 @@ def test_a_served_sweep_writes_no_secret_anywhere(fake, tls, cert, tmp_path, mon
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
     monkeypatch.setenv("GW_SECRET", SECRET_HEADER)
     out = tmp_path / "o"
-    r = CliRunner().invoke(app, ["sweep", "--server", url, "--ca-cert", cert[0], "--header", f"X-Gateway: {GATEWAY}",
-                                 "--header-env", "X-Secret=GW_SECRET", "--num-prompts", "2", "--max-tokens", "3",
-                                 "--out", str(out)])
+    args = ["sweep", "--server", url, "--ca-cert", cert[0], "--header", f"X-Gateway: {GATEWAY}",
+            "--header-env", "X-Secret=GW_SECRET", "--num-prompts", "2", "--max-tokens", "3", "--out", str(out)]
+    monkeypatch.setattr("sys.argv", ["mtpbench", *args])  # provenance records argv: the real command line
+    r = CliRunner().invoke(app, args)
     assert r.exit_code == 0, r.output
     posts = [hd for p, hd in h.seen if p == "/v1/completions"]
     assert posts and all(auth_of(hd) == f"Bearer {KEY}" and hd.get("X-Gateway") == GATEWAY

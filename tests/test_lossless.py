@@ -34,6 +34,9 @@ def run(*args):
     (["--server", "http://127.0.0.1:9", "--backend", "vllm"], "--server checks a running vLLM server"),
     (["--server", "http://127.0.0.1:9"], "an attached --server has a fixed k and no drafting-off arm"),
     (["--backend", "vllm-server", "--baseline-server", "http://127.0.0.1:9"], "--baseline-server is the drafting-off arm"),
+    (["--backend", "vllm-server", "--temperature", "0", "--dtype", "auto"], "--dtype auto: a server does not report"),
+    (["--server", "http://127.0.0.1:9", "--baseline-server", "http://127.0.0.1:8", "--temperature", "0"],
+     "--dtype auto: a server does not report"),  # an attached server's dtype is not known unless given
     (["--server", "http://127.0.0.1:9", "--baseline-server", "http://127.0.0.1:8", "--speculative-config",
       '{"rejection_sample_method": "block"}'], "--speculative-config cannot change an attached --server's"),
     (["--runner", "v3", "--backend", "vllm"], "--runner must be one of v1, v2"),
@@ -136,3 +139,34 @@ def test_the_correct_engine_at_the_same_size_is_not_lossy(tmp_path, bad_drafter)
     rec = json.loads((out / "lossless.json").read_text())
     assert rec["verdict"] == "lossless (no difference detectable at this N)", rec["why"]
     assert rec["test"]["p_value"] >= 0.05
+
+
+def test_a_greedy_run_that_stops_sooner_is_not_called_lossless():
+    """The drafting arm's tokens equal k = 0's as far as they go, but one prompt's run stopped sooner: no token to
+    judge, yet not identical; the verdict must not be lossless (it used to be, beside an identical share < 1)."""
+    from dataclasses import replace as dc_replace
+
+    from mtpbench.config import SweepConfig
+    from mtpbench.engine import first_divergence
+    from mtpbench.lossless import CheckConfig, run_greedy
+
+    class Short:
+        dtype_name = "float32"
+
+        def sample_arm(self, cfg, ids, k, seed, n, temperature, max_tokens, speculative_overrides=None,
+                       batch_size=None):
+            return [[[5, 6, 7, 8][: 2 if (k and i == 1) else 4]] for i in range(len(ids))]
+
+        def greedy_divergences(self, ids, k0, spec):
+            assert all(first_divergence(a, b) is None for a, b in zip(k0, spec))
+            return [None] * len(ids)
+
+        def target_logprobs(self, ids, continuations, temperature):
+            return [[-1.0] * len(c) for c in continuations]
+
+        def logprob_noise(self, ids, continuations):
+            return 0.0
+
+    cfg = CheckConfig(dc_replace(SweepConfig(), k=(2,), temperature=0.0, max_tokens=4))
+    rec = run_greedy(Short(), cfg, [[1], [2]], ["a", "b"])
+    assert rec["verdict"] == "divergent" and rec["num_length_differences"] == 1 and rec["identical_share"] == 0.5

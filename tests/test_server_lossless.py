@@ -29,8 +29,9 @@ EXPAND_FIX = Path(__file__).parent / "vllm_cpu_expand_fix"
 
 
 def check(*args: str):
-    """Attached checks give no --k: the drafting server's own (2) is taken."""
-    return CliRunner().invoke(app, ["check-lossless", *TINY, *args])
+    """Attached checks give no --k: the drafting server's own (2) is taken; --dtype: the servers' (a server does
+    not report it, and greedy's numerical threshold needs it)."""
+    return CliRunner().invoke(app, ["check-lossless", *TINY, "--dtype", "float32", *args])
 
 
 def test_launched_greedy_check_starts_and_stops_both_servers(tmp_path):

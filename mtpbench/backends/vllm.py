@@ -233,10 +233,11 @@ class VllmBackend:
             kwargs["speculative_config"] = {**kwargs["speculative_config"], **speculative_overrides}
         kwargs.update(engine_extra or {})
         runner = cfg.runner
-        if op["op"] in ("score", "margins") and runner and interpreted(runner):
+        if op["op"] in ("score", "margins", "noise") and runner and interpreted(runner):
             # the scorer reads the target's log-probs, which the runner does not change, and for the permutation
             # test it need only be one fixed function of the tokens: Model Runner V2 through Triton's interpreter
-            # would take minutes for the same numbers, so the runner vLLM picks here by itself scores
+            # would take minutes for the same numbers, so the runner vLLM picks here by itself scores (and
+            # measures the margins and their rounding noise, on one runner)
             runner = default_runner()
         data = call_worker({"config": cfg.to_json(), "k": k, "engine_kwargs": kwargs, "runner": runner,
                             "prompts": [], "lossless": op})

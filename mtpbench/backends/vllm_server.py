@@ -124,11 +124,15 @@ def fetch(url: str, conn=None, timeout: float = HTTP_TIMEOUT_S) -> tuple[int, st
     """(status, body, response headers) of a GET with ``conn``'s headers for ``url``'s origin and its TLS
     context (``mtpbench.connection``); MtpBenchError for a TLS failure (its reason and how to pass a CA);
     OSError when nothing usable answered (refused, timed out, not HTTP at all)."""
+    from urllib.parse import urlsplit
+
     from mtpbench.connection import as_connection, tls_message
+    from mtpbench.loadgen import env_proxy
 
     conn = as_connection(conn if conn is not None else url)
     req = urllib.request.Request(url, headers={"Accept": "*/*", **conn.headers(url)})
-    handlers = [_NoRedirect()]
+    proxy = env_proxy(url)  # as the load generator's sessions: none for loopback, so credentials stay local
+    handlers = [_NoRedirect(), urllib.request.ProxyHandler({urlsplit(url).scheme: proxy} if proxy else {})]
     if url.startswith("https://"):
         handlers.append(urllib.request.HTTPSHandler(context=conn.ssl_context))
     opener = urllib.request.build_opener(*handlers)
@@ -139,10 +143,10 @@ def fetch(url: str, conn=None, timeout: float = HTTP_TIMEOUT_S) -> tuple[int, st
         return e.code, "", dict(e.headers or {})
     except urllib.error.URLError as e:
         if isinstance(e.reason, ssl.SSLError):
-            raise MtpBenchError(tls_message(url, e.reason, conn)) from None
+            raise MtpBenchError(tls_message(url, e.reason)) from None
         raise
     except ssl.SSLError as e:
-        raise MtpBenchError(tls_message(url, e, conn)) from None
+        raise MtpBenchError(tls_message(url, e)) from None
     except (http.client.HTTPException, ValueError) as e:  # e.g. a port that speaks another protocol
         raise OSError(f"not an HTTP answer ({type(e).__name__})") from None
 
@@ -358,7 +362,11 @@ def server_command(args: dict, port: int) -> list[str]:
 def server_env(model_dir=None, runner: str | None = None) -> dict:
     """A launched server's environment: the offline engine's for this model and model runner (for V2 on a
     CPU the Triton-interpreter shim, which the server's engine-core processes inherit)."""
-    return engine_env(model_dir, runner)
+    env = engine_env(model_dir, runner)
+    # a launched server is open on loopback (mtpbench sends it no key): a VLLM_API_KEY in the user's shell would
+    # make it answer 401 to mtpbench itself
+    env.pop("VLLM_API_KEY", None)
+    return env
 
 
 V2_LOG_LINE = "Using V2 Model Runner"  # vLLM's workers (cpu_worker, gpu_worker) log it once when V2 runs
