@@ -193,8 +193,10 @@ def test_standard_rejection_sampling_on_v1_is_lossy_on_vllm_cpu_and_the_check_na
     assert [a["engine"]["engine_kwargs"].get("speculative_config") is not None for a in rec["arms"].values()] \
         == [False, True, False]
     if ran["sampler_fault"]:
+        # the shift's sign is the garbage's: logits divided by 1e21 sample near-uniform tokens (seen: -1.77
+        # nats/token), by 3e-12 near-argmax ones (seen: +0.36); either way the law moved
         assert rec["verdict"] == "lossy", rec["why"]
-        assert rec["test"]["logprob_diff"] < -0.5  # the drafting arm's tokens are far less likely under the target
+        assert abs(rec["test"]["logprob_diff"]) > 0.1
         assert "known fault of this vLLM build" in r.output and "_expand_kernel_impl" in r.output
     else:
         assert rec["verdict"].startswith("lossless"), rec["why"]
