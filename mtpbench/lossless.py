@@ -2,8 +2,10 @@
 
 Runs the same prompts with drafting off (k = 0) and on (k = K) and tests the promise of speculative decoding:
 * greedy (temperature 0): the same tokens. The share of prompts whose k = K tokens equal k = 0's; at each
-  first divergence the target's top-two logit margin from a teacher-forced k = 0 pass. A margin within what
-  rounding and batch composition can flip is ``numerical``, any other ``divergent`` (``numerical_threshold``).
+  first divergence, from a teacher-forced k = 0 pass, the target's logit of the k = 0 token minus that of the
+  token the drafting run emitted (the logit gap). A gap within what rounding and batch composition can flip is
+  ``numerical``, any other ``divergent`` (``numerical_threshold``; the top-two margin is recorded beside it). An
+  A/A control (k = 0 at two batch sizes) that diverges beyond that bound makes the check ``inconclusive``.
 * sampling (temperature > 0): the same law. Three arms with independent seeds (off, on, and off again as the
   A/A control), ``samples_per_prompt`` continuations of each prompt per arm, every sampled token scored by
   the target under its own prefix (teacher-forced k = 0, never the drafting run's own numbers); the
@@ -13,7 +15,7 @@ Output directory::
 
     lossless.json   config, provenance, engine facts, per-prompt details, tests (p-values, effect, MDE), verdict
     lossless.md     the one-screen summary the CLI prints
-    lossless.png    greedy: each divergence's margin against the threshold; sampling: per-prompt mean score per arm
+    lossless.png    greedy: each divergence's |logit gap| against the threshold; sampling: per-prompt mean score per arm
 
 Every backend runs it through one small protocol (``CheckBackend``, token ids everywhere): ``encode``,
 ``sample_arm``, ``target_logprobs``, ``logprob_noise`` and ``greedy_divergences``. ``planted_lossy`` switches on
@@ -52,16 +54,20 @@ DEFAULT_MAX_TOKENS = 64
 DEFAULT_BATCH_SIZE = 48
 CHECK_DEFAULTS = {"k": (2,), "mode": ("reuse",), "num_prompts": DEFAULT_PROMPTS, "max_tokens": DEFAULT_MAX_TOKENS,
                   "temperature": 1.0, "batch_size": DEFAULT_BATCH_SIZE, "out": "lossless"}
-# a greedy tie is "numerical" when its margin is within what rounding can flip. The floor: NUMERICAL_ULPS units
+# a greedy divergence is "numerical" when the logit gap between the k = 0 token and the token the drafting run
+# emitted is within what rounding can flip (the top-two margin says nothing about which token was emitted: at a
+# near-tie the drafting run may have emitted the 3rd-ranked token, far below). The bound: NUMERICAL_ULPS units
 # in the last place of a logit of magnitude LOGIT_SCALE in the model's dtype (float32: 3.1e-5, bfloat16: 2.0,
-# float16: 0.25); the logits' rounding error grows with every layer, so one ulp of the output would be too
-# tight. Above the floor the A/A control decides: NOISE_FACTOR x the largest change of a teacher-forced
-# log-prob between two batch compositions (a margin is a difference of two logits, each can move by it: x 2,
-# and x 2 again for noise the measured positions did not reach), and the largest margin an A/A divergence had.
+# float16: 0.25; the logits' rounding error grows with every layer, so one ulp of the output would be too
+# tight), or NOISE_FACTOR x the largest change of a teacher-forced log-prob between two batch compositions (a
+# gap is a difference of two logits, each can move by it: x 2, and x 2 again for noise the measured positions
+# did not reach), whichever is larger. An A/A divergence never raises it: one beyond it means the k = 0 engine
+# itself is not reproducible, and the check cannot vouch for anything (inconclusive).
 NUMERICAL_ULPS = 8
 LOGIT_SCALE = 32.0
 NOISE_FACTOR = 4.0
 GREEDY_LOSSLESS, DIVERGENT, NUMERICAL_ONLY = "lossless", "divergent", "numerical only"
+INCONCLUSIVE = stats.INCONCLUSIVE
 NUMERICAL, DIVERGENT_CLASS = "numerical", "divergent"
 SAMPLING_LOSSLESS = "lossless (no difference detectable at this N)"
 
@@ -233,32 +239,64 @@ def dtype_floor(dtype: str) -> float:
     return NUMERICAL_ULPS * torch.finfo(getattr(torch, dtype)).eps * LOGIT_SCALE
 
 
-def numerical_threshold(dtype: str, logprob_noise: float, aa_margins: list[float]) -> tuple[float, str]:
-    """The largest top-two margin rounding can flip here, and which of its three sources set it."""
-    parts = {"dtype": dtype_floor(dtype), "A/A log-prob noise": NOISE_FACTOR * logprob_noise,
-             "A/A divergence margin": max(aa_margins, default=0.0)}
+def numerical_threshold(dtype: str, logprob_noise: float) -> tuple[float, str]:
+    """The largest logit gap rounding can flip here, and which of its two sources set it (the dtype's floor or
+    the measured log-prob noise); an A/A divergence is judged against it, never added to it."""
+    parts = {"dtype": dtype_floor(dtype), "A/A log-prob noise": NOISE_FACTOR * logprob_noise}
     source = max(parts, key=parts.get)
     return parts[source], source
 
 
-def classify(margin: float, threshold: float) -> str:
-    return NUMERICAL if margin <= threshold else DIVERGENT_CLASS
+def classify(logit_gap: float | None, threshold: float | None) -> str | None:
+    """``numerical`` when the target's logit of the k = 0 token and that of the token the other run emitted
+    (``Divergence.logit_gap``) are within ``threshold`` of each other (either sign: a negative gap is a k = 0 run
+    that left the teacher-forced argmax), else ``divergent``; None (unclassified) when either is unknown. The
+    top-two margin plays no part: a near-tie at the top says nothing of a token emitted from further down."""
+    if logit_gap is None or threshold is None:
+        return None
+    return NUMERICAL if abs(logit_gap) <= threshold else DIVERGENT_CLASS
 
 
 def greedy_verdict(divergences: list[dict | None]) -> str:
+    """``divergent`` on any divergence beyond the threshold, else ``inconclusive`` on any unclassified one (no
+    logit gap), else ``numerical only``; ``lossless`` when there is none."""
     found = [d for d in divergences if d is not None]
     if not found:
         return GREEDY_LOSSLESS
-    return DIVERGENT if any(d["class"] == DIVERGENT_CLASS for d in found) else NUMERICAL_ONLY
+    if any(d["class"] == DIVERGENT_CLASS for d in found):
+        return DIVERGENT
+    return INCONCLUSIVE if any(d["class"] is None for d in found) else NUMERICAL_ONLY
 
 
-def _divergence(d, threshold: float | None = None) -> dict | None:
+def _divergence(d, threshold: float) -> dict | None:
     if d is None:
         return None
-    out = asdict(d)
-    if threshold is not None:
-        out["class"] = classify(d.margin, threshold)
-    return out
+    return {**asdict(d), "class": classify(d.logit_gap, threshold)}
+
+
+def _gap(d: dict) -> str:
+    return "unknown" if d.get("logit_gap") is None else f"{d['logit_gap']:.3g}"
+
+
+def aa_problem(aa_rows: list[tuple[str, dict | None, bool]], threshold: float, batch_sizes: list[int]) -> str | None:
+    """Why the greedy A/A control (k = 0 against k = 0 at another batch size) forbids a verdict, or None: a
+    divergence beyond the rounding bound (or one whose gap is unknown), or a run that stopped sooner with the
+    same tokens as far as it went (a difference with no token to bound). ``aa_rows``: prompt id, the A/A
+    divergence record (``_divergence``) or None, and whether the two runs' lengths differ."""
+    where = f"the A/A control (k = 0 at batch sizes {batch_sizes[0]} and {batch_sizes[1]})"
+    beyond = [(pid, d) for pid, d, _ in aa_rows if d is not None and d["class"] != NUMERICAL]
+    if beyond:
+        # the worst first: an unknown gap, else the largest
+        pid, d = max(beyond, key=lambda x: float("inf") if x[1]["logit_gap"] is None else abs(x[1]["logit_gap"]))
+        more = f" (and {len(beyond) - 1} more)" if len(beyond) > 1 else ""
+        return (f"{where} diverges beyond rounding: prompt {pid}, token {d['position']}, {d['k0_token']} vs "
+                f"{d['spec_token']}, logit gap {_gap(d)} > {threshold:.3g}{more}; the k = 0 engine is not "
+                "reproducible, so no divergence of the drafting arm can be told from it")
+    length = [pid for pid, d, differ in aa_rows if d is None and differ]
+    if length:
+        return (f"{where} differs in length on prompt(s) {', '.join(length)} (the same tokens, one run stopped "
+                "sooner): a difference of the k = 0 engine with no token to bound")
+    return None
 
 
 def threshold_dtype(backend, e: SweepConfig) -> str:
@@ -270,6 +308,20 @@ def threshold_dtype(backend, e: SweepConfig) -> str:
     if name is None:
         raise MtpBenchError("--dtype auto: the engine did not report the dtype it ran; give --dtype")
     return str(name).removeprefix("torch.")
+
+
+def greedy_why(divs: list[tuple[str, dict | None]], threshold: float) -> str:
+    """One line on the drafting arm's divergences: the first beyond the threshold, or the first unclassified."""
+    found = [(pid, d) for pid, d in divs if d is not None]
+    if not found:
+        return "the same tokens on every prompt"
+    for cls, what in ((DIVERGENT_CLASS, f"logit gap {{}} > {threshold:.3g}"), (None, "logit gap unknown ({})")):
+        hit = [(pid, d) for pid, d in found if d["class"] == cls]
+        if hit:
+            pid, d = hit[0]
+            return (f"prompt {pid}, token {d['position']}: the drafting run emitted {d['spec_token']} where k = 0 "
+                    f"emitted {d['k0_token']}, " + what.format(_gap(d)) + f" ({len(hit)} such of {len(found)})")
+    return f"all {len(found)} divergence(s) within rounding (|logit gap| <= {threshold:.3g})"
 
 
 def run_greedy(backend, cfg: CheckConfig, ids: list[list[int]], prompt_ids: list[str]) -> dict:
@@ -284,24 +336,36 @@ def run_greedy(backend, cfg: CheckConfig, ids: list[list[int]], prompt_ids: list
     # rounding noise of the target's own numbers: the same teacher-forced pass, all rows together and one by one
     noise = backend.logprob_noise(ids, k0)
     dtype = threshold_dtype(backend, e)
-    threshold, source = numerical_threshold(dtype, noise, [d.margin for d in aa_div if d is not None])
+    threshold, source = numerical_threshold(dtype, noise)
     div = [_divergence(d, threshold) for d in backend.greedy_divergences(ids, k0, spec)]
-    aa_rows = [_divergence(d) for d in aa_div]
+    aa_rows = [_divergence(d, threshold) for d in aa_div]  # judged against the same bound, never raising it
     identical = [d is None and len(a) == len(b) for d, a, b in zip(div, k0, spec)]
     # one run stopped sooner than the other, the tokens they share equal: a difference with no token to judge
     length_only = sum(d is None and len(a) != len(b) for d, a, b in zip(div, k0, spec))
     per_prompt = [{"prompt_id": pid, "identical": same, "k0_tokens": a, "spec_tokens": b, "divergence": d,
-                   "aa_identical": ad is None, "aa_divergence": ad}
-                  for pid, same, a, b, d, ad in zip(prompt_ids, identical, k0, spec, div, aa_rows)]
+                   "aa_identical": ad is None and len(a) == len(c), "aa_tokens": c, "aa_divergence": ad}
+                  for pid, same, a, b, c, d, ad in zip(prompt_ids, identical, k0, spec, aa, div, aa_rows)]
+    aa_why = aa_problem([(pid, ad, len(a) != len(c)) for pid, ad, a, c in zip(prompt_ids, aa_rows, k0, aa)],
+                        threshold, [bs, other])
+    if aa_why:
+        verdict, why = INCONCLUSIVE, aa_why
+    elif length_only:
+        verdict, why = DIVERGENT, (f"{length_only} prompt(s) of other length: the same tokens as far as they go, "
+                                   "one run stopped sooner")
+    else:
+        verdict, why = greedy_verdict(div), greedy_why(list(zip(prompt_ids, div)), threshold)
     return {
-        "verdict": DIVERGENT if length_only else greedy_verdict(div), "num_length_differences": length_only,
+        "verdict": verdict, "why": why, "num_length_differences": length_only,
         "identical_share": sum(identical) / len(identical),
         "num_prompts": len(ids),
         "num_divergent": sum(d is not None and d["class"] == DIVERGENT_CLASS for d in div),
         "num_numerical": sum(d is not None and d["class"] == NUMERICAL for d in div),
         "numerical_threshold": threshold, "numerical_threshold_source": source,
         "dtype_floor": dtype_floor(dtype), "threshold_dtype": dtype,
-        "aa_batch_sizes": [bs, other], "aa_identical_share": sum(d is None for d in aa_div) / len(aa_div),
+        "aa_batch_sizes": [bs, other],
+        "aa_identical_share": sum(p["aa_identical"] for p in per_prompt) / len(per_prompt),
+        "num_aa_numerical": sum(d is not None and d["class"] == NUMERICAL for d in aa_rows),
+        "num_aa_beyond_bound": sum(d is not None and d["class"] != NUMERICAL for d in aa_rows),
         "aa_logprob_noise": noise, "arms": dict(zip(("k0", "spec", "k0_aa"), log)),
         "per_prompt": per_prompt,
     }
@@ -447,16 +511,22 @@ def summary(record: dict) -> str:
                  f"{record['num_divergent']}, numerical {record['num_numerical']}"
                  + (f", {record['num_length_differences']} of other length (the same tokens, one run stopped sooner)"
                     if record.get("num_length_differences") else ""),
-                 f"- numerical threshold: top-two margin <= {record['numerical_threshold']:.3g} (set by "
+                 f"- numerical threshold: |logit gap| (the target's logit of the k = 0 token minus that of the "
+                 f"token the other run emitted) <= {record['numerical_threshold']:.3g} (set by "
                  f"{record['numerical_threshold_source']}; dtype floor {record['dtype_floor']:.3g})",
                  f"- A/A control (k = 0 at batch sizes {record['aa_batch_sizes'][0]} and "
-                 f"{record['aa_batch_sizes'][1]}): identical {record['aa_identical_share']:.1%}, teacher-forced "
-                 f"log-prob noise {record['aa_logprob_noise']:.3g}"]
+                 f"{record['aa_batch_sizes'][1]}): identical {record['aa_identical_share']:.1%}"
+                 + (f" (divergences within rounding {record['num_aa_numerical']}, beyond it "
+                    f"{record['num_aa_beyond_bound']})" if "num_aa_numerical" in record else "")
+                 + f", teacher-forced log-prob noise {record['aa_logprob_noise']:.3g}"]
+        if record.get("why"):
+            lines.insert(0, f"- why: {record['why']}")
         for p in record["per_prompt"]:
-            d = p["divergence"]
-            if d:
-                lines.append(f"  - {p['prompt_id']}: token {d['position']}, k0 {d['k0_token']} vs spec "
-                             f"{d['spec_token']}, margin {d['margin']:.3g} -> {d['class']}")
+            for arm, d in (("spec", p["divergence"]), ("A/A", p.get("aa_divergence"))):
+                if d:
+                    lines.append(f"  - {p['prompt_id']}: token {d['position']}, k0 {d['k0_token']} vs {arm} "
+                                 f"{d['spec_token']}, logit gap {_gap(d)} (top-two margin {d['margin']:.3g}) -> "
+                                 f"{d.get('class') or 'unclassified'}")
         return head + "\n" + "\n".join(lines) + "\n"
     t, aa = record["test"], record["aa_test"]
     lines = [f"- {record['samples_per_prompt']} continuations of each prompt per arm (off, on, off again), "
@@ -485,15 +555,16 @@ def plot(record: dict, path: Path) -> None:
         pp = record["per_prompt"]
         x = np.arange(len(pp))
         if record["kind"] == "greedy":
-            margins = [p["divergence"]["margin"] if p["divergence"] else np.nan for p in pp]
-            colors = ["tab:red" if p["divergence"] and p["divergence"]["class"] == DIVERGENT_CLASS else "tab:orange"
-                      for p in pp]
-            ax.bar(x, np.nan_to_num(margins, nan=0.0), color=colors)
+            gaps = [abs(p["divergence"]["logit_gap"]) if p["divergence"] and p["divergence"]["logit_gap"] is not None
+                    else np.nan for p in pp]
+            colors = [{DIVERGENT_CLASS: "tab:red", NUMERICAL: "tab:orange"}.get((p["divergence"] or {}).get("class"),
+                                                                                 "tab:gray") for p in pp]
+            ax.bar(x, np.nan_to_num(gaps, nan=0.0), color=colors)
             for i, p in enumerate(pp):
                 if not p["divergence"]:
                     ax.text(i, 0, "=", ha="center", va="bottom", fontsize=8, color="tab:green")
             ax.axhline(record["numerical_threshold"], color="gray", ls="--", lw=1, label="numerical threshold")
-            ax.set_ylabel("top-two logit margin at divergence")
+            ax.set_ylabel("|logit gap| k = 0 token vs drafted run's")
             ax.legend(fontsize=7)
             ax.set_title(f"greedy k = {record['config']['k']} vs k = 0: {record['verdict']} "
                          f"(identical {record['identical_share']:.0%}; '=' identical)", fontsize=9)
