@@ -236,9 +236,10 @@ class PointResult:
     # greedy sweeps: the share of this row's prompts whose tokens equal the k = 0 point's (same load and context);
     # below 1, drafting changed what the model said (mtpbench check-lossless tells a near-tie from a bug)
     greedy_match_k0: float | None = None
-    # of this row's prompts that left k = 0's tokens, how many did so at a near-tie (the target's top-two logit
-    # margin there within the dtype's rounding floor: ``numerical``); None where the share is 1 or unknown, or
-    # the margins were not measured (a backend without a k = 0 pass to read them from, a sweep older than this)
+    # of this row's prompts that left k = 0's tokens, how many did so within rounding (the target's logit of the
+    # k = 0 token minus that of the k > 0 run's within the dtype's rounding floor: ``numerical``); None where the
+    # share is 1 or unknown, or the gaps were not measured (a backend without a k = 0 pass to read them from, a
+    # sweep older than this)
     greedy_numerical: int | None = None
     # acceptance by where in the sequence the drafts were verified (per-request data): bucket starts in
     # tokens, and per bucket the drafts and the acceptance length

@@ -194,30 +194,39 @@ def _plural(n: int, word: str) -> str:
 
 def greedy_numerical(saved: dict | None, differ: list[tuple[str, list[int], list[int]]]) -> tuple[int | None, str | None]:
     """Of the prompts whose k > 0 tokens left k = 0's (``differ``: prompt id, k = 0 tokens, k > 0 tokens), how
-    many did so at a near-tie (``numerical``), from the divergence records the sweep saved in the point file
-    (``greedy_divergences``), and the row's note; the count is None where any of them is unknown."""
+    many did so within rounding (``numerical``: the target's logit gap between the k = 0 token and the k > 0
+    run's within the saved threshold, ``lossless.classify``), from the divergence records the sweep saved in the
+    point file (``greedy_divergences``), and the row's note; the count is None where any of them is unknown.
+    The class is taken again from the saved gap, not from the saved class: sweeps before issue 23 classed by
+    the top-two margin, which says nothing about the token the k > 0 run emitted."""
+    from mtpbench.lossless import NUMERICAL, classify
+
     if not differ:
         return None, None
     m = len(differ)
     head = ("whether the divergence from k = 0 is numerical is unknown: " if m == 1 else
             f"how many of the {m} divergences from k = 0 are numerical is unknown: ")
     if not saved:
-        return None, head + "no top-two margins were saved (a sweep from before they were)"
+        return None, head + "no logit gaps were saved (a sweep from before they were)"
     if saved.get("unavailable"):
         return None, head + saved["unavailable"]
     recs = {r["prompt_id"]: r for r in saved.get("records") or []}
     stale = [pid for pid, a, b in differ if pid not in recs or not divergence_holds(recs[pid], a, b)]
     if stale:
-        return None, head + f"no saved margin for prompt(s) {', '.join(stale)} (run the sweep again to measure them)"
+        return None, head + f"no saved logit gap for prompt(s) {', '.join(stale)} (run the sweep again to measure them)"
     length = [pid for pid, _, _ in differ if recs[pid].get("position") is None]
     if length:
         return None, head + f"prompt(s) {', '.join(length)} differ from k = 0 only in length, with no divergent token"
     if saved.get("threshold") is None:
         return None, head + (saved.get("unclassified") or "no numerical threshold")
-    n = sum(recs[pid].get("class") == "numerical" for pid, _, _ in differ)
-    return n, (f"{n} of {_plural(m, 'divergence')} from k = 0 {'is' if n <= 1 else 'are'} numerical (top-two margin "
-               f"<= {saved['threshold']:.2g}, {saved.get('threshold_source') or 'the dtype floor'}; no A/A control in a "
-               "sweep: check-lossless measures one)")
+    gapless = [pid for pid, _, _ in differ if recs[pid].get("logit_gap") is None]
+    if gapless:
+        return None, head + f"no logit gap saved for prompt(s) {', '.join(gapless)}: unclassified"
+    n = sum(classify(recs[pid]["logit_gap"], saved["threshold"]) == NUMERICAL for pid, _, _ in differ)
+    return n, (f"{n} of {_plural(m, 'divergence')} from k = 0 {'is' if n <= 1 else 'are'} numerical (|logit gap| "
+               f"of the k = 0 token and the k > 0 run's <= {saved['threshold']:.2g}, "
+               f"{saved.get('threshold_source') or 'the dtype floor'}; no A/A control in a sweep: check-lossless "
+               "measures one)")
 
 
 def csv_text(rows: list[PointResult]) -> str:

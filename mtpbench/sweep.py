@@ -253,9 +253,10 @@ def greedy_dtype(cfg: SweepConfig, backend, engine: dict) -> str | None:
 def save_greedy_divergences(cfg: SweepConfig, backend, engine: dict, points: list[GridPoint], psets: dict,
                             out: Path, fp: dict) -> None:
     """Greedy sweeps: for each prompt whose tokens at a k > 0 point left the k = 0 point's (same load and
-    context), the target's top-two logit margin at the first divergent token, from the backend's k = 0 pass
-    (``greedy_divergences``, one call for the whole sweep), classified against the dtype's rounding floor
-    (``lossless.dtype_floor``; a sweep has no A/A control to raise it), saved into the point file as
+    context), the target's logit gap at the first divergent token (its logit of the k = 0 token minus that of
+    the k > 0 run's) and its top-two margin, from the backend's k = 0 pass (``greedy_divergences``, one call for
+    the whole sweep), classified by the gap against the dtype's rounding floor (``lossless.classify``,
+    ``lossless.dtype_floor``; a sweep has no A/A control), saved into the point file as
     ``greedy_divergences``. Records still true of a resumed sweep's tokens are kept, not measured again."""
     from mtpbench.lossless import classify, dtype_floor
 
@@ -309,7 +310,7 @@ def save_greedy_divergences(cfg: SweepConfig, backend, engine: dict, points: lis
         rec = {"prompt_id": pid, "position": None, "margin": None, "k0_token": None, "spec_token": None,
                "logit_gap": None, "class": None}
         if div is not None:  # None: the tokens differ in length only
-            rec.update(asdict(div), **{"class": classify(div.margin, threshold) if threshold is not None else None})
+            rec.update(asdict(div), **{"class": classify(div.logit_gap, threshold)})
         records.setdefault(p.name, []).append(rec)
     for p, d, _ in todo:
         if found is None:
@@ -318,5 +319,6 @@ def save_greedy_divergences(cfg: SweepConfig, backend, engine: dict, points: lis
             entry = {"dtype": dtype, "threshold": threshold,
                      "threshold_source": f"the {dtype} floor" if dtype else None, "records": records[p.name]}
             if dtype is None:
-                entry["unclassified"] = "the engine's dtype is unknown (--dtype auto): margins saved, not classified"
+                entry["unclassified"] = ("the engine's dtype is unknown (--dtype auto): logit gaps saved, not "
+                                         "classified")
         write_json(out / f"{p.name}.json", {**d, "greedy_divergences": entry})

@@ -87,11 +87,12 @@ def _one_token_changed(monkeypatch, prompt_id: str = "2", position: int = 3):
 
 def test_greedy_rows_count_the_numerical_divergences_from_margins_the_sweep_saved(tmp_path, monkeypatch, model):
     """Issue 16 item 4: a k > 0 point that leaves k = 0's tokens gets, while the engine is up, the target's
-    top-two margin at each first divergence (the engine's own k = 0 pass), classified against the float32
-    floor and saved in the point file; the report counts the numerical ones from the files alone."""
+    top-two margin and logit gap at each first divergence (the engine's own k = 0 pass), classified by the gap
+    against the float32 floor and saved in the point file; the report counts the numerical ones from the files
+    alone, from the saved gaps (issue 23 item 10: a planted divergence far above the floor must be divergent)."""
     from mtpbench.backends.native import NativeBackend
-    from mtpbench.engine import greedy_divergences
-    from mtpbench.lossless import classify, dtype_floor
+    from mtpbench.engine import greedy_divergences, target_logits
+    from mtpbench.lossless import dtype_floor
     from mtpbench.prompts import load_tokenizer
     from mtpbench.report import build, table
 
@@ -117,28 +118,73 @@ def test_greedy_rows_count_the_numerical_divergences_from_margins_the_sweep_save
     [div] = greedy_divergences(model, [ids], [k0["requests"][1]["output_token_ids"]],
                                [point["requests"][1]["output_token_ids"]])
     assert abs(rec["margin"] - div.margin) < 1e-4 and rec["spec_token"] == div.spec_token
-    assert rec["class"] == classify(rec["margin"], floor)
+    # the planted token (k = 0's + 1) against k = 0's, from the target's own logits there: far above the floor
+    k0_tokens = k0["requests"][1]["output_token_ids"]
+    lg = target_logits(model, [ids], [k0_tokens[:4]])[0][3]
+    gap = float(lg[k0_tokens[3]] - lg[rec["spec_token"]])
+    assert rec["spec_token"] == k0_tokens[3] + 1 and abs(rec["logit_gap"] - gap) < 1e-4 and gap > 1000 * floor
+    assert rec["class"] == "divergent"
     row = rows[2]
-    assert row.greedy_match_k0 == 0.5 and row.greedy_numerical == (rec["class"] == "numerical")
+    assert row.greedy_match_k0 == 0.5 and row.greedy_numerical == 0
     assert "of 1 divergence from k = 0" in row.notes and "no A/A control in a sweep" in row.notes
     assert "numerical" in table(list(rows.values())).splitlines()[0] and rows[0].greedy_numerical is None
     run_sweep(cfg)  # resumed: the saved margins still describe the tokens, no k = 0 pass again
     assert len(calls) == 1
 
-    # a near-tie, as the record would read: counted numerical, from the file alone
+    # the top two nearly tied, classed numerical by the margin as sweeps before issue 23 saved it: the saved gap
+    # (far above the floor) decides, from the file alone
     point["greedy_divergences"]["records"][0].update(margin=1e-6, **{"class": "numerical"})
     path.write_text(json.dumps(point))
     row = next(r for r in build(tmp_path) if r.k == 2 and r.category == "all")
-    assert row.greedy_numerical == 1 and "1 of 1 divergence from k = 0 is numerical (top-two margin <= 3.1e-05, " \
-        "the float32 floor; no A/A control in a sweep: check-lossless measures one)" in row.notes
+    assert row.greedy_numerical == 0 and "0 of 1 divergence from k = 0 is numerical" in row.notes
+    # the drafting run's token within the floor of k = 0's: counted numerical
+    point["greedy_divergences"]["records"][0].update(logit_gap=1e-6)
+    path.write_text(json.dumps(point))
+    row = next(r for r in build(tmp_path) if r.k == 2 and r.category == "all")
+    assert row.greedy_numerical == 1 and "1 of 1 divergence from k = 0 is numerical (|logit gap| of the k = 0 " \
+        "token and the k > 0 run's <= 3.1e-05, the float32 floor; no A/A control in a sweep: check-lossless " \
+        "measures one)" in row.notes
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert [r["greedy_numerical"] for r in summary["rows"] if r["k"] == 2] == [1]
     assert "greedy_numerical" in (tmp_path / "summary.csv").read_text().splitlines()[0]
+    # a record with no gap: unclassified, unknown, never 0
+    point["greedy_divergences"]["records"][0].update(logit_gap=None)
+    path.write_text(json.dumps(point))
+    row = next(r for r in build(tmp_path) if r.k == 2 and r.category == "all")
+    assert row.greedy_numerical is None and "no logit gap saved for prompt(s) 2: unclassified" in row.notes
     # a sweep from before the margins were saved: unknown, never 0
     del point["greedy_divergences"]
     path.write_text(json.dumps(point))
     row = next(r for r in build(tmp_path) if r.k == 2 and r.category == "all")
     assert row.greedy_match_k0 == 0.5 and row.greedy_numerical is None and "unknown" in row.notes
+
+
+def test_the_sweep_classes_each_divergence_by_its_logit_gap_not_its_margin(tmp_path, monkeypatch):
+    """Issue 23 items 1 and 10: two real divergences (the engine's own, one token planted in each of two prompts),
+    their records as the target would read them at a near-tie: prompt 1's top two tie (margin 1e-6) but the k > 0
+    run's token is far below k = 0's (its real gap): divergent; prompt 2's k > 0 run emitted the runner-up of a tie
+    (margin = gap = 1e-6): numerical. A margin-based classify calls both numerical, an inverted one swaps them."""
+    from dataclasses import replace
+
+    from mtpbench.backends.native import NativeBackend
+    from mtpbench.lossless import dtype_floor
+
+    _one_token_changed(monkeypatch, "1", 2)
+    _one_token_changed(monkeypatch, "2", 3)
+    real = NativeBackend.greedy_divergences
+
+    def at_a_tie(self, ids, k0, spec):
+        found = real(self, ids, k0, spec)
+        assert [d.position for d in found] == [2, 3] and all(d.logit_gap > 1000 * dtype_floor("float32") for d in found)
+        return [replace(found[0], margin=1e-6), replace(found[1], margin=1e-6, logit_gap=1e-6)]
+
+    monkeypatch.setattr(NativeBackend, "greedy_divergences", at_a_tie)
+    cfg = SweepConfig(k=(0, 1), mode=("chain",), num_prompts=2, max_tokens=8, repeats=1, out=str(tmp_path))
+    row = next(r for r in run_sweep(cfg) if r.k == 1 and r.category == "all")
+    recs = json.loads((tmp_path / "chain-L3-k1.json").read_text())["greedy_divergences"]["records"]
+    assert [(r["prompt_id"], r["class"]) for r in recs] == [("1", "divergent"), ("2", "numerical")]
+    assert row.greedy_match_k0 == 0.0 and row.greedy_numerical == 1
+    assert "1 of 2 divergences from k = 0 is numerical" in row.notes
 
 
 def test_a_backend_without_a_k0_pass_leaves_the_numerical_count_unknown(tmp_path, monkeypatch):
@@ -163,9 +209,9 @@ def test_the_numerical_count_trusts_only_records_that_describe_the_tokens():
 
     saved = {"dtype": "float32", "threshold": 3.05e-5, "threshold_source": "the float32 floor",
              "records": [{"prompt_id": "a", "position": 1, "margin": 1e-6, "k0_token": 5, "spec_token": 6,
-                          "class": "numerical"},
+                          "logit_gap": 1e-6, "class": "numerical"},
                          {"prompt_id": "b", "position": 0, "margin": 2.0, "k0_token": 1, "spec_token": 2,
-                          "class": "divergent"}]}
+                          "logit_gap": 2.0, "class": "divergent"}]}
     differ = [("a", [4, 5, 7], [4, 6, 7]), ("b", [1, 1], [2, 1])]
     assert greedy_numerical(saved, differ)[0] == 1
     assert "1 of 2 divergences from k = 0 is numerical" in greedy_numerical(saved, differ)[1]
