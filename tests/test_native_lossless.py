@@ -143,6 +143,32 @@ def test_the_native_backend_hands_out_the_scoring_pass_and_carries_the_planted_f
     assert b.greedy_divergences(prompt_ids, sampled, sampled) == [None] * len(sampled)
 
 
+def test_the_native_backend_reads_margin_and_logit_gap_from_the_model_at_each_divergence(model, prompt_ids):
+    """Issue 23 item 12: the backend's greedy pass on sequences that differ, so the model is called. Prompt 0 leaves
+    k = 0 for the target's 3rd-ranked token (logit gap above the top-two margin), prompt 1 for the runner-up (gap =
+    margin), at other positions; prompt 2 does not leave it. Each margin and gap against a plain cache-free forward."""
+    from mtpbench.backends.native import NativeBackend
+
+    b = NativeBackend()
+    b.model, b.faults = model, Faults()
+    k0 = generate(model, prompt_ids, 10).tokens
+    spec, want = [list(t) for t in k0], {}
+    for i, at, rank in ((0, 2, 2), (1, 6, 1)):
+        lg = reference_logits(model, prompt_ids[i], k0[i][: at + 1])[-1]
+        assert int(lg.argmax()) == k0[i][at]  # k = 0 is greedy: the target's argmax
+        spec[i][at] = int(lg.topk(3).indices[rank])
+        spec[i][at + 1:] = [spec[i][at]] * (10 - at - 1)  # what follows a divergence is whatever the run did
+        top = lg.topk(3).values
+        want[i] = (at, float(top[0] - top[1]), float(top[0] - top[rank]))
+    got = b.greedy_divergences(prompt_ids, k0, spec)
+    assert got[2] is None and all(isinstance(got[i], Divergence) for i in want)
+    for i, (at, margin, gap) in want.items():
+        d = got[i]
+        assert (d.position, d.k0_token, d.spec_token) == (at, k0[i][at], spec[i][at])
+        assert d.margin == pytest.approx(margin, abs=1e-4) and d.logit_gap == pytest.approx(gap, abs=1e-4)
+    assert got[0].logit_gap > got[0].margin + 1e-3, got[0]  # the 3rd-ranked token: the gap is not the margin
+
+
 def test_each_batch_chunk_of_an_arm_draws_with_a_seed_of_its_own(model, prompt_ids):
     """An arm larger than the batch: every chunk gets its own seed (from the arm's), so no two rows share a
     random stream; with the arm's seed in every chunk, row j and row j + batch of a prompt came out identical."""
