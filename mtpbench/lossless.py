@@ -278,6 +278,14 @@ def _gap(d: dict) -> str:
     return "unknown" if d.get("logit_gap") is None else f"{d['logit_gap']:.3g}"
 
 
+def _against(d: dict, threshold: float) -> str:
+    """A divergence's gap beside the threshold it failed, e.g. "logit gap 6 > 2" or "logit gap -6 < -2"."""
+    g = d.get("logit_gap")
+    if g is None:
+        return "logit gap unknown"
+    return f"logit gap {g:.3g} > {threshold:.3g}" if g >= 0 else f"logit gap {g:.3g} < -{threshold:.3g}"
+
+
 def aa_problem(aa_rows: list[tuple[str, dict | None, bool]], threshold: float, batch_sizes: list[int]) -> str | None:
     """Why the greedy A/A control (k = 0 against k = 0 at another batch size) forbids a verdict, or None: a
     divergence beyond the rounding bound (or one whose gap is unknown), or a run that stopped sooner with the
@@ -290,7 +298,7 @@ def aa_problem(aa_rows: list[tuple[str, dict | None, bool]], threshold: float, b
         pid, d = max(beyond, key=lambda x: float("inf") if x[1]["logit_gap"] is None else abs(x[1]["logit_gap"]))
         more = f" (and {len(beyond) - 1} more)" if len(beyond) > 1 else ""
         return (f"{where} diverges beyond rounding: prompt {pid}, token {d['position']}, {d['k0_token']} vs "
-                f"{d['spec_token']}, logit gap {_gap(d)} > {threshold:.3g}{more}; the k = 0 engine is not "
+                f"{d['spec_token']}, {_against(d, threshold)}{more}; the k = 0 engine is not "
                 "reproducible, so no divergence of the drafting arm can be told from it")
     length = [pid for pid, d, differ in aa_rows if d is None and differ]
     if length:
@@ -315,12 +323,12 @@ def greedy_why(divs: list[tuple[str, dict | None]], threshold: float) -> str:
     found = [(pid, d) for pid, d in divs if d is not None]
     if not found:
         return "the same tokens on every prompt"
-    for cls, what in ((DIVERGENT_CLASS, f"logit gap {{}} > {threshold:.3g}"), (None, "logit gap unknown ({})")):
+    for cls in (DIVERGENT_CLASS, None):
         hit = [(pid, d) for pid, d in found if d["class"] == cls]
         if hit:
             pid, d = hit[0]
             return (f"prompt {pid}, token {d['position']}: the drafting run emitted {d['spec_token']} where k = 0 "
-                    f"emitted {d['k0_token']}, " + what.format(_gap(d)) + f" ({len(hit)} such of {len(found)})")
+                    f"emitted {d['k0_token']}, {_against(d, threshold)} ({len(hit)} such of {len(found)})")
     return f"all {len(found)} divergence(s) within rounding (|logit gap| <= {threshold:.3g})"
 
 

@@ -249,6 +249,9 @@ def test_a_divergence_at_a_near_tie_to_a_token_far_below_is_divergent_not_numeri
     rec = greedy_check({"spec": [[5, 7, 7, 8], [1, 2, 3, 4]]}, near_tie, dtype="bfloat16")
     assert rec["per_prompt"][0]["divergence"]["class"] == "numerical" and rec["verdict"] == "numerical only"
     assert not failed(rec)
+    # k = 0 itself emitted a token far below the teacher-forced argmax, the drafting run the argmax: a negative gap
+    rec = greedy_check({"spec": [[5, 7, 7, 8], [1, 2, 3, 4]]}, {0: {1: {6: 4.0, 7: 10.0, 9: 9.9}}}, dtype="bfloat16")
+    assert rec["verdict"] == "divergent" and "logit gap -6 < -2" in rec["why"]
     # a backend that measured no gap (logit_gap None): unclassified, and the check cannot vouch
     rec = greedy_check({"spec": [[5, 7, 7, 8], [1, 2, 3, 4]]}, near_tie, dtype="bfloat16", backend=NoGap)
     assert rec["per_prompt"][0]["divergence"]["class"] is None and rec["verdict"] == "inconclusive"
