@@ -2,7 +2,8 @@
 
 Launched: mtpbench starts a k = 0 and a k = 2 server and stops both (or one, killed mid-check). Attached:
 ``--server`` (drafting) plus ``--baseline-server`` (no drafting), a pair this module starts once; the drafting
-server's verifier temperature can be switched to a wrong one between checks, a positive control. Never more than two servers at once:
+server's verifier temperature can be switched to a wrong one between checks, a positive control. Never more
+than two servers at once:
 the launched check runs (and ends) before the pair starts.
 """
 
@@ -76,7 +77,8 @@ def test_an_arm_on_a_server_started_for_an_earlier_arm_records_that_servers_seed
     assert arm_seed(745650761, 0, facts, started=True) == {
         "seed": 745650761, "note": "the launched server's engine seed (--seed); requests carry no seed"}
     later = arm_seed(2968811710, 0, facts, started=False)
-    assert later["seed"] == 745650761 and later["note"].endswith("the seed asked for this arm, 2968811710, was not used")
+    assert later["seed"] == 745650761
+    assert later["note"].endswith("the seed asked for this arm, 2968811710, was not used")
     unknown = arm_seed(3, 2, {"attached": True, "server": "http://h:8000"}, started=False)
     assert unknown["seed"] is None and unknown["note"].startswith("unknown: ") and "http://h:8000" in unknown["note"]
 
