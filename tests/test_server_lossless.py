@@ -3,8 +3,7 @@
 Launched: mtpbench starts a k = 0 and a k = 2 server and stops both (or one, killed mid-check). Attached:
 ``--server`` (drafting) plus ``--baseline-server`` (no drafting), a pair this module starts once; the drafting
 server's verifier temperature can be switched to a wrong one between checks, a positive control. Never more
-than two servers at once:
-the launched check runs (and ends) before the pair starts.
+than two servers at once: the launched checks run (and end) before the pair starts.
 """
 
 import json
