@@ -207,16 +207,20 @@ def generate(backend, cfg: CheckConfig, ids: list[list[int]], k: int, seed: int,
              batch_size: int | None = None, log: list | None = None) -> list[list[int]]:
     """One arm: ``n`` continuations of each prompt, flat (prompt 0's n first), cut to max_tokens; the
     drafting arm (k > 0) carries the check's speculative overrides. Keeps the arm's counters and engine
-    facts into ``log`` where the backend reports them (``last_counters``, ``last_engine``)."""
+    facts into ``log`` where the backend reports them (``last_counters``, ``last_engine``), and the seed the
+    arm's draws came from: ``seed``, unless the backend says otherwise (``last_seed``: ``{"seed": int or None
+    (unknown), "note": why}``; a server's requests carry no seed)."""
     e = cfg.engine
-    for name in ("last_counters", "last_engine"):
+    for name in ("last_counters", "last_engine", "last_seed"):
         if hasattr(backend, name):
             setattr(backend, name, None)
     per = backend.sample_arm(e, ids, k, seed, n, e.temperature, e.max_tokens,
                              speculative_overrides=cfg.speculative_overrides if k > 0 else None,
                              batch_size=batch_size)
+    ran = getattr(backend, "last_seed", None) or {"seed": seed, "note": None}
     if log is not None:
-        log.append({"k": k, "seed": seed, "n": n, "batch_size": batch_size or e.batch_size,
+        log.append({"k": k, "seed": ran["seed"], "seed_note": ran["note"], "n": n,
+                    "batch_size": batch_size or e.batch_size,
                     "acceptance": acceptance(getattr(backend, "last_counters", None)),
                     "engine": getattr(backend, "last_engine", None)})
     return [c[: e.max_tokens] for cs in per for c in cs]

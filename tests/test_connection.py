@@ -36,6 +36,7 @@ class FakeVllm(BaseHTTPRequestHandler):
     vllm = True  # False: an OpenAI-compatible server that is not vLLM
     server_name = "uvicorn"
     k = 0  # > 0: the spec-decode counters of a server that drafts k tokens
+    redirect: tuple[int, str] | None = None  # (status, origin): every request is redirected to origin + its path
     seen: list  # (path, headers) of every request
     served: list
 
@@ -55,8 +56,20 @@ class FakeVllm(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def _redirected(self) -> bool:
+        if self.redirect is None:
+            return False
+        status, to = self.redirect
+        self.send_response(status)
+        self.send_header("Location", to + self.path)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+        return True
+
     def do_GET(self):
         self.seen.append((self.path, dict(self.headers)))
+        if self._redirected():
+            return
         if self.path == "/metrics":
             if self.hide_metrics:
                 return self._send(404, b'{"detail": "Not Found"}')
@@ -93,6 +106,8 @@ class FakeVllm(BaseHTTPRequestHandler):
     def do_POST(self):
         self.seen.append((self.path, dict(self.headers)))
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self._redirected():
+            return
         if not self._authorized():
             return self._send(401, b'{"error": "Unauthorized"}')
         n = body["max_tokens"]
@@ -250,6 +265,30 @@ def test_metrics_url_that_wants_credentials_says_how_to_send_them(fake):
     engine, _ = fake(key=KEY, metrics_key=True)
     with pytest.raises(MtpBenchError, match="no credentials were sent to that origin; --metrics-credentials"):
         probe(connect(cfg_for(url, metrics_url=engine + "/metrics"), environ={"OPENAI_API_KEY": KEY}))
+
+
+@pytest.mark.parametrize("status", [302, 307])
+def test_redirects_are_not_followed_by_either_client_and_credentials_stay_home(fake, status):
+    """A server that redirects every route to another origin (a working vLLM stand-in that records what reaches
+    it): urllib (probe, /metrics) and aiohttp (the load generator, check-lossless's posts) answer with the
+    redirect's status and never follow it, so neither the key nor a gateway header reaches the other origin.
+    (aiohttp would drop Authorization on a cross-origin hop by itself, not a --header-env header; urllib
+    drops neither.)"""
+    elsewhere, there = fake(k=2)
+    url, here = fake(redirect=(status, elsewhere))
+    conn = connect(cfg_for(url, header_env=("X-Secret=MY_SECRET",)),
+                   environ={"OPENAI_API_KEY": KEY, "MY_SECRET": SECRET_HEADER})
+    with pytest.raises(MtpBenchError, match=rf"redirects /v1/models \(HTTP {status}\), and mtpbench does not follow"):
+        probe(conn)
+    with pytest.raises(RuntimeError, match=f"answered HTTP {status}"):
+        read_metrics(conn)
+    load = run_load(url, "m", [Prompt("p", id="0")], max_tokens=3, conn=conn)
+    assert len(load.errors) == 1 and load.errors[0].startswith(f"HTTP {status}"), load.errors
+    (answer, error), = post_all(url + "/v1/completions", [{"prompt": [1], "max_tokens": 2}], conn=conn)
+    assert answer is None and error.startswith(f"HTTP {status}"), error
+    assert {p for p, _ in here.seen} == {"/v1/models", "/metrics", "/v1/completions"}
+    assert all(auth_of(hd) == f"Bearer {KEY}" and hd.get("X-Secret") == SECRET_HEADER for _, hd in here.seen)
+    assert there.seen == [], [(p, sorted(hd)) for p, hd in there.seen]  # nothing reached it, credentials or not
 
 
 def test_origins_compare_scheme_host_and_port():

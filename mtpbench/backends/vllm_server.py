@@ -422,6 +422,54 @@ class Server:
             self.guard.stop()
 
 
+def exited_server(servers, wait_s: float = 5.0) -> str | None:
+    """What to tell of the first of ``servers`` (label, Server) launched by mtpbench whose process has exited:
+    its label, its log's name and tail, on one line; None when every one still runs. A request that failed because
+    its server died may fail a moment before the guard sees the exit: waits up to ``wait_s`` for it."""
+    end = time.monotonic() + wait_s
+    while True:
+        for label, server in servers:
+            guard = server.guard if server is not None else None
+            if guard is not None and not guard.running():
+                return f"{label} exited; server log ({guard.log_path.name}): {guard.log_tail() or '(empty)'}"
+        if time.monotonic() >= end:
+            return None
+        time.sleep(0.1)
+
+
+def _check_call(method):
+    """A check-lossless call on the check's servers: a launched server that died under it (killed, out of memory,
+    a crash inside vLLM) is one line, MtpBenchError, naming it with its log's tail, not the request error it left."""
+    import functools
+
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except (RuntimeError, OSError):
+            dead = exited_server(self._launched_check_servers())
+            if dead:
+                raise MtpBenchError(f"{dead} (during the check; no result was written)") from None
+            raise
+    return call
+
+
+def arm_seed(asked: int, k: int, facts: dict, started: bool) -> dict:
+    """The seed a check arm's draws came from, ``{"seed": int or None (unknown), "note": ...}``: requests carry
+    no seed (module docstring), so it is the engine seed of the server that drew them: a launched server's
+    ``--seed`` (that of the arm that started it), an attached server's unknown."""
+    unused = "" if asked == facts.get("engine_seed") else f"; the seed asked for this arm, {asked}, was not used"
+    if facts.get("attached"):
+        return {"seed": None, "note": "unknown: requests carry no seed, and the engine seed of the attached server "
+                                      f"at {facts['server']} (its --seed) cannot be read from outside{unused}"}
+    if started:
+        return {"seed": facts["engine_seed"], "note": "the launched server's engine seed (--seed); requests carry "
+                                                      "no seed"}
+    return {"seed": facts["engine_seed"],
+            "note": f"the engine seed of the k = {k} server, launched for an earlier arm: this arm's draws continue "
+                    f"its random stream (requests carry no seed){unused}"}
+
+
 class VllmServerBackend:
     name = "vllm-server"
     baseline_server: str | None = None  # check-lossless: an attached --server's twin without drafting
@@ -505,7 +553,18 @@ class VllmServerBackend:
             startup = self._ensure_server(cfg, point, prompts)
             weights = (sum(mtp_layer_bytes(Path(self.model_dir), drafter=bool(cfg.draft_model))[: point.mtp_layers])
                        if point.k else 0)
-        run = self._measure(cfg, point, prompts)
+        try:
+            run = self._measure(cfg, point, prompts)
+        except (RuntimeError, OSError):
+            # a launched server that died under the load: the point's failure names that, with the log's tail, and
+            # not the refused connection it left; the later points of this (k, L) fail with the same words
+            dead = None if cfg.server else exited_server(
+                [(f"the vLLM server (k={point.k}, L={point.mtp_layers})", self.server)])
+            if not dead:
+                raise
+            self.failed[(point.k, point.mtp_layers)] = f"{dead} (during the sweep)"
+            self.close()
+            raise RuntimeError(self.failed[(point.k, point.mtp_layers)]) from None
         run.startup_s, run.mtp_weight_bytes = startup, weights
         ran = dict(self.ran)
         run.notes = self.server.conn.notes() + notes + ran.pop("notes") + run.notes
@@ -564,14 +623,18 @@ class VllmServerBackend:
             return self.server, {**facts, **attached_runner()}
         if k in self.check_servers:
             server, facts = self.check_servers[k]
-            if not server.guard.running():
-                raise RuntimeError(f"the k = {k} vLLM server exited during the check; server log: "
-                                   f"{server.guard.log_tail()}")
+            dead = exited_server([(f"the k = {k} vLLM server launched for check-lossless", server)], wait_s=0)
+            if dead:
+                raise MtpBenchError(f"{dead} (during the check; no result was written)")
             return server, facts
         if k > 0 and any(j > 0 for j in self.check_servers):
             raise RuntimeError(f"one drafting server a check: k = {k} asked after {max(self.check_servers)}")
         self.check_servers[k] = self._launch_check_server(k, seed, overrides)
         return self.check_servers[k]
+
+    def _launched_check_servers(self) -> list[tuple[str, Server]]:
+        return [(f"the k = {k} vLLM server launched for check-lossless", server)
+                for k, (server, _) in sorted(self.check_servers.items()) if server.guard is not None]
 
     def _launch_check_server(self, k: int, seed: int, overrides: dict | None) -> tuple[Server, dict]:
         from mtpbench.procguard import Guarded
@@ -599,7 +662,7 @@ class VllmServerBackend:
             server.model = probe(server.base_url)["model"]
         except (RuntimeError, MtpBenchError) as e:
             guard.stop()
-            raise RuntimeError(f"vLLM server (k={k}) for check-lossless failed: {e}; server log ({log.name}): "
+            raise MtpBenchError(f"vLLM server (k={k}) for check-lossless failed: {e}; server log ({log.name}): "
                                f"{guard.log_tail()}") from None
         ran = launched_runner(log.read_text(errors="replace"), env, cfg.runner)
         facts = {"engine": "vllm-server", "attached": False, "server": server.base_url, "model": model,
@@ -624,6 +687,7 @@ class VllmServerBackend:
                                f"first: {errors[0]}")
         return [a["choices"][0] for a, _ in answers]
 
+    @_check_call
     def sample_arm(self, cfg: SweepConfig, ids: list, k: int, seed: int, n: int, temperature: float,
                    max_tokens: int, speculative_overrides: dict | None = None,
                    batch_size: int | None = None) -> list[list[list[int]]]:
@@ -631,7 +695,8 @@ class VllmServerBackend:
         drafting one; one request a continuation, ``batch_size`` (None: ``cfg.batch_size``) in flight. No
         request seed (module docstring): ``seed`` is a launched server's engine seed when this arm starts it.
         The drafting arm's spec-decode counters (/metrics deltas) are kept in ``last_counters``, the
-        server's facts in ``last_engine``."""
+        server's facts in ``last_engine``, the seed its draws came from in ``last_seed`` (``arm_seed``)."""
+        starts = not self.cfg.server and k not in self.check_servers  # this arm launches its server
         server, facts = self._check_server(k, seed, speculative_overrides)
         bodies = [{"prompt": list(p), "max_tokens": max_tokens, "temperature": temperature, "ignore_eos": True,
                    "return_token_ids": True} for p in ids for _ in range(n)]
@@ -643,6 +708,7 @@ class VllmServerBackend:
         self.last_counters = counter_delta(before, after, k) if k > 0 else None
         self.last_engine = {**facts, "concurrency": batch_size or cfg.batch_size,
                             "notes": server.conn.notes() + ([late] if late else [])}
+        self.last_seed = arm_seed(seed, k, facts, starts)
         toks = [list(c["token_ids"]) for c in choices]
         return [toks[i * n: (i + 1) * n] for i in range(len(ids))]
 
@@ -662,6 +728,7 @@ class VllmServerBackend:
             out.append([{int(t): v["logprob"] for t, v in row.items()} for row in rows[len(p):]])
         return out
 
+    @_check_call
     def target_logprobs(self, ids: list[list[int]], continuations: list[list[int]],
                         temperature: float) -> list[list[float]]:
         """Each continuation token's log-prob under the target at ``temperature``, teacher-forced on the
@@ -689,6 +756,7 @@ class VllmServerBackend:
                     out[i].append(d[tok])
         return out
 
+    @_check_call
     def logprob_noise(self, ids: list[list[int]], continuations: list[list[int]]) -> float:
         """The largest |change| of a teacher-forced T = 1 log-prob between every row sent at once and each row
         alone (one request in flight), on the same k = 0 server: only the batch composition differs."""
@@ -701,6 +769,7 @@ class VllmServerBackend:
         return max((abs(x[t] - y[t]) for cs, xs, ys in zip(c, together, alone) for t, x, y in zip(cs, xs, ys)),
                    default=0.0)
 
+    @_check_call
     def greedy_divergences(self, ids: list[list[int]], k0: list[list[int]], spec: list[list[int]]) -> list:
         """Per prompt, the first token where ``spec`` leaves ``k0`` with the target's top-two margin there
         (``engine.Divergence``), or None; from the k = 0 server's prompt log-probs over the prompt and the
