@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import one_line_error
+from conftest import one_line_error, vllm_expand_fault_expected
 from typer.testing import CliRunner
 
 from mtpbench.backends.vllm_server import free_port, http_get, parse_metrics
@@ -22,7 +22,8 @@ if os.environ.get("CI") == "true":
 else:
     vllm = pytest.importorskip("vllm")
 
-from test_vllm_server import assert_no_server_left, start_server, stop_server  # noqa: E402
+from test_vllm_server import (assert_no_server_left, greedy_beside_sampled, start_server,  # noqa: E402
+                              stop_server)
 
 TINY = ["--num-prompts", "2", "--max-tokens", "8"]
 EXPAND_FIX = Path(__file__).parent / "vllm_cpu_expand_fix"
@@ -50,6 +51,10 @@ def test_launched_greedy_check_starts_and_stops_both_servers(tmp_path):
     assert spec["engine"]["k"] == 2 and spec["engine"]["runner"] == "v1" and not spec["engine"]["attached"]
     assert "speculative_config" in spec["engine"]["server_args"] and spec["acceptance"]["num_drafts"] > 0
     assert "speculative_config" not in rec["arms"]["k0"]["engine"]["server_args"]
+    # the drafting server's own expand step, probed in its environment (the offline backend's sampler_fault)
+    assert spec["engine"]["sampler_fault"] == vllm_expand_fault_expected()
+    assert rec["arms"]["k0"]["engine"]["sampler_fault"] is None
+    assert "known fault of this vLLM build" not in r.output  # greedy: every step all greedy
     assert rec["engine"]["dtype"] == "float32"
 
 
@@ -92,7 +97,19 @@ def test_attached_pair_sampling_check_is_lossless(tmp_path, pair):
     spec_after = parse_metrics(http_get(spec_url + "/metrics")[1])
     assert 0 < rec["arms"]["on"]["acceptance"]["num_drafts"] == spec_after["num_drafts"] - spec_before["num_drafts"]
     assert rec["engine"]["dtype"] is None  # an attached server's dtype is not visible from outside
+    # nor its sampler (the pair's drafting server runs the fix, which nothing outside can see)
+    assert rec["arms"]["on"]["engine"]["sampler_fault"] == "unknown" and "known fault" not in r.output
     assert http_get(spec_url + "/health")[0] == http_get(base_url + "/health")[0] == 200  # not ours to stop
+
+
+def test_greedy_rows_beside_sampled_ones_with_the_expand_step_fixed(pair, prompt_ids):
+    """With vLLM's expand step done right (the pair's drafting server runs tests/vllm_cpu_expand_fix), greedy
+    requests served in the same steps as T = 1 ones keep exactly the k = 0 server's greedy tokens; as shipped
+    they do not (test_vllm_server.test_greedy_rows_beside_sampled_ones_on_shipped_vllm_cpu_v1)."""
+    spec_url, base_url = pair
+    k0, _ = greedy_beside_sampled(base_url, prompt_ids)
+    alone, mixed = greedy_beside_sampled(spec_url, prompt_ids)
+    assert alone == k0 and mixed == k0
 
 
 def test_attached_pair_greedy_check(tmp_path, pair):
