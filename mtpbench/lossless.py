@@ -514,7 +514,7 @@ def summary(record: dict) -> str:
         facts.append(f"speculative_config overrides {json.dumps(c['speculative_overrides'])}")
     if facts:
         head += "drafting arm: " + "; ".join(facts) + "\n"
-    if ran.get("sampler_fault") and c["temperature"] > 0:  # VllmBackend's probe of the engine's own sampler
+    if ran.get("sampler_fault") not in (None, "unknown") and c["temperature"] > 0:  # the probe of its own sampler
         head += f"known fault of this vLLM build: {ran['sampler_fault']}\n"
     for note in record["engine"].get("notes") or []:  # e.g. TLS verification off (--insecure)
         head += f"note: {note}\n"

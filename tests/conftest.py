@@ -78,3 +78,21 @@ def no_mtp_model(tmp_path):
     cfg["num_nextn_predict_layers"] = 0
     (d / "config.json").write_text(json.dumps(cfg))
     return d
+
+
+def vllm_expand_fault_expected():
+    """What mtpbench's probe of vLLM's V1 expand step must find in this install (backends/vllm.py
+    ``expand_kernel_fault``), found another way: vLLM's CPU stand-in (``cpu_triton_utils._expand_kernel_impl``,
+    registered only when Triton has no CPU backend) called directly on a float buffer filled with -1, which a
+    correct expand overwrites with [0.7, 0.7, 1.3, 1.3]. ``EXPAND_FAULT`` or None."""
+    import vllm._C  # noqa: F401  the C++ ops the stand-in calls
+    from vllm.triton_utils import HAS_TRITON
+    from vllm.utils import cpu_triton_utils
+
+    from mtpbench.backends.vllm import EXPAND_FAULT
+
+    if HAS_TRITON:  # Triton-CPU runs vLLM's own kernel: no stand-in
+        return None
+    out = torch.full((4,), -1.0)
+    cpu_triton_utils._expand_kernel_impl(out, torch.tensor([0.7, 1.3]), torch.tensor([2, 4]), 0, 1)
+    return None if torch.allclose(out, torch.tensor([0.7, 0.7, 1.3, 1.3])) else EXPAND_FAULT

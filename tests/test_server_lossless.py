@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import one_line_error
+from conftest import one_line_error, vllm_expand_fault_expected
 from typer.testing import CliRunner
 
 from mtpbench.backends.vllm_server import free_port, http_get, parse_metrics
@@ -23,7 +23,8 @@ if os.environ.get("CI") == "true":
 else:
     vllm = pytest.importorskip("vllm")
 
-from test_vllm_server import assert_no_server_left, kill_when_served, start_server, stop_server  # noqa: E402
+from test_vllm_server import (assert_no_server_left, greedy_beside_sampled, kill_when_served,  # noqa: E402
+                              start_server, stop_server)
 
 TINY = ["--num-prompts", "2", "--max-tokens", "8"]
 TEMPERATURE_SCALE = Path(__file__).parent / "vllm_cpu_temperature_scale"  # the expand fix, and a switchable fault
@@ -56,6 +57,10 @@ def test_launched_greedy_check_starts_and_stops_both_servers(tmp_path):
     assert spec["engine"]["k"] == 2 and spec["engine"]["runner"] == "v1" and not spec["engine"]["attached"]
     assert "speculative_config" in spec["engine"]["server_args"] and spec["acceptance"]["num_drafts"] > 0
     assert "speculative_config" not in rec["arms"]["k0"]["engine"]["server_args"]
+    # the drafting server's own expand step, probed in its environment (the offline backend's sampler_fault)
+    assert spec["engine"]["sampler_fault"] == vllm_expand_fault_expected()
+    assert rec["arms"]["k0"]["engine"]["sampler_fault"] is None
+    assert "known fault of this vLLM build" not in r.output  # greedy: every step all greedy
     assert rec["engine"]["dtype"] == "float32"
     # each arm's seed is the one its server ran with (requests carry none): the --seed on the launched command line
     seed = rec["config"]["seed"]
@@ -152,6 +157,8 @@ def test_attached_pair_sampling_check_is_lossless_and_its_lossy_control_is_not(t
     for name, arm in rec["arms"].items():  # the servers' engine seeds are theirs; requests carry none
         assert arm["seed"] is None and arm["seed_note"].startswith("unknown: "), arm
         assert f"the seed asked for this arm, {rec['arm_seeds'][name]}, was not used" in arm["seed_note"]
+    # nor its sampler (the pair's drafting server runs the expand fix (tests/vllm_cpu_temperature_scale), which nothing outside can see)
+    assert rec["arms"]["on"]["engine"]["sampler_fault"] == "unknown" and "known fault" not in r.output
 
     # the positive control, on the same pair at the same N: the drafting server's verifier at CONTROL_SCALE x the
     # temperature (tests/vllm_cpu_temperature_scale), lossy by construction and in a known direction (its tokens
@@ -168,6 +175,17 @@ def test_attached_pair_sampling_check_is_lossless_and_its_lossy_control_is_not(t
     # detected in its direction, and beyond the shift the lossless run said it would detect
     assert control["test"]["logprob_diff"] > rec["test"]["mde_logprob"] > 0, (control["test"], rec["test"])
     assert http_get(spec_url + "/health")[0] == http_get(base_url + "/health")[0] == 200  # not ours to stop
+
+
+def test_greedy_rows_beside_sampled_ones_with_the_expand_step_fixed(pair, prompt_ids):
+    """With vLLM's expand step done right (the pair's drafting server runs
+    tests/vllm_cpu_temperature_scale at factor 1: the expand fix alone), greedy
+    requests served in the same steps as T = 1 ones keep exactly the k = 0 server's greedy tokens; as shipped
+    they do not (test_vllm_server.test_greedy_rows_beside_sampled_ones_on_shipped_vllm_cpu_v1)."""
+    spec_url, base_url = pair
+    k0, _ = greedy_beside_sampled(base_url, prompt_ids)
+    alone, mixed = greedy_beside_sampled(spec_url, prompt_ids)
+    assert alone == k0 and mixed == k0
 
 
 def test_attached_pair_greedy_check(tmp_path, pair):

@@ -51,8 +51,8 @@ import urllib.request
 from dataclasses import replace
 from pathlib import Path
 
-from mtpbench.backends.vllm import (VllmBackend, check_num_speculative_tokens, counter_delta, engine_env,
-                                    engine_kwargs, engine_model)
+from mtpbench.backends.vllm import (EXPAND_FAULT, VllmBackend, check_num_speculative_tokens, counter_delta,
+                                    engine_env, engine_kwargs, engine_model, served_expand_fault)
 from mtpbench.checkpoint import derived_checkpoint, mtp_layer_bytes
 from mtpbench.config import SweepConfig
 from mtpbench.environment import require_vllm
@@ -394,11 +394,23 @@ def launched_runner(log_text: str, env: dict, asked: str | None) -> dict:
     return {"runner": ran, "drafter": None, "interpreted": interpreted, "notes": notes}
 
 
-def attached_runner() -> dict:
-    """An attached server's runner cannot be observed from outside (nor whether Triton interprets)."""
+def launched_sampler_fault(runner: str, k: int, env: dict) -> str | None:
+    """A launched server's ``sampler_fault``, as the offline backend's: the expand probe of its own vLLM
+    (``served_expand_fault``) when it drafts on V1, None when it does not draft or runs V2 (its own
+    sampler), ``unknown`` when its log does not say which runner ran."""
     from mtpbench.runners import UNKNOWN
 
-    return {"runner": UNKNOWN, "drafter": None, "interpreted": None, "notes": []}
+    if k == 0 or runner == "v2":
+        return None
+    return UNKNOWN if runner == UNKNOWN else served_expand_fault(env)
+
+
+def attached_runner() -> dict:
+    """An attached server's runner cannot be observed from outside (nor whether Triton interprets, nor its
+    sampler: ``sampler_fault`` unknown)."""
+    from mtpbench.runners import UNKNOWN
+
+    return {"runner": UNKNOWN, "drafter": None, "interpreted": None, "sampler_fault": UNKNOWN, "notes": []}
 
 
 def connection_facts(conn) -> dict:
@@ -567,6 +579,8 @@ class VllmServerBackend:
             raise RuntimeError(self.failed[(point.k, point.mtp_layers)]) from None
         run.startup_s, run.mtp_weight_bytes = startup, weights
         ran = dict(self.ran)
+        if ran.get("sampler_fault") == EXPAND_FAULT and cfg.temperature > 0:  # as the offline backend's rows
+            notes.append(EXPAND_FAULT)
         run.notes = self.server.conn.notes() + notes + ran.pop("notes") + run.notes
         run.engine = {**{k: v for k, v in self.facts.items() if k not in ("gpu_telemetry", "notes")}, **ran}
         return run
@@ -665,9 +679,11 @@ class VllmServerBackend:
             raise MtpBenchError(f"vLLM server (k={k}) for check-lossless failed: {e}; server log ({log.name}): "
                                f"{guard.log_tail()}") from None
         ran = launched_runner(log.read_text(errors="replace"), env, cfg.runner)
+        startup = round(time.perf_counter() - t0, 3)
+        ran["sampler_fault"] = launched_sampler_fault(ran["runner"], k, env)
         facts = {"engine": "vllm-server", "attached": False, "server": server.base_url, "model": model,
                  "vllm": self.facts.get("vllm"), "k": k, "server_args": args, "engine_seed": seed,
-                 "startup_s": round(time.perf_counter() - t0, 3), **ran}
+                 "startup_s": startup, **ran}
         return server, facts
 
     def _complete(self, server: Server, bodies: list[dict], concurrency: int) -> list[dict]:
@@ -837,6 +853,7 @@ class VllmServerBackend:
             self.server.model = probe(base)["model"]
             self.ran = launched_runner(log.read_text(errors="replace"), env, cfg.runner)
             startup = time.perf_counter() - t0
+            self.ran["sampler_fault"] = launched_sampler_fault(self.ran["runner"], point.k, env)
             self._warm_up(cfg, prompts, max(cfg.concurrency))  # a server that cannot answer fails here
         except (RuntimeError, MtpBenchError) as e:
             guard.stop()
