@@ -383,7 +383,9 @@ def trace_matrix(
     from mtpbench.matrix import MatrixInterrupted, run_matrix
 
     def on_cell(c) -> None:
-        typer.echo(f"  {c.arch:<18} {c.runner:<3} {c.drafting:<13} {c.verdict}" + (f" [{c.layer_per_step}]" if c.layer_per_step else "")
+        # the runner asked for (the cell's column); "(asked V2, ran V1)" where the engine ran another
+        typer.echo(f"  {c.arch:<18} {c.runner_asked:<3} {c.drafting:<13} {c.verdict}"
+                   + (f" [{c.layer_per_step}]" if c.layer_per_step else "") + (f" ({c.note})" if c.note else "")
                    + (f"  {c.error.splitlines()[0][:100]}" if c.error else ""), err=True)
 
     try:
@@ -486,10 +488,21 @@ def check_lossless(
 
 
 @app.command()
-def report(out: Annotated[Path, typer.Argument(help="A sweep output directory.")]) -> None:
-    """Rebuild the table, summary.csv/json and plots from a sweep's saved JSON files."""
+def report(out: Annotated[Path, typer.Argument(help="A sweep or trace-matrix output directory.")]) -> None:
+    """Rebuild the table, summary.csv/json and plots from a sweep's saved JSON files (a trace-matrix's
+    matrix.csv/md/png from its matrix.json)."""
     from mtpbench.report import build
 
+    if (out / "matrix.json").is_file() and not (out / "run.json").exists():
+        from mtpbench.matrix import rebuild
+
+        try:
+            rebuild(out)
+        except MtpBenchError as e:
+            fail(str(e))
+        typer.echo(Path(out, "matrix.md").read_text())
+        typer.echo(f"wrote {out}/matrix.csv, matrix.json, matrix.md, matrix.png")
+        return
     try:
         rows = build(out)
     except MtpBenchError as e:

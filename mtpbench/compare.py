@@ -10,13 +10,17 @@ B - A and one word:
   both runs measured (``stats.paired_ratio_diff_ci``);
 * timings (tokens/s, TTFT p50, TPOT p50): a bootstrap of the difference of medians over each side's
   repeats (``--repeats``); a point timed once has no interval;
+* speedup (each run's point against its own k = 0): each side's ratio of geometric means of the repeats,
+  from 3 each, and a Welch t interval on the logs around their difference (``stats.speedup_diff``);
 * ``better`` / ``worse``: the interval excludes 0 in the metric's good / bad direction; ``within noise``:
   it holds 0; ``no interval``: the data cannot tell (no per-request data, a single repeat).
 
 Where a metric has an interval, A, B and B - A come from the same data as the interval (acceptance: the
-requests both runs made of the same prompts, pooled; timings: the medians of the repeats), so a verdict
-never contradicts the sign of B - A, also when a server's counters held foreign traffic or the prompt
-sets only overlap; each row says where its values come from (``values_from``).
+requests both runs made of the same prompts, pooled; timings: the medians of the repeats; speedup: the
+ratios of geometric means, so it can differ a little from the sweep table's ratio of medians), so a
+verdict never contradicts the sign of B - A and B - A lies inside its interval, also when a server's
+counters held foreign traffic or the prompt sets only overlap; each row says where its values come from
+(``values_from``).
 
 How the engines executed (eager or compiled graphs, and vLLM's model runner) is a difference between
 the runs as a whole: vLLM with ``--force-spec-step-idx`` runs every point eagerly, k = 0 included. Then
@@ -63,7 +67,8 @@ class CompareRow:
     higher_is_better: bool
     paired_prompts: int | None  # prompts paired for acceptance; None for timings
     # where A, B and B - A come from: the data of the interval ("paired prompts": the requests both runs
-    # made of the same prompts, pooled; "repeats": medians of each side's timed runs), or, with no
+    # made of the same prompts, pooled; "repeats": medians of each side's timed runs; "repeats (geometric
+    # means)": a speedup's ratio of geometric means of both points' timed runs), or, with no
     # interval, "each run's table" (engine counters, which a server's foreign traffic also feeds)
     values_from: str = ""
 
@@ -175,6 +180,7 @@ def _r6(x: float | None) -> float | None:
 
 
 TABLE = "each run's table"
+GEOMETRIC = "repeats (geometric means)"  # speedup: each run's ratio of geometric means over its repeats
 
 
 def _by_prompt(requests, category: str) -> dict[tuple[str, int], object]:
@@ -249,17 +255,13 @@ def compare_points(name: str, pa: tuple[GridPoint, PointRun], pb: tuple[GridPoin
                                     hib, None, TABLE))
             if ga.k > 0 and base is not None:
                 reps = [[r.get("output_tokens_per_sec") for r in x.repeats] for x in (ra, base[0], rb, base[1])]
-                ci = stats.speedup_diff_ci(*reps)
-                if ci is not None:
-                    sa, sb = (_ratio(stats.median(x), stats.median(y)) for x, y in (reps[:2], reps[2:]))
-                    out.append(_row(name, ga.k, cat, "speedup", sa, sb, ci, True, None, "repeats"))
+                est = stats.speedup_diff(*reps)
+                if est is not None:  # A, B and B - A: the ratios of geometric means the interval is centred on
+                    sa, sb, ci = est
+                    out.append(_row(name, ga.k, cat, "speedup", sa, sb, ci, True, None, GEOMETRIC))
                 else:
                     out.append(_row(name, ga.k, cat, "speedup", row_a.speedup, row_b.speedup, None, True, None, TABLE))
     return out
-
-
-def _ratio(x: float | None, y: float | None) -> float | None:
-    return x / y if x is not None and y else None
 
 
 def _metric(row: PointResult, metric: str):

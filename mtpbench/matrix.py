@@ -10,14 +10,19 @@ Every cell is checked against vLLM itself: vLLM's spec-decode counters must show
 must make k draft calls, and the layer that ran must be the one the model's own rule picks from what the
 predictor received (``spec_step_idx % L``, the default 0 when nothing was passed).
 
+Cells are filed under the model runner they were asked for (a column per runner asked); an engine that
+ran another one says so in the cell's note ("asked V2, ran V1") instead of taking that runner's cell.
+
 Output: ``matrix.csv``, ``matrix.json``, ``matrix.md`` and ``matrix.png``. On Ctrl-C the running engines'
 process groups are killed, queued architectures are not started, and the files are written with the
 architectures that finished; the others' cells say ``interrupted`` and the files say the matrix is partial.
+``mtpbench report DIR`` rebuilds the csv, md and png from ``matrix.json`` (``rebuild``).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, fields
@@ -45,6 +50,7 @@ class Cell:
     mtp_class: str  # vLLM's registry key
     target: str
     runner: str  # vLLM's model runner the engine ran ("v1", "v2"; the one asked for if it did not start)
+    runner_asked: str  # the one it was asked for: the cell's column (older matrix.json: the one it ran)
     drafter: str  # the class that drafted: V1's proposer (EagleProposer, ...) or V2's speculator
     drafting: str  # "as installed" or "forced" (spec_step_idx = draft step)
     k: int
@@ -60,6 +66,11 @@ class Cell:
     vllm_check: str  # "consistent" or what disagrees with vLLM's counters / the model's own rule
     num_drafts: int
     startup_s: float | None
+    note: str  # "asked V2, ran V1" where the engine ran another runner than the one asked for, else ""
+
+
+def runner_note(asked: str, ran: str) -> str:
+    return f"asked {asked.upper()}, ran {ran.upper()}" if asked and ran and asked != ran else ""
 
 
 def _steps(records: list, k: int, attr: str) -> str:
@@ -130,13 +141,16 @@ def _cells_for(arch, k: int, L: int, data: dict | None, error: str, verdict: str
     loaded = data["traces"][0]["num_layers"] if data and data.get("traces") else None
     ok, problems = load_verdict(check, loaded, hidden_layers)
     first = (data or {}).get("traces") or [{}]
+    ran = first[0].get("runner") or runner
     base = dict(arch=arch.name, mtp_class=arch.mtp_class, target=arch.target, k=k, mtp_layers=L,
-                runner=first[0].get("runner") or runner, drafter=first[0].get("drafter") or "",
-                load_ok=ok, load_problems=problems, startup_s=(data or {}).get("startup_s"))
+                runner_asked=runner or ran, load_ok=ok, load_problems=problems, startup_s=(data or {}).get("startup_s"))
     if data is None:
         return [Cell(drafting=d, loaded_layers=None, verdict=verdict, layer_per_step="", idx_received="",
-                     evidence="", error=error, vllm_check="", num_drafts=0, **base) for d in DRAFTING]
+                     evidence="", error=error, vllm_check="", num_drafts=0, runner=ran, drafter="", note="", **base)
+                for d in DRAFTING]
     for drafting, tr in zip(DRAFTING, data["traces"]):
+        # each trace's own engine (a trace after a crash runs in a fresh one); one that did not start: the first's
+        tr_ran, drafter = tr.get("runner") or ran, tr.get("drafter") or first[0].get("drafter") or ""
         records = [CallRecord(**r) for r in tr["records"]]
         n = tr["num_layers"]
         bytes_ = data.get("layer_bytes", [])
@@ -146,7 +160,8 @@ def _cells_for(arch, k: int, L: int, data: dict | None, error: str, verdict: str
                           layer_per_step=_steps(records, k, "executed_layer"),
                           idx_received=_steps(records, k, "wrapper_spec_step_idx"), evidence=" | ".join(v.evidence),
                           error=tr["crash"] or "", vllm_check=vllm_check(records, n, k, tr["num_drafts"], tr["crash"]),
-                          num_drafts=tr["num_drafts"], **base))
+                          num_drafts=tr["num_drafts"], runner=tr_ran, drafter=drafter,
+                          note=runner_note(base["runner_asked"], tr_ran), **base))
     return cells
 
 
@@ -294,7 +309,8 @@ def run_matrix(names: list[str] | None, out: Path, k: int | None = None, jobs: i
 
 
 def write_matrix(out: Path, cells: list[Cell], version: str, wall_s: float, jobs: int,
-                 interrupted: bool = False) -> None:
+                 interrupted: bool = False, saved_provenance: dict | None = None) -> None:
+    """The four files; ``saved_provenance``: a rebuild's, kept as the matrix recorded it."""
     import csv
     import io
 
@@ -308,29 +324,83 @@ def write_matrix(out: Path, cells: list[Cell], version: str, wall_s: float, jobs
     for c in cells:
         w.writerow({k: ("" if v is None else v) for k, v in asdict(c).items()})
     write_text(out / "matrix.csv", buf.getvalue())
+    prov = saved_provenance if saved_provenance is not None else provenance()
     write_json(out / "matrix.json", {"vllm": version, "wall_s": round(wall_s, 1), "jobs": jobs,
                                      "interrupted": interrupted, "cells": [asdict(c) for c in cells],
-                                     "provenance": provenance()})
-    write_text(out / "matrix.md", markdown(cells, version, wall_s, jobs))
+                                     "provenance": prov})
+    write_text(out / "matrix.md", markdown(cells, version, wall_s, jobs, _cpu_of(saved_provenance)))
     plot(out / "matrix.png", cells, version)
 
 
+def _cpu_of(prov: dict | None) -> str | None:
+    """A saved matrix's CPU, as ``environment.cpu_summary`` words it (None: this machine's, a fresh run)."""
+    from mtpbench.environment import describe_cpu_flags
+
+    if prov is None:
+        return None
+    hw = prov.get("hardware") or {}
+    flags = describe_cpu_flags(hw["cpu_flags"]) if isinstance(hw.get("cpu_flags"), dict) else None
+    return (hw.get("cpu") or "unknown CPU") + (f" [{flags}]" if flags else "")
+
+
+# the engine's own note, which older cells kept only in their evidence (backends.vllm.engine_runner)
+ASKED_IN_EVIDENCE = re.compile(r"asked for vLLM model runner (\w+), the engine ran")
+
+
+def load_cells(records: list, where: str = "matrix.json") -> list[Cell]:
+    """Cells from matrix.json's records. A record from before cells named the runner asked for: the one its
+    evidence names as asked where the engine ran another, else the one it ran; its note follows from them."""
+    names = [f.name for f in fields(Cell)]
+    out = []
+    for i, rec in enumerate(records):
+        if not isinstance(rec, dict):
+            raise MtpBenchError(f"{where}: cell {i} is not an object")
+        if not rec.get("runner_asked"):
+            m = ASKED_IN_EVIDENCE.search(str(rec.get("evidence") or ""))
+            asked = m[1].lower() if m else rec.get("runner")
+            rec = {**rec, "runner_asked": asked, "note": runner_note(asked, rec.get("runner"))}
+        missing = [n for n in names if n not in rec]
+        if missing:
+            raise MtpBenchError(f"{where}: cell {i} lacks {', '.join(missing)}")
+        out.append(Cell(**{n: rec[n] for n in names}))
+    return out
+
+
+def rebuild(out: Path) -> list[Cell]:
+    """matrix.csv, matrix.md and matrix.png (and matrix.json, in today's fields) from a saved matrix.json."""
+    import json
+
+    path = Path(out) / "matrix.json"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise MtpBenchError(f"{path}: unreadable ({e})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("cells"), list):
+        raise MtpBenchError(f"{path}: no cells (not a trace-matrix file)")
+    cells = load_cells(data["cells"], str(path))
+    write_matrix(Path(out), cells, data.get("vllm", "unknown"), data.get("wall_s") or 0.0, data.get("jobs") or 1,
+                 bool(data.get("interrupted")), data.get("provenance") or {})
+    return cells
+
+
 def runners_of(cells: list[Cell]) -> list[str]:
-    return sorted({c.runner for c in cells})
+    """The runners asked for: one column each."""
+    return sorted({c.runner_asked for c in cells})
 
 
 def rows(cells: list[Cell]) -> list[list]:
     """One row per architecture: for each runner, the class that drafted and both draftings side by side."""
     by: dict[str, dict[tuple[str, str], Cell]] = {}
     for c in cells:
-        by.setdefault(c.arch, {})[(c.runner, c.drafting)] = c
+        by.setdefault(c.arch, {})[(c.runner_asked, c.drafting)] = c
     out = []
     for arch, d in by.items():
         first = next(iter(d.values()))
         loaded = sorted({str(c.loaded_layers) for c in d.values() if c.loaded_layers is not None}) or ["?"]
         row = [arch, first.mtp_class, f"{'/'.join(loaded)} of {first.mtp_layers}"]
         for runner in runners_of(cells):
-            drafters = {c.drafter for (r, _), c in d.items() if r == runner and c.drafter}
+            drafters = {c.drafter + (f" (ran {c.runner.upper()})" if c.note else "")
+                        for (r, _), c in d.items() if r == runner and c.drafter}
             row.append(", ".join(sorted(drafters)) or "-")
             for drafting in DRAFTING:
                 c = d.get((runner, drafting))
@@ -340,11 +410,11 @@ def rows(cells: list[Cell]) -> list[list]:
                 text = c.verdict + (f" ({c.layer_per_step})" if c.layer_per_step else "")
                 if c.error and c.verdict in ("crashed", "engine error", "did not start", "build failed"):
                     text += f": {c.error.splitlines()[0][:90]}"
-                row.append(text)
+                row.append(text + (f"; {c.note}" if c.note else ""))
         loads = {(c.load_ok, c.load_problems) for c in d.values() if c.load_ok is not None}
         row.append("; ".join(("ok" + (f" ({p})" if p else "")) if ok else p[:80] for ok, p in sorted(loads, key=str))
                    or "-")
-        checks = {f"{c.runner.upper()}: {c.vllm_check}" if c.vllm_check != "consistent" else "consistent"
+        checks = {f"{c.runner_asked.upper()}: {c.vllm_check}" if c.vllm_check != "consistent" else "consistent"
                   for c in d.values() if c.vllm_check}
         row.append("; ".join(sorted(checks)) or "-")
         out.append(row)
@@ -368,18 +438,20 @@ def headers(cells: list[Cell]) -> list[str]:
     return out + ["load check", "vs vLLM"]
 
 
-def markdown(cells: list[Cell], version: str, wall_s: float, jobs: int) -> str:
+def markdown(cells: list[Cell], version: str, wall_s: float, jobs: int, cpu: str | None = None) -> str:
+    """``cpu``: the CPU the matrix ran on (None: this machine's)."""
     from tabulate import tabulate
 
     from mtpbench.environment import cpu_summary
 
     # the CPU's flags pick vLLM's CPU paths (AMX: AMX_MLA, else CPU_MLA): a cell that did not start may be the CPU's
     head = (f"MTP layer matrix, vLLM {version}, k = {k_text(cells)}, {len(set(c.arch for c in cells))} architectures, "
-            f"{wall_s:.0f} s with {jobs} engine(s) side by side, CPU: {cpu_summary()}\n\n")
+            f"{wall_s:.0f} s with {jobs} engine(s) side by side, CPU: {cpu or cpu_summary()}\n\n")
     stopped = {c.arch for c in cells if c.verdict == INTERRUPTED}
     if stopped:
         head += (f"**Partial matrix**: interrupted (Ctrl-C) before {len(stopped)} of "
                  f"{len(set(c.arch for c in cells))} architectures finished; their cells say `{INTERRUPTED}`.\n\n")
+    # a column is the runner asked for; a cell whose engine ran another says so ("asked V2, ran V1")
     key = "".join(f"\n- {RUNNER_TITLES.get(r, r)}" for r in runners_of(cells))
     return head + f"Model runners:{key}\n\n" + tabulate(rows(cells), headers=headers(cells), tablefmt="github") + "\n"
 
@@ -401,13 +473,15 @@ def plot(path: Path, cells: list[Cell], version: str) -> None:
     fig, ax = plt.subplots(figsize=(5.5 * len(columns) / 2 + 5.5, 0.9 + 0.42 * len(archs)))
     for i, arch in enumerate(archs):
         for j, (runner, drafting) in enumerate(columns):
-            c = next((c for c in cells if c.arch == arch and c.runner == runner and c.drafting == drafting), None)
+            c = next((c for c in cells if c.arch == arch and c.runner_asked == runner and c.drafting == drafting), None)
             if c is None:
                 continue
             ax.add_patch(plt.Rectangle((j, i), 1, 1, color=COLORS.get(c.verdict, "white"), ec="white"))
             text = c.verdict + (f"  [{c.layer_per_step}]" if c.layer_per_step else "")
             if drafting == DRAFTING[0] and c.drafter:
                 text += f"  {c.drafter}"
+            if c.note:
+                text += f"  ({c.note})"
             if c.error:
                 text += f"  {c.error.splitlines()[0][:38]}"
             ax.text(j + 0.02, i + 0.5, text, va="center", fontsize=6)
@@ -420,7 +494,7 @@ def plot(path: Path, cells: list[Cell], version: str) -> None:
                   [f"{a} ({next(c.mtp_class for c in cells if c.arch == a)})" for a in archs], fontsize=7)
     partial = " (PARTIAL: interrupted)" if any(c.verdict == INTERRUPTED for c in cells) else ""
     ax.set_title(f"Which MTP layer runs at each draft step: synthetic checkpoints on vLLM {version}, model runner "
-                 f"{' and '.join(r.upper() for r in runners_of(cells))}, k = {k_text(cells)}{partial}", fontsize=9)
+                 f"{' and '.join(r.upper() for r in runners_of(cells))} (as asked), k = {k_text(cells)}{partial}", fontsize=9)
     fig.text(0.01, 0.005, "[layer that ran at draft step 0..k-1]  all: several layers in one call;  !: no MTP layer "
              "ran in the call;  -: no call;  then the class that drafted", fontsize=7)
     fig.tight_layout(rect=(0, 0.02, 1, 1))

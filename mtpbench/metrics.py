@@ -215,7 +215,7 @@ class PointResult:
     output_tokens_per_sec_ci_high: float | None = None
     request_throughput_per_sec: float | None = None
     speedup: float | None = None
-    speedup_ci_low: float | None = None  # bootstrap of the ratio of medians over both points' repeats
+    speedup_ci_low: float | None = None  # of the ratio of medians over both points' repeats (stats.median_ratio_ci)
     speedup_ci_high: float | None = None
     ttft_ms_p50: float | None = None
     ttft_ms_p50_ci_low: float | None = None

@@ -171,8 +171,11 @@ def rows_from_points(points: list[dict], failures: list[dict]) -> list[PointResu
         if not (r.output_tokens_per_sec and b and b.output_tokens_per_sec):
             return r
         ci = stats.median_ratio_ci(tokps.get(id(r), []), tokps.get(id(b), [])) if r is not b else None
-        return replace(r, speedup=round(r.output_tokens_per_sec / b.output_tokens_per_sec, 4),
-                       speedup_ci_low=round(ci[0], 4) if ci else None, speedup_ci_high=round(ci[1], 4) if ci else None)
+        speedup = round(r.output_tokens_per_sec / b.output_tokens_per_sec, 4)
+        # the interval holds the ratio of medians (stats.median_ratio_ci); min / max keep the shown speedup,
+        # a ratio of the rounded medians, inside it after rounding too
+        return replace(r, speedup=speedup, speedup_ci_low=min(round(ci[0], 4), speedup) if ci else None,
+                       speedup_ci_high=max(round(ci[1], 4), speedup) if ci else None)
 
     return [without_timings(r) if id(r) in untimed else with_speedup(r) for r in rows]
 

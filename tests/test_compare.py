@@ -87,7 +87,10 @@ def test_a_point_that_fails_only_in_b_fails_the_comparison(tmp_path, runs):
 
 from dataclasses import asdict  # noqa: E402
 
+import numpy as np  # noqa: E402
+
 from mtpbench import compare as cmp  # noqa: E402
+from mtpbench import stats  # noqa: E402
 from mtpbench.config import SweepConfig, fingerprint  # noqa: E402
 from mtpbench.metrics import BatchRecord, GridPoint, RequestRecord, request_acceptance  # noqa: E402
 
@@ -184,7 +187,8 @@ def test_the_interval_of_a_known_timing_loss_covers_it_and_excludes_zero(tmp_pat
     assert tokps["diff"] == pytest.approx(-15) and tokps["ci_low"] <= -15 <= tokps["ci_high"] < 0
     assert tokps["verdict"] == "worse" and tokps["values_from"] == "repeats"
     speedup = row(result, "speedup")
-    assert speedup["diff"] == pytest.approx(-0.15) and speedup["ci_low"] <= -0.15 <= speedup["ci_high"] < 0
+    # ratios of geometric means: STEADY's geometric mean is not its median, 100, so B - A is -0.150005
+    assert speedup["diff"] == pytest.approx(-0.15, abs=1e-5) and speedup["ci_low"] <= -0.15 <= speedup["ci_high"] < 0
     assert speedup["verdict"] == "worse"
     assert row(result, "output_tokens_per_sec", point="k0")["verdict"] == "within noise"
     assert not result["notes"] and not result["timings_drifted"]
@@ -292,3 +296,46 @@ def test_a_repeated_prompt_id_pairs_by_order_and_says_so(tmp_path):
     assert al["paired_prompts"] == 13 and al["diff"] == pytest.approx(0.1)
     assert ("vllm-L1-k2: prompt id 'p0' occurs more than once in A: paired by order of appearance (the n-th "
             "with the n-th)") in result["notes"]
+
+
+def test_a_speedup_difference_lies_inside_its_interval_where_medians_and_geometric_means_part(tmp_path):
+    """Three of A's eight k = 0 runs and three of B's eight k = 2 runs were slow (60 and 120 tok/s): the
+    ratios of medians (A 1.51, B 1.99, B - A +0.48) and of geometric means (A 1.82, B 1.65) part. The
+    interval is built around the geometric means: B - A shown beside it must be their difference, inside it
+    (the ratio-of-medians difference lay above it, as +0.394 beside [-0.137, +0.392] was seen)."""
+    a_k0 = [100.0, 101.0, 99.0, 100.5, 99.5, 60.0, 60.0, 60.0]
+    b_k2 = [200.0, 201.0, 199.0, 200.5, 199.5, 120.0, 120.0, 120.0]
+    steady8 = STEADY + [100.0, 100.0]
+    k2 = [150.0, 151.0, 149.0, 150.5, 149.5, 150.0, 150.0, 150.0]
+    a = make_run(tmp_path / "a", a_k0, k2, HARD_AND_EASY)
+    b = make_run(tmp_path / "b", steady8, b_k2, HARD_AND_EASY)
+    result = cmp.compare(a, b, out=tmp_path / "c")
+    s = row(result, "speedup")
+    assert s["ci_low"] <= s["diff"] <= s["ci_high"] and s["verdict"] == "within noise"
+    assert s["diff"] == pytest.approx(s["b"] - s["a"], abs=2e-6) and s["values_from"] == cmp.GEOMETRIC
+    geo = lambda x: float(np.exp(np.mean(np.log(x))))  # noqa: E731
+    assert s["a"] == pytest.approx(geo(k2) / geo(a_k0), abs=1e-6)
+    assert s["b"] == pytest.approx(geo(b_k2) / geo(steady8), abs=1e-6)
+    assert (s["ci_low"], s["ci_high"]) == pytest.approx(stats.speedup_diff_ci(k2, a_k0, b_k2, steady8), abs=1e-6)
+    # the table and its markdown show the same numbers
+    line = next(x for x in cmp.table_lines(result) if x[1] == "speedup")
+    assert line[2:5] == [f"{s['a']:.4g}", f"{s['b']:.4g}", f"{s['diff']:+.4g}"] and line[8] == cmp.GEOMETRIC
+    assert "| vllm-L1-k2 | speedup | " + " | ".join(line[2:]) + " |" in (tmp_path / "c" / "compare.md").read_text()
+    _signs_agree(result)
+
+
+def test_a_sweep_rows_speedup_lies_inside_its_interval_with_two_mode_timings(tmp_path):
+    """16 repeats a point, each run fast (~100 tok/s) or slow (~75): at k = 2 half the runs were slow, at
+    k = 0 nine of 16. The speedup is the ratio of the medians (87.7 / 75.5 = 1.16), while the rank interval
+    of the pairwise ratios gathers around 1 ([0.99, 1.01]): it must be stretched to hold the speedup."""
+    from mtpbench.report import load_run, rows_from_points
+
+    k2 = [75.0 + 0.1 * i for i in range(8)] + [100.0 + 0.1 * i for i in range(8)]
+    k0 = [75.0 + 0.1 * i for i in range(9)] + [100.0 + 0.1 * i for i in range(7)]
+    d = make_run(tmp_path / "a", k0, k2, HARD_AND_EASY)
+    _, points, failures = load_run(d)
+    r = next(x for x in rows_from_points(points, failures) if x.k == K and x.category == "all")
+    assert r.speedup == pytest.approx(float(np.median(k2) / np.median(k0)), abs=1e-3) and r.speedup > 1.1
+    assert r.speedup_ci_low <= r.speedup <= r.speedup_ci_high
+    lo, hi = stats.median_ratio_ci(k2, k0)
+    assert lo <= float(np.median(k2) / np.median(k0)) <= hi and lo < 1.0  # the rank interval's own end stays

@@ -196,3 +196,103 @@ def test_vllm_check_of_calls_that_ran_no_layer_says_unchecked():
     assert vllm_check(recs, 2, 2, 5, None) == "the layer rule not checked: no MTP layer ran"
     recs = [CallRecord(1, 1, s, predictor_spec_step_idx=s, executed_layer=s) for s in range(2)]
     assert vllm_check(recs, 2, 2, 5, None) == "consistent"
+
+
+# ---- cells filed by the runner asked for, on hand-made traces (no engine) --------------------------------
+
+def _trace(layers: list[int], forced: bool, ran: str, drafter: str, asked: str) -> dict:
+    """One traced generation of a 2-layer MTP at k = 2: three proposals whose steps ran ``layers``."""
+    recs = [CallRecord(0, p, s, wrapper_spec_step_idx=s if forced else "absent",
+                       predictor_spec_step_idx=s if forced else "absent", executed_layer=layer, expected_layer=s,
+                       forced=forced)
+            for p in range(3) for s, layer in enumerate(layers)]
+    # the engine's own note where it ran another runner (backends.vllm.engine_runner), kept in the evidence
+    notes = [f"asked for vLLM model runner {asked.upper()}, the engine ran {ran.upper()} {drafter}"] * (asked != ran)
+    return {"records": [vars(r) for r in recs], "crash": None, "crash_in_draft": False, "num_layers": 2,
+            "num_drafts": 3, "runner": ran, "drafter": drafter, "notes": notes}
+
+
+def _engine(asked: str, ran: str, drafter: str, as_installed: list[int]) -> dict:
+    return {"traces": [_trace(as_installed, False, ran, drafter, asked), _trace([0, 1], True, ran, drafter, asked)],
+            "layer_bytes": [100, 100], "startup_s": 1.0}
+
+
+def _asked_v1_and_v2_but_v2_ran_v1():
+    from mtpbench.matrix import _cells_for
+    from mtpbench.synth.common import Arch
+
+    arch = Arch("toy", "ToyMTP", "ToyForCausalLM", None, mtp_layers=2)
+    v1 = _cells_for(arch, 2, 2, _engine("v1", "v1", "EagleProposer", [0, 0]), "", "", 0, "v1")
+    # the engine asked for V2 fell back to V1 (a build without the V2 runner): it drafts as V1 does
+    v2 = _cells_for(arch, 2, 2, _engine("v2", "v1", "EagleProposer", [0, 0]), "", "", 0, "v2")
+    # a second architecture whose V2 engine did run V2
+    other = Arch("other", "OtherMTP", "OtherForCausalLM", None, mtp_layers=2)
+    return v1 + v2 + _cells_for(other, 2, 2, _engine("v1", "v1", "EagleProposer", [0, 0]), "", "", 0, "v1") + \
+        _cells_for(other, 2, 2, _engine("v2", "v2", "MultiModuleMTPSpeculator", [0, 1]), "", "", 0, "v2")
+
+
+def test_a_cell_is_filed_under_the_runner_asked_for_with_a_note_when_another_ran(tmp_path):
+    """An engine asked for V2 that ran V1 once overwrote the V1 cell, and the V2 column of its
+    architecture disappeared. Each cell stays in its asked column; "asked V2, ran V1" says what ran."""
+    from mtpbench.matrix import headers, markdown, rows, write_matrix
+
+    cells = _asked_v1_and_v2_but_v2_ran_v1()
+    head = headers(cells)
+    assert "V1 as installed (layer per step)" in head and "V2 as installed (layer per step)" in head
+    table = {r[0]: dict(zip(head, r)) for r in rows(cells)}
+    toy = table["toy"]
+    assert toy["V1 as installed (layer per step)"] == "layer-0 reuse (0 0)"  # its own cell, no note
+    assert toy["V2 as installed (layer per step)"] == "layer-0 reuse (0 0); asked V2, ran V1"
+    assert toy["V2 forced spec_step_idx (layer per step)"] == "multi-module (0 1); asked V2, ran V1"
+    assert toy["V1 drafted by"] == "EagleProposer" and toy["V2 drafted by"] == "EagleProposer (ran V1)"
+    assert table["other"]["V2 as installed (layer per step)"] == "multi-module (0 1)"
+    assert table["other"]["V2 drafted by"] == "MultiModuleMTPSpeculator"
+    moved = [c for c in cells if c.note]
+    assert [(c.arch, c.runner_asked, c.runner, c.note) for c in moved] == [("toy", "v2", "v1", "asked V2, ran V1")] * 2
+    write_matrix(tmp_path, cells, "0.32.0", 10.0, 1)
+    import csv
+
+    with open(tmp_path / "matrix.csv") as f:
+        csv_rows = list(csv.DictReader(f))
+    assert [(r["arch"], r["runner_asked"], r["runner"], r["note"]) for r in csv_rows if r["drafting"] == "forced"] == [
+        ("toy", "v1", "v1", ""), ("toy", "v2", "v1", "asked V2, ran V1"), ("other", "v1", "v1", ""),
+        ("other", "v2", "v2", "")]
+    data = json.loads((tmp_path / "matrix.json").read_text())
+    assert {(c["runner_asked"], c["note"]) for c in data["cells"] if c["arch"] == "toy"} == {
+        ("v1", ""), ("v2", "asked V2, ran V1")}
+    md = (tmp_path / "matrix.md").read_text()
+    assert md == markdown(cells, "0.32.0", 10.0, 1) and "layer-0 reuse (0 0); asked V2, ran V1" in md
+    assert (tmp_path / "matrix.png").stat().st_size > 1000
+
+
+def test_report_rebuilds_an_old_matrix_json_with_the_asked_runner_from_the_evidence(tmp_path):
+    """A matrix.json from before cells recorded the runner asked for: ``mtpbench report`` rebuilds its
+    files. The V2-asked engine that ran V1 is found by the engine's own note in its evidence; other cells
+    fall back to the runner they ran."""
+    from dataclasses import asdict
+
+    from typer.testing import CliRunner
+
+    from mtpbench.cli import app
+
+    old = [{k: v for k, v in asdict(c).items() if k not in ("runner_asked", "note")}
+           for c in _asked_v1_and_v2_but_v2_ran_v1()]
+    assert all(c["runner"] == "v1" for c in old if c["arch"] == "toy")  # as the old code filed them
+    prov = {"hardware": {"cpu": "AMD EPYC", "cpu_flags": {"avx512f": True, "amx_bf16": False}}}
+    (tmp_path / "matrix.json").write_text(json.dumps({"vllm": "0.32.0", "wall_s": 474.0, "jobs": 2,
+                                                      "interrupted": False, "cells": old, "provenance": prov}))
+    r = CliRunner().invoke(app, ["report", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    md = (tmp_path / "matrix.md").read_text()
+    assert "V2 as installed (layer per step)" in md and "layer-0 reuse (0 0); asked V2, ran V1" in md
+    assert "CPU: AMD EPYC [avx512f; no amx_bf16]" in md and "474 s with 2 engine(s)" in md and md in r.output
+    data = json.loads((tmp_path / "matrix.json").read_text())
+    assert data["provenance"] == prov and len(data["cells"]) == 8
+    assert sorted((c["arch"], c["runner_asked"], c["runner"], c["note"]) for c in data["cells"]
+                  if c["drafting"] == "forced") == [("other", "v1", "v1", ""), ("other", "v2", "v2", ""),
+                                                    ("toy", "v1", "v1", ""), ("toy", "v2", "v1", "asked V2, ran V1")]
+    assert "asked V2, ran V1" in (tmp_path / "matrix.csv").read_text()
+    # a cell the file cannot describe: one line, exit 2
+    (tmp_path / "matrix.json").write_text(json.dumps({"cells": [{"arch": "toy"}]}))
+    r = CliRunner().invoke(app, ["report", str(tmp_path)])
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1 and "cell 0 lacks mtp_class" in r.output
