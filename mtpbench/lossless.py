@@ -41,7 +41,7 @@ from mtpbench.errors import MtpBenchError
 
 BACKENDS = ("native", "vllm", "vllm-server")
 PROTOCOL = ("encode", "sample_arm", "target_logprobs", "logprob_noise", "greedy_divergences")
-# the default N, measured on the built-in model at k = 2, temperature 1, --threads 1 (README, check-lossless): the
+# the default N, measured on the built-in model at k = 2, temperature 1, --threads 1 (docs/check-lossless.md): the
 # planted lossy rule shifts the mean target log-prob by +0.101 +- 0.007 nats/token (10 checks); the standard error of
 # the shift is 0.0213 at 16 x 40 x 64 tokens (per-continuation sd about 0.37 at 64 tokens, 0.46 at 32: more
 # continuations buy more than longer ones). Power of the score half alone: 0.92 at 24 a prompt, 0.98 at 32, 0.994
@@ -460,7 +460,7 @@ def run_check(cfg: CheckConfig) -> dict:
     if e.backend == "native":
         import torch
 
-        engine["torch_threads"] = torch.get_num_threads()  # the native engine's speed hangs on it (README)
+        engine["torch_threads"] = torch.get_num_threads()  # native speed hangs on it (docs/check-lossless.md)
     if cfg.planted_lossy:  # only the native engine has Faults (check_config)
         backend.faults = replace(backend.faults, accept_draft_argmax=True)
     try:

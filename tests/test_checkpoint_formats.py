@@ -273,7 +273,7 @@ def test_vllm_v2_drafts_builtin_glm_as_the_native_chain():
     builtin-glm (the same tensors, the same math), 8 tokens of each of two built-in prompts. Over longer
     runs they part on some prompts: V2 re-runs the whole window through each module at every draft step
     and re-prefills stale KV slots, where the native chain catches each layer up with final inputs (the
-    README's walkthrough counts how often)."""
+    walkthrough in docs/runners.md counts how often)."""
     if os.environ.get("CI") != "true":
         pytest.importorskip("vllm")
     from dataclasses import asdict

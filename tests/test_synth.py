@@ -81,7 +81,7 @@ EXPECTED_V2 = {
     "step-3.5": ("MultiModuleMTPSpeculator", "multi-module", "multi-module"),
 }
 # V2 runs every kernel in Triton's interpreter here (tens of seconds per engine): CI runs the architectures
-# whose V2 answer differs most from V1's; MTPBENCH_V2_MATRIX=all runs every one (the README's V2 column)
+# whose V2 answer differs most from V1's; MTPBENCH_V2_MATRIX=all runs every one (docs/trace-matrix.md's V2 column)
 V2_ARCHS = ARCHS if os.environ.get("MTPBENCH_V2_MATRIX") == "all" else ["qwen3-next", "qwen3.5"]
 
 # where a release differs from 0.32.0: an architecture that does not start there, with the error's words.

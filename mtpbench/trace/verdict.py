@@ -27,7 +27,7 @@ def _is_zero_or_absent(v) -> bool:
 
 def judge(records: list[CallRecord], num_layers: int, k: int, layer_bytes: list[int],
           crash: str | None = None, crash_in_draft: bool = True) -> Verdict:
-    """The verdict and the evidence behind it (see the README for what each verdict means).
+    """The verdict and the evidence behind it (see docs/trace-layers.md for what each verdict means).
 
     Judged from what executed first (which layer ran at each step), then from what was passed. A layer
     counts as unused only if a correct schedule at this k (step s runs layer s mod L) would have run it.
