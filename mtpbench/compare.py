@@ -42,7 +42,8 @@ from mtpbench import stats
 from mtpbench.config import execution
 from mtpbench.errors import MtpBenchError
 from mtpbench.metrics import GridPoint, PointResult, PointRun
-from mtpbench.report import load_run, rows_from_points, write_json, write_text
+from mtpbench.files import write_json, write_text
+from mtpbench.report import load_run, rows_from_points
 
 # metric, higher is better
 ACCEPTANCE = (("acceptance_length", True), ("draft_acceptance_rate", True))

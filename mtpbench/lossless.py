@@ -443,12 +443,12 @@ def run_check(cfg: CheckConfig) -> dict:
     the saved record. Bad input raises MtpBenchError before anything is loaded or written."""
     from mtpbench.backends import get_backend
     from mtpbench.environment import provenance
-    from mtpbench.sweep import sweep_prompts
+    from mtpbench.prompts import run_prompts
 
     check_config(cfg)
     e = with_runner(cfg.engine)  # the runner each vLLM engine is asked for, recorded
     cfg = replace(cfg, engine=e)
-    pset = sweep_prompts(e)
+    pset = run_prompts(e)
     t0 = time.perf_counter()
     backend = get_backend(e.backend)
     if e.backend == "vllm-server":
@@ -601,7 +601,7 @@ def plot(record: dict, path: Path) -> None:
 
 
 def write_outputs(out: Path, record: dict) -> None:
-    from mtpbench.report import write_json, write_text
+    from mtpbench.files import write_json, write_text
 
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -315,7 +315,7 @@ def write_matrix(out: Path, cells: list[Cell], version: str, wall_s: float, jobs
     import io
 
     from mtpbench.environment import provenance
-    from mtpbench.report import write_json, write_text
+    from mtpbench.files import write_json, write_text
 
     out.mkdir(parents=True, exist_ok=True)
     buf = io.StringIO()

@@ -258,3 +258,20 @@ def batches(prompts: list[Prompt], batch_size: int) -> list[list[Prompt]]:
     for p in prompts:
         groups.setdefault(p.category, []).append(p)
     return [g[i: i + batch_size] for g in groups.values() for i in range(0, len(g), batch_size)]
+
+
+def run_prompts(cfg, context_tokens: int = 0) -> PromptSet:
+    """A run's prompts as its config (a ``config.SweepConfig``) asks for them (a sweep's, a check's), with ``context_tokens`` of held-out text first, through the model's chat template
+    unless the server applies its own (--api chat) or its files are not here (an attached server)."""
+    local = None if cfg.server else cfg.model_dir
+    if cfg.backend == "vllm-server" and cfg.api == "chat":
+        pset = prompt_set(cfg.prompts, cfg.num_prompts, local, "none", context_tokens)
+        pset.notes.append("the server applies its chat template (--api chat)")
+    elif cfg.server:
+        pset = prompt_set(cfg.prompts, cfg.num_prompts, None, "none", context_tokens)
+        if cfg.chat_template == "auto":
+            pset.notes.append("no chat template applied: an attached server's files are not read over "
+                              "/v1/completions (--api chat has the server apply its own)")
+    else:
+        pset = prompt_set(cfg.prompts, cfg.num_prompts, cfg.model_dir, cfg.chat_template, context_tokens)
+    return pset

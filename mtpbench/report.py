@@ -12,7 +12,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,18 +19,8 @@ from mtpbench import stats
 # a point's fingerprint is derived from SweepConfig's fields, next to it (re-exported for the sweep)
 from mtpbench.config import FINGERPRINT_KEYS, fingerprint  # noqa: F401
 from mtpbench.errors import MtpBenchError
+from mtpbench.files import write_json, write_text
 from mtpbench.metrics import GridPoint, PointResult, PointRun, mean_call_s, summarize, without_timings
-
-
-def write_text(path: Path, text: str) -> None:
-    """Write atomically, so an interrupted run never leaves a half-written file."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def write_json(path: Path, obj) -> None:
-    write_text(path, json.dumps(obj, indent=1) + "\n")
 
 
 TABLE_COLUMNS = [

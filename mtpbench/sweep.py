@@ -27,8 +27,9 @@ from mtpbench.config import SweepConfig, execution, validate, with_runner
 from mtpbench.environment import environment, provenance
 from mtpbench.errors import MtpBenchError
 from mtpbench.metrics import GridPoint, PointResult, check_requests_against_counters
-from mtpbench.prompts import PromptSet, prompt_set
-from mtpbench.report import build, divergence_holds, fingerprint, write_json
+from mtpbench.prompts import run_prompts
+from mtpbench.files import write_json
+from mtpbench.report import build, divergence_holds, fingerprint
 
 def grid(cfg: SweepConfig, checkpoint_layers: int | None, attached_k: int | None = None) -> list[GridPoint]:
     """The sweep's points in run order. Served runs vary the load innermost, so one server start
@@ -53,8 +54,8 @@ def run_sweep(cfg: SweepConfig, on_point: Callable[[int, int, str], None] | None
     n_layers = None if cfg.server else cfg.num_mtp_layers()  # an attached server's model is remote
     validate(cfg, n_layers)
     cfg = with_runner(cfg)  # the runner each engine is asked for, recorded in run.json and every point
-    pset = sweep_prompts(cfg)
-    psets = {x: sweep_prompts(cfg, x) if x else pset for x in sorted(set(cfg.context_tokens)) or [None]}
+    pset = run_prompts(cfg)
+    psets = {x: run_prompts(cfg, x) if x else pset for x in sorted(set(cfg.context_tokens)) or [None]}
     out = Path(cfg.out)
     t0 = time.perf_counter()
     backend = get_backend(cfg.backend)  # imports the engine (torch for native)
@@ -99,23 +100,6 @@ def run_sweep(cfg: SweepConfig, on_point: Callable[[int, int, str], None] | None
     if on_point:
         on_point(1, 1, "report")
     return build(out)
-
-
-def sweep_prompts(cfg: SweepConfig, context_tokens: int = 0) -> PromptSet:
-    """The prompts, with ``context_tokens`` of held-out text first, through the model's chat template
-    unless the server applies its own (--api chat) or its files are not here (an attached server)."""
-    local = None if cfg.server else cfg.model_dir
-    if cfg.backend == "vllm-server" and cfg.api == "chat":
-        pset = prompt_set(cfg.prompts, cfg.num_prompts, local, "none", context_tokens)
-        pset.notes.append("the server applies its chat template (--api chat)")
-    elif cfg.server:
-        pset = prompt_set(cfg.prompts, cfg.num_prompts, None, "none", context_tokens)
-        if cfg.chat_template == "auto":
-            pset.notes.append("no chat template applied: an attached server's files are not read over "
-                              "/v1/completions (--api chat has the server apply its own)")
-    else:
-        pset = prompt_set(cfg.prompts, cfg.num_prompts, cfg.model_dir, cfg.chat_template, context_tokens)
-    return pset
 
 
 def context_window(cfg: SweepConfig) -> tuple[int, str] | None:

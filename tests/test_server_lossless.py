@@ -18,10 +18,6 @@ from mtpbench.backends.vllm_server import free_port, http_get, parse_metrics
 from mtpbench.cli import app
 
 pytestmark = pytest.mark.vllm
-if os.environ.get("CI") == "true":
-    import vllm  # noqa: F401  CI must run these: a broken vLLM install fails, it does not skip
-else:
-    vllm = pytest.importorskip("vllm")
 
 from test_vllm_server import (assert_no_server_left, greedy_beside_sampled, kill_when_served,  # noqa: E402
                               start_server, stop_server)

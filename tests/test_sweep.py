@@ -40,15 +40,6 @@ def test_timings_without_an_interval_are_marked_in_the_table_and_hollow_in_the_p
     assert build(tmp_path / "three") and (tmp_path / "three" / "throughput.png").stat().st_size > 1000
 
 
-def test_the_default_sweep_times_six_repeats_on_the_native_backend_only():
-    from mtpbench.config import resolve
-
-    assert resolve({}).repeats == 6  # the fewest that give tokens/s an interval
-    assert resolve({"repeats": 2}).repeats == 2
-    assert resolve({"backend": "vllm"}).repeats == 1  # each repeat there is a whole timed engine run
-    assert resolve({}, defaults={"repeats": 3}).repeats == 3
-
-
 def test_greedy_rows_say_which_share_of_prompts_kept_the_k0_tokens(tmp_path):
     """Issue 16 item 4: greedy drafting is lossless, so every k > 0 row keeps k = 0's tokens (share 1.0);
     a point file whose second prompt's tokens were changed by hand reads 0.5, rebuilt from the files alone."""
@@ -111,9 +102,9 @@ def test_greedy_rows_count_the_numerical_divergences_from_margins_the_sweep_save
     [rec] = saved["records"]
     assert rec["prompt_id"] == point["requests"][1]["prompt_id"] and rec["position"] == 3
     # the margin is the target's own, from a teacher-forced k = 0 pass over the prompt the engine saw
-    from mtpbench.sweep import sweep_prompts
+    from mtpbench.prompts import run_prompts
 
-    prompt = sweep_prompts(cfg).prompts[1]
+    prompt = run_prompts(cfg).prompts[1]
     ids = load_tokenizer(cfg.model_dir).encode(prompt.text, add_special_tokens=not prompt.templated).ids
     [div] = greedy_divergences(model, [ids], [k0["requests"][1]["output_token_ids"]],
                                [point["requests"][1]["output_token_ids"]])
@@ -202,25 +193,6 @@ def test_a_backend_without_a_k0_pass_leaves_the_numerical_count_unknown(tmp_path
     saved = json.loads((tmp_path / "chain-L3-k1.json").read_text())["greedy_divergences"]
     assert "unavailable" in saved
     assert "numerical" not in table(rows).splitlines()[0]  # the column only where some row has a count
-
-
-def test_the_numerical_count_trusts_only_records_that_describe_the_tokens():
-    from mtpbench.report import greedy_numerical
-
-    saved = {"dtype": "float32", "threshold": 3.05e-5, "threshold_source": "the float32 floor",
-             "records": [{"prompt_id": "a", "position": 1, "margin": 1e-6, "k0_token": 5, "spec_token": 6,
-                          "logit_gap": 1e-6, "class": "numerical"},
-                         {"prompt_id": "b", "position": 0, "margin": 2.0, "k0_token": 1, "spec_token": 2,
-                          "logit_gap": 2.0, "class": "divergent"}]}
-    differ = [("a", [4, 5, 7], [4, 6, 7]), ("b", [1, 1], [2, 1])]
-    assert greedy_numerical(saved, differ)[0] == 1
-    assert "1 of 2 divergences from k = 0 is numerical" in greedy_numerical(saved, differ)[1]
-    assert greedy_numerical(saved, []) == (None, None)
-    # the k = 0 point measured again since, with other tokens: that record no longer holds
-    count, note = greedy_numerical(saved, [("a", [4, 9, 7], [4, 6, 7]), ("b", [1, 1], [2, 1])])
-    assert count is None and "prompt(s) a" in note
-    count, note = greedy_numerical({"unavailable": "no k = 0 pass"}, differ)
-    assert count is None and note.endswith("no k = 0 pass")
 
 
 def test_an_engine_that_does_not_say_its_dtype_under_auto_saves_margins_unclassified(tmp_path, monkeypatch):

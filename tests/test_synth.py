@@ -10,6 +10,7 @@ import os
 import shutil
 
 import pytest
+from conftest import vllm_version
 from typer.testing import CliRunner
 
 from mtpbench.cli import app
@@ -18,10 +19,6 @@ from mtpbench.synth import archs, cached
 from mtpbench.synth.common import Arch, write_checkpoint
 
 pytestmark = pytest.mark.vllm
-if os.environ.get("CI") == "true":
-    import vllm  # noqa: F401  CI must run these: a broken vLLM install fails, it does not skip
-else:
-    vllm = pytest.importorskip("vllm")
 
 runner = CliRunner()
 ARCHS = sorted(archs())
@@ -93,7 +90,7 @@ PINNED = ("0.31.0", "0.32.0")  # the releases whose verdicts EXPECTED (with DID_
 
 def known_failure(name: str, cell) -> bool:
     """The cell is this release's known failure to start (and so nothing else about it is checked)."""
-    known = DID_NOT_START.get(vllm.__version__, {}).get(name)
+    known = DID_NOT_START.get(vllm_version(), {}).get(name)
     if known:
         assert cell.verdict == "did not start" and known in (cell.error or ""), (cell.verdict, cell.error)
     return bool(known)
@@ -127,7 +124,7 @@ def test_model_runner_v2_cells_agree_with_vllm_and_are_pinned(v2_matrix, name):
         assert c.runner == "v2" and c.load_ok, (c.verdict, c.error, c.load_problems)
         expected = "consistent before the crash" if c.verdict == "crashed" else "consistent"
         assert c.vllm_check == expected, (d, c.vllm_check)
-    if vllm.__version__ in PINNED and name in EXPECTED_V2:
+    if vllm_version() in PINNED and name in EXPECTED_V2:
         got = (cells[name, DRAFTING[0]].drafter, *(cells[name, d].verdict for d in DRAFTING))
         assert got == EXPECTED_V2[name], [cells[name, d].evidence for d in DRAFTING]
 
@@ -156,7 +153,7 @@ def test_matrix_cells_agree_with_vllm(matrix, name):
     for d in DRAFTING:
         if cells[name, d].verdict == "crashed":
             assert cells[name, d].error and "the draft model raised" in cells[name, d].evidence
-    if vllm.__version__ in PINNED and name in EXPECTED:
+    if vllm_version() in PINNED and name in EXPECTED:
         got = tuple(cells[name, d].verdict for d in DRAFTING)
         assert got == EXPECTED[name], [cells[name, d].evidence for d in DRAFTING]
 
@@ -170,7 +167,7 @@ def test_matrix_covers_the_pull_requests_architectures_and_writes_its_files(matr
     md = (out / "matrix.md").read_text()
     assert all(f"| {a} " in md for a in ARCHS)
     data = json.loads((out / "matrix.json").read_text())
-    assert data["vllm"] == vllm.__version__ and len(data["cells"]) == 2 * len(ARCHS)
+    assert data["vllm"] == vllm_version() and len(data["cells"]) == 2 * len(ARCHS)
 
 
 @pytest.mark.skipif(not __import__("torch").cpu._is_amx_tile_supported(),

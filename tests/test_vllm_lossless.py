@@ -17,10 +17,6 @@ from mtpbench.config import SweepConfig
 from mtpbench.prompts import load_prompts
 
 pytestmark = pytest.mark.vllm
-if os.environ.get("CI") == "true":
-    import vllm  # noqa: F401  CI must run these: a broken vLLM install fails, it does not skip
-else:
-    vllm = pytest.importorskip("vllm")
 
 TOKENS = 8
 # native (PyTorch SDPA, one teacher-forced batch) against vLLM's CPU kernels, both float32: the same

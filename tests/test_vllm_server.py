@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import vllm_version
 from typer.testing import CliRunner
 
 from mtpbench.backends.vllm import VllmBackend
@@ -26,10 +27,6 @@ from mtpbench.procguard import group_alive
 from mtpbench.prompts import BUILTIN_MODEL_DIR, load_prompts
 
 pytestmark = pytest.mark.vllm
-if os.environ.get("CI") == "true":
-    import vllm  # noqa: F401  CI must run these: a broken vLLM install fails, it does not skip
-else:
-    vllm = pytest.importorskip("vllm")
 
 SERVE = ["--max-model-len", "1024", "--engine-arg", "enforce_eager=true"]
 EXPAND_FIX = Path(__file__).parent / "vllm_cpu_expand_fix"
@@ -192,7 +189,7 @@ def test_a_launched_servers_expand_step_is_probed_in_its_own_environment():
 
     env = server_env()
     shipped = vllm_expand_fault_expected()
-    if vllm.__version__ in ("0.31.0", "0.32.0"):  # the builds seen with it (vLLM issue #55005)
+    if vllm_version() in ("0.31.0", "0.32.0"):  # the builds seen with it (vLLM issue #55005)
         assert shipped is not None
     assert launched_sampler_fault("v1", 2, env) == shipped
     fixed = {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(EXPAND_FIX), env.get("PYTHONPATH")]))}
@@ -274,7 +271,7 @@ def test_attached_server_is_measured_not_managed(tmp_path, drafting_server):
     assert http_get(drafting_server + "/health")[0] == 200  # still up: not ours to stop
     run = json.loads((out / "run.json").read_text())
     assert run["engine"]["k"] == 2 and run["engine"]["k_source"] == "server /metrics"
-    assert run["engine"]["vllm"] == vllm.__version__ and run["engine"]["attached"]
+    assert run["engine"]["vllm"] == vllm_version() and run["engine"]["attached"]
     rows = [x for x in json.loads((out / "summary.json").read_text())["rows"] if x["category"] == "all"]
     assert sorted(x["concurrency"] for x in rows) == [1, 2]
     assert all(x["k"] == 2 and x["mtp_layers"] is None and "MTP layer count unknown" in x["notes"] for x in rows)

