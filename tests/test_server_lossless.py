@@ -81,7 +81,7 @@ def test_attached_pair_sampling_check_is_lossless(tmp_path, pair):
     out = tmp_path / "sampling"
     # one request in flight: each server's draws go to the requests in one order (no batching race)
     r = check("--server", spec_url, "--baseline-server", base_url, "--temperature", "1",
-              "--samples-per-prompt", "4", "--batch-size", "1", "--out", str(out))
+              "--samples-per-prompt", "4", "--batch-size", "1", "--max-detectable-shift", "5", "--out", str(out))
     assert r.exit_code == 0, r.output
     rec = json.loads((out / "lossless.json").read_text())
     assert rec["verdict"].startswith("lossless"), (rec["verdict"], rec["why"])
