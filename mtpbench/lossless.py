@@ -7,7 +7,12 @@ Runs the same prompts with drafting off (k = 0) and on (k = K) and tests the pro
 * sampling (temperature > 0): the same law. Three arms with independent seeds (off, on, and off again as the
   A/A control), ``samples_per_prompt`` continuations of each prompt per arm, every sampled token scored by
   the target under its own prefix (teacher-forced k = 0, never the drafting run's own numbers); the
-  permutation test of ``stats.lossless_test`` off against on and off against off; ``stats.lossless_verdict``.
+  permutation test of ``stats.lossless_test`` off against on and off against off, and where the backend gives
+  the target's entropies (``target_moments``) the one-sample test of each arm against the target's law
+  (``stats.score_test``; the off arms are its control); ``stats.lossless_verdict``, which calls lossless only
+  when a shift of ``max_mde`` nats/token would have been seen (else inconclusive: underpowered).
+* either: a drafting arm that drafted nothing (``num_drafts`` 0) is inconclusive (``nothing_drafted``), and
+  ``exit_code`` is --fail-if-lossy's: 1 lossy or divergent, 3 inconclusive.
 
 Output directory::
 
@@ -16,9 +21,11 @@ Output directory::
     lossless.png    greedy: each divergence's margin against the threshold; sampling: per-prompt mean score per arm
 
 Every backend runs it through one small protocol (``CheckBackend``, token ids everywhere): ``encode``,
-``sample_arm``, ``target_logprobs``, ``logprob_noise`` and ``greedy_divergences``. ``planted_lossy`` switches on
-the native engine's planted lossy acceptance rule (``engine.Faults.accept_draft_argmax``): a known-positive
-control, never a way to decode. On vLLM, ``speculative_overrides`` (``--speculative-config``) are merged into
+``sample_arm``, ``target_logprobs``, ``logprob_noise`` and ``greedy_divergences``, and optionally
+``target_moments`` (per token log p, H and Var of the target's law; ``errors.Unavailable`` where it cannot).
+``planted_lossy`` switches on the native engine's planted lossy acceptance rule
+(``engine.Faults.accept_draft_argmax``), ``planted_subtle`` a subtler one (``ratio_temperature_factor``):
+known-positive controls, never a way to decode. On vLLM, ``speculative_overrides`` (``--speculative-config``) are merged into
 the drafting arm's ``speculative_config``: vLLM's own lossy control is ``{"rejection_sample_method":
 "synthetic", "synthetic_acceptance_rates": [...]}``.
 """
