@@ -25,9 +25,9 @@ Every backend runs it through one small protocol (``CheckBackend``, token ids ev
 ``target_moments`` (per token log p, H and Var of the target's law; ``errors.Unavailable`` where it cannot).
 ``planted_lossy`` switches on the native engine's planted lossy acceptance rule
 (``engine.Faults.accept_draft_argmax``), ``planted_subtle`` a subtler one (``ratio_temperature_factor``):
-known-positive controls, never a way to decode. On vLLM, ``speculative_overrides`` (``--speculative-config``) are merged into
-the drafting arm's ``speculative_config``: vLLM's own lossy control is ``{"rejection_sample_method":
-"synthetic", "synthetic_acceptance_rates": [...]}``.
+known-positive controls, never a way to decode. On vLLM, ``speculative_overrides`` (``--speculative-config``)
+are merged into the drafting arm's ``speculative_config``: vLLM's own lossy control is
+``{"rejection_sample_method": "synthetic", "synthetic_acceptance_rates": [...]}``.
 """
 
 from __future__ import annotations
