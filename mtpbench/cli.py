@@ -435,20 +435,27 @@ def check_lossless(
     metrics_url: Annotated[Optional[str], typer.Option(help=METRICS_URL_HELP)] = None,
     metrics_credentials: Annotated[bool, typer.Option("--metrics-credentials", help=METRICS_CREDENTIALS_HELP)] = False,
     planted_lossy: Annotated[bool, typer.Option("--planted-lossy", help="CONTROL, not a way to decode: the native drafter accepts every draft that is its own argmax, skipping the probability ratio min(1, p/q). Lossy on purpose (at temperature > 0): the check must call it lossy.")] = False,
-    fail_if_lossy: Annotated[bool, typer.Option("--fail-if-lossy", help="Exit 1 on a lossy or divergent verdict (a CI gate).")] = False,
+    planted_subtle: Annotated[bool, typer.Option("--planted-subtle", help="CONTROL, not a way to decode: a subtler planted fault than --planted-lossy: the native engine's acceptance ratio min(1, p/q) takes p at 0.95 x the temperature (the residual and the bonus token keep the right one). Lossy on purpose (at temperature > 0).")] = False,
+    max_detectable_shift: Annotated[Optional[float], typer.Option(help="Sampling: 'lossless' only if a shift of the mean target log-prob this large (nats/token) would have been detected with 80 % power; above it the verdict is inconclusive (underpowered), with the N that would reach it. Default 0.1, the planted rule's measured shift.")] = None,
+    fail_if_lossy: Annotated[bool, typer.Option("--fail-if-lossy", help="A CI gate that fails closed: exit 1 on a lossy or divergent verdict, exit 3 on inconclusive (the check could not tell: the A/A control or the scorer's control failed, underpowered, nothing drafted); 2 is a refused input.")] = False,
+    allow_inconclusive: Annotated[bool, typer.Option("--allow-inconclusive", help="With --fail-if-lossy: exit 0 on an inconclusive verdict (only lossy or divergent fail).")] = False,
     out: Annotated[Optional[str], typer.Option(help="Output directory for lossless.json, lossless.md, lossless.png [default: lossless].")] = None,
 ) -> None:
     """Does MTP drafting change what the model says? k = K against k = 0: greedy, the same tokens; sampling, the same law (a permutation test with an A/A control)."""
     import json
 
     from mtpbench.config import resolve
-    from mtpbench.lossless import CHECK_DEFAULTS, CheckConfig, failed, run_check, summary
+    from mtpbench.lossless import CHECK_DEFAULTS, DEFAULT_MAX_MDE, CheckConfig, exit_code, run_check, summary
 
     if model is not None and model not in ("builtin", "builtin-glm") and not Path(model).is_dir() \
             and model.count("/") != 1:
         fail(f"model directory not found: {model}")
     if threads is not None and threads < 1:
         fail(f"--threads must be >= 1, got {threads}")
+    if allow_inconclusive and not fail_if_lossy:
+        fail("--allow-inconclusive qualifies --fail-if-lossy's exit code: give --fail-if-lossy too")
+    if max_detectable_shift is not None and temperature is not None and temperature <= 0:
+        fail("--max-detectable-shift applies to sampling (temperature > 0): greedy compares tokens")
     if server and backend not in (None, "vllm-server"):
         fail(f"--server checks a running vLLM server: it takes --backend vllm-server, not {backend}")
     overrides = None
@@ -473,6 +480,8 @@ def check_lossless(
                          None, CHECK_DEFAULTS)
         engine = replace(engine, header_values=header_values)
         cfg = CheckConfig(engine, samples_per_prompt=samples_per_prompt, planted_lossy=planted_lossy,
+                          planted_subtle=planted_subtle,
+                          max_mde=DEFAULT_MAX_MDE if max_detectable_shift is None else max_detectable_shift,
                           baseline_server=baseline_server, speculative_overrides=overrides)
         if threads:
             import torch
@@ -483,8 +492,8 @@ def check_lossless(
         fail(str(e))
     typer.echo(summary(record))
     typer.echo(f"wrote {engine.out}/lossless.json, lossless.md, lossless.png")
-    if fail_if_lossy and failed(record):
-        raise typer.Exit(1)
+    if fail_if_lossy and exit_code(record, allow_inconclusive):
+        raise typer.Exit(exit_code(record, allow_inconclusive))
 
 
 @app.command()

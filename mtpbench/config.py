@@ -98,7 +98,7 @@ RUNTIME_ONLY = ("header_values",)  # SweepConfig fields that are never written n
 _TYPES = {f.name: f.type for f in fields(SweepConfig) if f.name not in RUNTIME_ONLY}
 
 # SweepConfig fields that do not change what one saved point measures. Every other field is in the
-# fingerprint, so a field added later is in it unless it is named here (tests/test_fingerprint.py pins
+# fingerprint, so a field added later is in it unless it is named here (tests/unit/test_fingerprint.py pins
 # the split: a new field must be classified by hand).
 NOT_MEASURED = {
     "out": "where the files go",

@@ -48,8 +48,8 @@ class Counts:
 
 @dataclass
 class Faults:
-    """Test-only switches: two reproduce the bugs the vLLM pull request described, one plants a lossy
-    acceptance rule as a known-positive control for ``check-lossless``.
+    """Test-only switches: two reproduce the bugs the vLLM pull request described, two plant lossy
+    verification rules as known-positive controls for ``check-lossless`` (a crude one and a subtle one).
 
     ``accept_draft_argmax`` accepts a sampled draft whenever it is the drafter's own argmax, skipping the
     probability ratio min(1, p/q); other drafts keep the standard rule. Where the drafter's top token has
@@ -61,6 +61,11 @@ class Faults:
     wrapper_drops_spec_step_idx: bool = False  # the wrapper takes the index and never forwards it
     loop_omits_spec_step_idx: bool = False  # the proposer never passes the index
     accept_draft_argmax: bool = False  # lossy on purpose: a draft that is q's argmax is always accepted
+    # lossy on purpose, and subtler: the acceptance ratio min(1, p/q) takes p at temperature T x this factor
+    # (the residual max(0, p - q) and the bonus token keep p at T), e.g. a temperature applied twice or once
+    # too few; 1.0: the correct rule. At 0.95 on the built-in model it moves each drafted token's law by 0.019
+    # in total variation (accept_draft_argmax: 0.11) and its mean target log-prob by +0.08 nats
+    ratio_temperature_factor: float = 1.0
 
 
 def _sample(probs: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
@@ -277,7 +282,9 @@ def verify(logits: torch.Tensor, drafts: torch.Tensor, qprobs: torch.Tensor | No
         accepted = ok.cumprod(1).sum(1)
         return accepted, target[rows, accepted]
     p = torch.softmax(logits.float() / temperature, -1)  # [B, k+1, V]
-    pd = p[:, :k].gather(-1, drafts[..., None]).squeeze(-1)
+    pr = p if faults is None or faults.ratio_temperature_factor == 1.0 else \
+        torch.softmax(logits.float() / (temperature * faults.ratio_temperature_factor), -1)  # the planted fault
+    pd = pr[:, :k].gather(-1, drafts[..., None]).squeeze(-1)
     qd = qprobs.gather(-1, drafts[..., None]).squeeze(-1)
     u = torch.rand(B, k, generator=gen, device=drafts.device)
     ok = u * qd <= pd  # accept with probability min(1, p/q)
@@ -349,6 +356,28 @@ def target_logprobs(model: MiMoModel, prompts: list[list[int]], continuations: l
         lp = torch.log_softmax(logits / temperature, -1)
         out.append(lp.gather(-1, torch.tensor(c, dtype=torch.long, device=lp.device)[:, None])[:, 0].tolist())
     return out
+
+
+def law_moments(logprobs: torch.Tensor, tokens: torch.Tensor) -> list[tuple[float, float, float]]:
+    """Per position of [T, V] log-probs of a law: (log p of the token, the entropy H, the variance of log p under
+    the law), in float64 (check-lossless's one-sample test, ``stats.score_test``)."""
+    lp = logprobs.double()
+    p = lp.exp()
+    plp = torch.where(p > 0, lp, torch.zeros_like(lp))  # 0 * log 0 = 0
+    h = -(p * plp).sum(-1)
+    var = (p * (plp + h[:, None]) ** 2).sum(-1)
+    tok = lp.gather(-1, tokens[:, None].to(lp.device))[:, 0]
+    return list(zip(tok.tolist(), h.tolist(), var.tolist()))
+
+
+def target_moments(model: MiMoModel, prompts: list[list[int]], continuations: list[list[int]],
+                   temperature: float, batch_size: int = 32) -> list[list[tuple[float, float, float]]]:
+    """``target_logprobs`` with, at each position, the entropy of the target's law at ``temperature`` and the
+    variance of log p under it: per row, one (log p, H, Var) per continuation token (``law_moments``)."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 to score a sampled token, got {temperature}")
+    return [law_moments(torch.log_softmax(logits / temperature, -1), torch.tensor(c, dtype=torch.long))
+            for logits, c in zip(target_logits(model, prompts, continuations, batch_size), continuations)]
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,12 @@ Runs the same prompts with drafting off (k = 0) and on (k = K) and tests the pro
 * sampling (temperature > 0): the same law. Three arms with independent seeds (off, on, and off again as the
   A/A control), ``samples_per_prompt`` continuations of each prompt per arm, every sampled token scored by
   the target under its own prefix (teacher-forced k = 0, never the drafting run's own numbers); the
-  permutation test of ``stats.lossless_test`` off against on and off against off; ``stats.lossless_verdict``.
+  permutation test of ``stats.lossless_test`` off against on and off against off, and where the backend gives
+  the target's entropies (``target_moments``) the one-sample test of each arm against the target's law
+  (``stats.score_test``; the off arms are its control); ``stats.lossless_verdict``, which calls lossless only
+  when a shift of ``max_mde`` nats/token would have been seen (else inconclusive: underpowered).
+* either: a drafting arm that drafted nothing (``num_drafts`` 0) is inconclusive (``nothing_drafted``), and
+  ``exit_code`` is --fail-if-lossy's: 1 lossy or divergent, 3 inconclusive.
 
 Output directory::
 
@@ -18,11 +23,13 @@ Output directory::
     lossless.png    greedy: each divergence's |logit gap| against the threshold; sampling: per-prompt mean score per arm
 
 Every backend runs it through one small protocol (``CheckBackend``, token ids everywhere): ``encode``,
-``sample_arm``, ``target_logprobs``, ``logprob_noise`` and ``greedy_divergences``. ``planted_lossy`` switches on
-the native engine's planted lossy acceptance rule (``engine.Faults.accept_draft_argmax``): a known-positive
-control, never a way to decode. On vLLM, ``speculative_overrides`` (``--speculative-config``) are merged into
-the drafting arm's ``speculative_config``: vLLM's own lossy control is ``{"rejection_sample_method":
-"synthetic", "synthetic_acceptance_rates": [...]}``.
+``sample_arm``, ``target_logprobs``, ``logprob_noise`` and ``greedy_divergences``, and optionally
+``target_moments`` (per token log p, H and Var of the target's law; ``errors.Unavailable`` where it cannot).
+``planted_lossy`` switches on the native engine's planted lossy acceptance rule
+(``engine.Faults.accept_draft_argmax``), ``planted_subtle`` a subtler one (``ratio_temperature_factor``):
+known-positive controls, never a way to decode. On vLLM, ``speculative_overrides`` (``--speculative-config``)
+are merged into the drafting arm's ``speculative_config``: vLLM's own lossy control is
+``{"rejection_sample_method": "synthetic", "synthetic_acceptance_rates": [...]}``.
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ import numpy as np
 
 from mtpbench import stats
 from mtpbench.config import SweepConfig, validate, with_runner
-from mtpbench.errors import MtpBenchError
+from mtpbench.errors import MtpBenchError, Unavailable
 
 BACKENDS = ("native", "vllm", "vllm-server")
 PROTOCOL = ("encode", "sample_arm", "target_logprobs", "logprob_noise", "greedy_divergences")
@@ -47,11 +54,22 @@ PROTOCOL = ("encode", "sample_arm", "target_logprobs", "logprob_noise", "greedy_
 # continuations buy more than longer ones). Power of the score half alone: 0.92 at 24 a prompt, 0.98 at 32, 0.994
 # at 40 (0.82 / 0.92 / 0.97 at a shift of 0.087). At 16 x 40 x 64 tokens (640 continuations an arm) the planted rule
 # was called lossy in 10 of 10 seeded checks, the correct engine in 0 of 10, each in about 105 s on one thread of
-# the 2-core EPYC. Batch 384 was no faster than 48 per token and took 3 x the memory.
+# the 2-core EPYC. Batch 384 was no faster than 48 per token and took 3 x the memory. With the one-sample test in
+# the verdict (issue 23; seeds 1-10 each, README): correct engine lossless 10 / 10, --planted-lossy and
+# --planted-subtle lossy 10 / 10 each (one-sample z +6.7 .. +10.7 and +5.8 .. +8.7; shifts +0.101 and +0.081
+# nats/token on average); the off arms' z -1.51 .. +1.16, the correct drafting arm's -1.86 .. +1.48. The smallest
+# detectable shift is 0.031 nats/token (one-sample; two-sample alone 0.07), inside DEFAULT_MAX_MDE.
 DEFAULT_PROMPTS = 16
 DEFAULT_SAMPLES_PER_PROMPT = 40
 DEFAULT_MAX_TOKENS = 64
 DEFAULT_BATCH_SIZE = 48
+# sampling is called lossless only when a shift of the mean target log-prob this large (nats/token) would have been
+# detected with 80 % power (--max-detectable-shift): the planted rule's measured shift, +0.101, rounded down
+DEFAULT_MAX_MDE = 0.10
+# --planted-subtle: the acceptance ratio's p at 0.95 T (engine.Faults.ratio_temperature_factor)
+SUBTLE_FACTOR = 0.95
+# --fail-if-lossy's exit codes: 1 lossy or divergent, 3 inconclusive (the check could not tell; 2 is a refused input)
+EXIT_LOSSY, EXIT_INCONCLUSIVE = 1, 3
 CHECK_DEFAULTS = {"k": (2,), "mode": ("reuse",), "num_prompts": DEFAULT_PROMPTS, "max_tokens": DEFAULT_MAX_TOKENS,
                   "temperature": 1.0, "batch_size": DEFAULT_BATCH_SIZE, "out": "lossless"}
 # a greedy divergence is "numerical" when the logit gap between the k = 0 token and the token the drafting run
@@ -115,6 +133,8 @@ class CheckConfig:
     engine: SweepConfig
     samples_per_prompt: int | None = None  # sampling only; None: DEFAULT_SAMPLES_PER_PROMPT
     planted_lossy: bool = False
+    planted_subtle: bool = False  # the native engine's subtler planted rule (Faults.ratio_temperature_factor)
+    max_mde: float = DEFAULT_MAX_MDE  # sampling: the largest detectable shift (nats/token) lossless may carry
     baseline_server: str | None = None  # a server without drafting: the k = 0 arms of an attached --server
     speculative_overrides: dict | None = None  # merged into the drafting arm's vLLM speculative_config
 
@@ -133,6 +153,8 @@ class CheckConfig:
     def to_json(self) -> dict:
         return {**self.engine.to_json(), "k": self.k,
                 "samples_per_prompt": None if self.greedy else self.per_prompt, "planted_lossy": self.planted_lossy,
+                "planted_subtle": self.planted_subtle,
+                "max_detectable_shift": None if self.greedy else self.max_mde,
                 "baseline_server": self.baseline_server, "speculative_overrides": self.speculative_overrides}
 
 
@@ -144,6 +166,10 @@ def check_config(cfg: CheckConfig) -> None:
     if cfg.planted_lossy and e.backend != "native":
         raise MtpBenchError("--planted-lossy is the native engine's planted rule: use --backend native (on vLLM, "
                             "its own lossy control is --speculative-config with rejection_sample_method synthetic)")
+    if cfg.planted_subtle and e.backend != "native":
+        raise MtpBenchError("--planted-subtle is the native engine's planted rule: use --backend native")
+    if not cfg.max_mde > 0:  # also NaN
+        raise MtpBenchError(f"--max-detectable-shift must be > 0 nats/token, got {cfg.max_mde}")
     if cfg.speculative_overrides is not None and e.backend == "native":
         raise MtpBenchError("--speculative-config is merged into vLLM's speculative_config: use --backend vllm "
                             "or vllm-server")
@@ -389,6 +415,22 @@ def _scored(tokens: list[list[int]], lps: list[list[float]]) -> list[list[tuple]
     return [list(zip(range(len(t)), t, lp)) for t, lp in zip(tokens, lps)]
 
 
+def score_arms(backend, prompts: list[list[int]], continuations: list[list[int]], temperature: float):
+    """(log-probs, moments, note): every continuation's target log-probs; where the backend has
+    ``target_moments``, per token (log p, H, Var) of the target's law as well, else None and the note says why
+    the one-sample test is unavailable."""
+    fn = getattr(backend, "target_moments", None)
+    if not callable(fn):
+        note = "the backend gives no target entropies"
+    else:
+        try:
+            moments = fn(prompts, continuations, temperature)
+            return [[m[0] for m in ms] for ms in moments], moments, None
+        except Unavailable as err:
+            note = str(err)
+    return backend.target_logprobs(prompts, continuations, temperature), None, note
+
+
 def run_sampling(backend, cfg: CheckConfig, ids: list[list[int]], prompt_ids: list[str]) -> dict:
     e, n = cfg.engine, cfg.per_prompt
     rows = [p for p in ids for _ in range(n)]
@@ -402,20 +444,29 @@ def run_sampling(backend, cfg: CheckConfig, ids: list[list[int]], prompt_ids: li
         toks = generate(backend, cfg, ids, k, seeds[name], n=n, log=arm_log)
         log[name] = arm_log[0]
         drawn[name] = [i for i, t in enumerate(toks) if t], toks  # an empty continuation has nothing to score
-    # one teacher-forced pass scores all three arms (on vLLM: one scoring engine, not three)
-    lps = iter(backend.target_logprobs([rows[i] for name in names for i in drawn[name][0]],
-                                       [drawn[name][1][i] for name in names for i in drawn[name][0]], e.temperature))
-    arms = {}
+    # one teacher-forced pass scores all three arms (on vLLM: one scoring engine, not three); with the target's
+    # entropies where the backend gives them (the one-sample test), else the log-probs alone
+    lps, moments, one_note = score_arms(backend, [rows[i] for name in names for i in drawn[name][0]],
+                                        [drawn[name][1][i] for name in names for i in drawn[name][0]], e.temperature)
+    lps, per_arm = iter(lps), iter(moments or [])
+    arms, moments = {}, ({} if moments else None)
     for name in names:
         keep, toks = drawn[name]
         arms[name] = {"continuations": _scored([toks[i] for i in keep], [next(lps) for _ in keep]),
                       "prompts": [strata[i] for i in keep]}
+        if moments is not None:
+            moments[name] = [next(per_arm) for _ in keep]
     perm_seed = np.random.SeedSequence([e.seed, 1]).generate_state(1)[0]
+    # with the one-sample test beside it, the two-sample test runs at alpha / 2 (stats.lossless_verdict)
+    alpha_ab = stats.ALPHA / 2 if moments else stats.ALPHA
     ab = stats.lossless_test(arms["off"]["continuations"], arms["on"]["continuations"],
-                             arms["off"]["prompts"], arms["on"]["prompts"], seed=int(perm_seed))
+                             arms["off"]["prompts"], arms["on"]["prompts"], seed=int(perm_seed), alpha=alpha_ab)
     aa = stats.lossless_test(arms["off"]["continuations"], arms["off_aa"]["continuations"],
                              arms["off"]["prompts"], arms["off_aa"]["prompts"], seed=int(perm_seed) + 1)
-    verdict, why = stats.lossless_verdict(ab, aa)
+    one = {name: stats.score_test(*zip(*[m for ms in moments[name] for m in ms]), alpha=alpha_ab)
+           if any(moments[name]) else None for name in names} if moments else None
+    verdict, why = stats.lossless_verdict(ab, aa, max_mde=cfg.max_mde, score_on=one and one["on"],
+                                          score_off=() if one is None else (one["off"], one["off_aa"]))
     per_prompt = []
     for i, pid in enumerate(prompt_ids):
         entry = {"prompt_id": pid}
@@ -430,7 +481,11 @@ def run_sampling(backend, cfg: CheckConfig, ids: list[list[int]], prompt_ids: li
     return {
         "verdict": SAMPLING_LOSSLESS if verdict == stats.LOSSLESS else verdict, "why": why,
         "test": None if ab is None else asdict(ab), "aa_test": None if aa is None else asdict(aa),
-        "alpha": stats.ALPHA, "alpha_aa": stats.ALPHA_AA, "arm_seeds": seeds,
+        "score_tests": None if one is None else {name: t and asdict(t) for name, t in one.items()},
+        "score_tests_unavailable": one_note,
+        "detectable_shift": None if ab is None else stats.detectable_shift(ab, one and one["on"]),
+        "max_detectable_shift": cfg.max_mde,
+        "alpha": stats.ALPHA, "alpha_two_sample": alpha_ab, "alpha_aa": stats.ALPHA_AA, "arm_seeds": seeds,
         "arms": {name: log[name] for name in names},
         "num_prompts": len(ids), "samples_per_prompt": n, "per_prompt": per_prompt,
     }
@@ -463,6 +518,8 @@ def run_check(cfg: CheckConfig) -> dict:
         engine["torch_threads"] = torch.get_num_threads()  # native speed hangs on it (docs/check-lossless.md)
     if cfg.planted_lossy:  # only the native engine has Faults (check_config)
         backend.faults = replace(backend.faults, accept_draft_argmax=True)
+    if cfg.planted_subtle:
+        backend.faults = replace(backend.faults, ratio_temperature_factor=SUBTLE_FACTOR)
     try:
         ids = backend.encode(pset.prompts)
         pids = [p.id for p in pset.prompts]
@@ -471,9 +528,12 @@ def run_check(cfg: CheckConfig) -> dict:
         backend.close()
     # the drafting arm's facts beside the engine's: what ran (runner, drafter class) and how much it accepted
     engine["drafting_arm"] = result["arms"]["spec" if cfg.greedy else "on"]
+    nothing_drafted(result, engine["drafting_arm"])
     if getattr(backend, "scoring_engine", None):  # vLLM: which runner scored (VllmBackend._lossless_worker)
         engine["scoring_engine"] = backend.scoring_engine
     engine.setdefault("dtype", getattr(backend, "dtype_name", None))  # vLLM's: what its engines reported
+    if result["verdict"] == stats.INCONCLUSIVE:  # the reason in a word: the summary's headline
+        result["inconclusive_reason"] = (result.get("why") or "").split(":")[0] or None
     record = {"kind": "greedy" if cfg.greedy else "sampling", "verdict": result["verdict"],
               "config": cfg.to_json(), "provenance": provenance(), "engine": engine, "prompts": pset.describe(),
               "wall_s": round(time.perf_counter() - t0, 3), **{k: v for k, v in result.items() if k != "verdict"}}
@@ -481,9 +541,37 @@ def run_check(cfg: CheckConfig) -> dict:
     return record
 
 
+def nothing_drafted(result: dict, arm: dict) -> None:
+    """A drafting arm that drafted nothing (``num_drafts`` 0: --max-tokens 1, a config or a server that ignores
+    the speculative config) tested k = 0 against k = 0: lossless or numerical only becomes inconclusive. A
+    lossy or divergent verdict stands (two runs differ whatever the cause). No counters: unknown, left as is
+    (the summary says so)."""
+    acc = arm.get("acceptance")
+    if acc is None or acc.get("num_drafts") != 0 or result["verdict"] in (stats.LOSSY, DIVERGENT):
+        return
+    was = result["verdict"]
+    result["verdict"] = stats.INCONCLUSIVE
+    result["why"] = (f"{NOTHING_DRAFTED}: the drafting arm drafted nothing (num_drafts 0), so it was k = 0 "
+                     f"against k = 0 (the tests alone said: {was}" + (f"; {result['why']}" if result.get("why")
+                                                                        else "") + ")")
+
+
+NOTHING_DRAFTED = "nothing drafted"
+
+
 def failed(record: dict) -> bool:
     """What --fail-if-lossy exits 1 on."""
     return record["verdict"] in (stats.LOSSY, DIVERGENT)
+
+
+def exit_code(record: dict, allow_inconclusive: bool = False) -> int:
+    """--fail-if-lossy's exit code: EXIT_LOSSY on lossy or divergent, EXIT_INCONCLUSIVE on inconclusive (fails
+    closed: a gate must not pass what the check could not tell) unless ``allow_inconclusive``, else 0."""
+    if failed(record):
+        return EXIT_LOSSY
+    if record["verdict"] == stats.INCONCLUSIVE and not allow_inconclusive:
+        return EXIT_INCONCLUSIVE
+    return 0
 
 
 def _f(x, fmt: str = ".3g") -> str:
@@ -493,11 +581,14 @@ def _f(x, fmt: str = ".3g") -> str:
 def summary(record: dict) -> str:
     """The one-screen summary (lossless.md, printed by the CLI)."""
     c = record["config"]
-    head = (f"# check-lossless: {record['verdict']}\n\n"
+    reason = record.get("inconclusive_reason")
+    head = (f"# check-lossless: {record['verdict']}" + (f" ({reason})" if reason else "") + "\n\n"
             f"{c['model']} on {c['backend']} ({record['engine'].get('dtype')}), k = {c['k']} ({c['mode'][0]}) "
             f"against k = 0, temperature {c['temperature']:g}, {record['num_prompts']} prompts x "
             f"{c['max_tokens']} tokens, seed {c['seed']}"
-            + (", PLANTED LOSSY CONTROL (--planted-lossy)" if c["planted_lossy"] else "") + "\n")
+            + (", PLANTED LOSSY CONTROL (--planted-lossy)" if c["planted_lossy"] else "")
+            + (", PLANTED LOSSY CONTROL (--planted-subtle)" if c.get("planted_subtle") else "")
+            + "\n")
     arm = record["engine"].get("drafting_arm") or {}
     ran, acc = arm.get("engine") or {}, arm.get("acceptance")
     facts = []
@@ -505,9 +596,14 @@ def summary(record: dict) -> str:
         from mtpbench.runners import label
 
         facts.append(f"drafted by vLLM's {label(ran['runner'], ran.get('drafter'))}")
-    if acc and acc.get("num_draft_tokens"):
-        facts.append(f"accepted {acc['num_accepted_tokens']} of {acc['num_draft_tokens']} draft tokens "
-                     f"(acceptance length {acc['acceptance_length']:.3g})")
+    if acc is None:  # never dropped silently: a check of a drafting arm that may not have drafted
+        facts.append("spec-decode counters unknown (the backend reported none)")
+    elif not acc.get("num_drafts"):
+        facts.append(f"num_drafts {acc.get('num_drafts')}: NOTHING WAS DRAFTED")
+    else:
+        facts.append(f"num_drafts {acc['num_drafts']}, accepted {_f(acc.get('num_accepted_tokens'), 'd')} of "
+                     f"{_f(acc.get('num_draft_tokens'), 'd')} draft tokens (acceptance length "
+                     f"{_f(acc.get('acceptance_length'))})")
     if c.get("speculative_overrides"):
         import json
 
@@ -516,6 +612,8 @@ def summary(record: dict) -> str:
         head += "drafting arm: " + "; ".join(facts) + "\n"
     if ran.get("sampler_fault") not in (None, "unknown") and c["temperature"] > 0:  # the probe of its own sampler
         head += f"known fault of this vLLM build: {ran['sampler_fault']}\n"
+    if record["kind"] == "greedy" and record.get("why"):  # e.g. nothing drafted
+        head += f"why: {record['why']}\n"
     for note in record["engine"].get("notes") or []:  # e.g. TLS verification off (--insecure)
         head += f"note: {note}\n"
     if record["kind"] == "greedy":
@@ -553,6 +651,22 @@ def summary(record: dict) -> str:
     if aa:
         lines.append(f"- A/A control (off vs off): p = {aa['p_value']:.3g} (alarm below {record['alpha_aa']:g}), "
                      f"shift {aa['logprob_diff']:+.3g}")
+    one = record.get("score_tests")
+    if one:
+        def z(name):
+            t = one.get(name)
+            return "none" if t is None else f"z = {_f(t['z'], '+.3g')} (p = {t['p_value']:.3g})"
+
+        lines.append(f"- one-sample test against the target's law (sum(log p + H) / sqrt(sum Var)): on {z('on')}, "
+                     f"mean excess {_f((one.get('on') or {}).get('mean_excess_logprob'), '+.3g')} nats/token; "
+                     f"control without drafting: off {z('off')}, off again {z('off_aa')} (alarm below p = "
+                     f"{record['alpha_aa'] / 2:g} each)")
+    elif record.get("score_tests_unavailable"):
+        lines.append(f"- one-sample test unavailable ({record['score_tests_unavailable']}): the verdict rests on "
+                     "the two-sample test alone")
+    if "detectable_shift" in record:
+        lines.append(f"- smallest detectable shift (80 % power): {_f(record['detectable_shift'])} nats/token; "
+                     f"lossless needs it <= {record['max_detectable_shift']:g} (--max-detectable-shift)")
     return head + "\n" + "\n".join(lines) + "\n"
 
 

@@ -2,6 +2,7 @@
 the planted lossy rule lossy and the correct engine not lossy."""
 
 import json
+import re
 import shutil
 
 import pytest
@@ -49,6 +50,11 @@ def run(*args):
     (["--temperature", "-1"], "--temperature must be >= 0"),
     (["--samples-per-prompt", "0"], "--samples-per-prompt must be >= 1"),
     (["--num-prompts", "65"], "has 64 prompts"),
+    (["--allow-inconclusive"], "--allow-inconclusive qualifies --fail-if-lossy"),
+    (["--max-detectable-shift", "0"], "--max-detectable-shift must be > 0"),
+    (["--max-detectable-shift", "nan"], "--max-detectable-shift must be > 0"),
+    (["--temperature", "0", "--max-detectable-shift", "0.1"], "--max-detectable-shift applies to sampling"),
+    (["--backend", "vllm", "--planted-subtle"], "--planted-subtle is the native engine's planted rule"),
 ])
 def test_bad_input_one_line_exit_2_nothing_written(tmp_path, args, message):
     out = tmp_path / "out"
@@ -135,12 +141,80 @@ def test_the_planted_lossy_rule_is_called_lossy_and_fails_the_gate(tmp_path, bad
 
 
 def test_the_correct_engine_at_the_same_size_is_not_lossy(tmp_path, bad_drafter):
+    """At this size only a shift of about 0.3 nats/token would be seen: lossless under a bound of 1, and at the
+    default bound (0.1) inconclusive, which --fail-if-lossy fails with exit 3 unless --allow-inconclusive."""
     out = tmp_path / "ok"
-    r = run(bad_drafter, *SMALL, "--fail-if-lossy", "--out", out)
+    r = run(bad_drafter, *SMALL, "--fail-if-lossy", "--max-detectable-shift", "1", "--out", out)
     assert r.exit_code == 0, r.output
     rec = json.loads((out / "lossless.json").read_text())
     assert rec["verdict"] == "lossless (no difference detectable at this N)", rec["why"]
-    assert rec["test"]["p_value"] >= 0.05
+    assert rec["test"]["p_value"] >= 0.025 and rec["max_detectable_shift"] == 1
+    assert 0.1 < rec["detectable_shift"] < 1 and rec["detectable_shift"] == rec["score_tests"]["on"]["mde_logprob"]
+    for name in ("off", "on", "off_aa"):  # the one-sample test on every arm: the scorer is the sampler's law
+        assert abs(rec["score_tests"][name]["z"]) < 2.81, (name, rec["score_tests"][name])
+        assert rec["score_tests"][name]["num_tokens"] == 32 * 12
+    # the same check at the default bound: underpowered, and the gate fails closed
+    out = tmp_path / "default"
+    r = run(bad_drafter, *SMALL, "--fail-if-lossy", "--out", out)
+    assert r.exit_code == 3, r.output
+    rec = json.loads((out / "lossless.json").read_text())
+    assert rec["verdict"] == "inconclusive" and rec["inconclusive_reason"] == "underpowered", rec["why"]
+    assert rec["max_detectable_shift"] == 0.1 and "continuations a prompt" in rec["why"]
+    assert "check-lossless: inconclusive (underpowered)" in r.output and "exceeds the bound 0.1" in r.output
+    r = run(bad_drafter, *SMALL, "--fail-if-lossy", "--allow-inconclusive", "--out", tmp_path / "allowed")
+    assert r.exit_code == 0, r.output
+    assert "inconclusive (underpowered)" in r.output
+    r = run(bad_drafter, *SMALL, "--out", tmp_path / "no-gate")  # without the gate: a report, exit 0
+    assert r.exit_code == 0, r.output
+
+
+def test_the_subtle_planted_rule_reaches_the_drafting_arm(tmp_path):
+    """--planted-subtle (the acceptance ratio's p at 0.95 T) on the built-in model: the same seed's drafting arm
+    accepts otherwise than the correct engine's (its power at the default N is measured in the README), the
+    record and the summary say it is the planted control."""
+    size = ["--num-prompts", "2", "--samples-per-prompt", "8", "--max-tokens", "8", "--seed", "3"]
+    r = run(*size, "--planted-subtle", "--out", tmp_path / "subtle")
+    assert r.exit_code == 0, r.output
+    subtle = json.loads((tmp_path / "subtle" / "lossless.json").read_text())
+    assert subtle["config"]["planted_subtle"] is True and subtle["config"]["planted_lossy"] is False
+    assert "PLANTED LOSSY CONTROL (--planted-subtle)" in r.output
+    r = run(*size, "--out", tmp_path / "ok")
+    ok = json.loads((tmp_path / "ok" / "lossless.json").read_text())
+    assert ok["config"]["planted_subtle"] is False and "PLANTED" not in r.output
+    arm = [rec["arms"]["on"]["acceptance"] for rec in (ok, subtle)]
+    assert arm[0]["num_accepted_tokens_per_pos"] != arm[1]["num_accepted_tokens_per_pos"], arm
+    assert ok["per_prompt"][0]["tokens_off"] == subtle["per_prompt"][0]["tokens_off"]  # drafting only
+
+
+@pytest.mark.parametrize("temperature", ["1", "0"])
+def test_a_drafting_arm_that_drafted_nothing_is_inconclusive_and_fails_closed(tmp_path, temperature):
+    """--max-tokens 1: the first token comes from the prefill, so the drafting arm never drafts and the check
+    compared k = 0 with k = 0; it used to say lossless, exit 0, with num_drafts 0 hidden."""
+    out = tmp_path / "one"
+    size = ["--samples-per-prompt", "8", "--max-detectable-shift", "100"] if temperature == "1" else []
+    r = run("--temperature", temperature, "--num-prompts", "4", "--max-tokens", "1", *size, "--fail-if-lossy",
+            "--out", out)
+    assert r.exit_code == 3, r.output
+    rec = json.loads((out / "lossless.json").read_text())
+    assert rec["verdict"] == "inconclusive" and rec["inconclusive_reason"] == "nothing drafted", rec.get("why")
+    assert rec["engine"]["drafting_arm"]["acceptance"]["num_drafts"] == 0
+    assert "check-lossless: inconclusive (nothing drafted)" in r.output
+    assert "num_drafts 0: NOTHING WAS DRAFTED" in r.output
+    r = run("--temperature", temperature, "--num-prompts", "4", "--max-tokens", "1", *size, "--fail-if-lossy",
+            "--allow-inconclusive", "--out", tmp_path / "allowed")
+    assert r.exit_code == 0, r.output
+
+
+def test_the_summary_says_unknown_where_a_backend_reports_no_counters(tmp_path):
+    from mtpbench.lossless import summary
+
+    out = tmp_path / "g"
+    r = run("--temperature", "0", "--num-prompts", "2", "--max-tokens", "4", "--out", out)
+    assert r.exit_code == 0, r.output
+    rec = json.loads((out / "lossless.json").read_text())
+    assert re.search(r"drafting arm: num_drafts [1-9]\d*, accepted \d+ of \d+ draft tokens", summary(rec))
+    rec["engine"]["drafting_arm"]["acceptance"] = None
+    assert "spec-decode counters unknown" in summary(rec)
 
 
 def test_a_greedy_run_that_stops_sooner_is_not_called_lossless():

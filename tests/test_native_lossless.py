@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from mtpbench.engine import Divergence, Faults, first_divergence, generate, greedy_divergences, target_logprobs, verify
+from mtpbench.engine import (Divergence, Faults, first_divergence, generate, greedy_divergences, target_logprobs,
+                             target_moments, verify)
 
 from conftest import tiny_random_model
 
@@ -108,6 +109,40 @@ def test_target_logprobs_equal_a_plain_forward(model, prompt_ids, sampled, tempe
         torch.testing.assert_close(torch.tensor(g), want, atol=1e-4, rtol=1e-4)
     with pytest.raises(ValueError):
         target_logprobs(model, prompt_ids, conts, 0.0)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_target_moments_equal_a_plain_forwards_entropy_and_variance(model, prompt_ids, sampled, temperature):
+    """The one-sample test's inputs: per token (log p, H, Var of log p) of the target's law at T, against the
+    plain forward's law, H = -sum p log p and Var = sum p (log p)^2 - H^2 (a different formula)."""
+    got = target_moments(model, prompt_ids, sampled, temperature, batch_size=2)
+    lps = target_logprobs(model, prompt_ids, sampled, temperature)
+    assert [m[0] for g in got for m in g] == pytest.approx([x for lp in lps for x in lp], abs=1e-5)
+    for p, c, g in zip(prompt_ids, sampled, got):
+        law = torch.softmax(reference_logits(model, p, c).double() / temperature, -1)
+        h = -(law * law.log()).sum(-1)
+        var = (law * law.log() ** 2).sum(-1) - h ** 2
+        torch.testing.assert_close(torch.tensor([m[1] for m in g], dtype=torch.float64), h, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(torch.tensor([m[2] for m in g], dtype=torch.float64), var, atol=1e-3, rtol=1e-3)
+        assert all(m[1] > 0.1 and m[2] > 0.01 for m in g)  # a tiny model's law is far from one-hot
+    with pytest.raises(ValueError):
+        target_moments(model, prompt_ids, sampled, 0.0)
+
+
+def test_the_subtle_planted_fault_takes_the_acceptance_ratio_at_another_temperature():
+    """Faults.ratio_temperature_factor f: the draft is accepted with probability min(1, p'/q), p' the target's law
+    at f x T (p^(1/f) renormalized); the correct rule's ratio is p/q = 0.2/0.6. At f = 0.5 (--planted-subtle's
+    0.95 moves this ratio by 0.006, too little to see in 5000 draws) p' = 0.133 at token 0."""
+    n = 1000
+    sharp = P ** 2 / (P ** 2).sum()
+    got = torch.cat([verify_one_draft(0, Faults(ratio_temperature_factor=0.5), n, s) for s in range(5)])
+    assert within(float(got.mean()), float(sharp[0]) / 0.6, got.numel()), float(got.mean())
+    assert not within(float(got.mean()), 0.2 / 0.6, got.numel())
+    # the residual keeps the right p: a draft of q's argmax rejected is replaced from max(0, p - q), never token 0
+    logits = P.log().expand(n, 2, 4)
+    accepted, bonus = verify(logits, torch.zeros(n, 1, dtype=torch.long), Q.expand(n, 1, 4), 1.0,
+                             torch.Generator().manual_seed(0), Faults(ratio_temperature_factor=0.5))
+    assert int((bonus[accepted == 0] == 0).sum()) == 0 and int((accepted == 0).sum()) > 0
 
 
 # -- the greedy divergence margin --------------------------------------------------------------------------

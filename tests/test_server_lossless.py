@@ -139,7 +139,7 @@ def test_attached_pair_sampling_check_is_lossless_and_its_lossy_control_is_not(t
     out = tmp_path / "sampling"
     # 8 in flight: which request gets which of a server's draws depends on scheduling; the law does not
     r = check("--server", spec_url, "--baseline-server", base_url, "--temperature", "1", "--batch-size", "8",
-              "--out", str(out), size=SAMPLING)
+              "--max-detectable-shift", "0.5", "--out", str(out), size=SAMPLING)
     assert r.exit_code == 0, r.output
     rec = json.loads((out / "lossless.json").read_text())
     assert rec["verdict"].startswith("lossless"), (rec["verdict"], rec["why"])

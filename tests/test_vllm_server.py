@@ -329,7 +329,7 @@ def test_attached_poisson_arrivals_and_foreign_traffic_are_reported(tmp_path, dr
     assert row["request_rate"] == 10.0 and row["foreign_requests"] > 0
     assert "that were not ours during the window" in row["notes"] and "not ours" in r.output
     # closed loop under the gate; that the arrivals themselves follow the rate is tested on the load
-    # generator (tests/test_serving.py), where they are seen before the gate
+    # generator (tests/unit/test_serving.py), where they are seen before the gate
     assert max_in_flight(point["requests"]) <= 4
 
 

@@ -123,6 +123,14 @@ class NativeBackend:
 
         return target_logprobs(self.model, ids, continuations, temperature)
 
+    def target_moments(self, ids: list[list[int]], continuations: list[list[int]],
+                       temperature: float) -> list[list[tuple[float, float, float]]]:
+        """``target_logprobs`` with each position's entropy and variance of log p under the target's law at
+        ``temperature`` (the one-sample test): one (log p, H, Var) per token, from the same teacher-forced pass."""
+        from mtpbench.engine import target_moments
+
+        return target_moments(self.model, ids, continuations, temperature)
+
     def greedy_divergences(self, ids: list[list[int]], k0: list[list[int]], spec: list[list[int]]):
         """Per prompt, the first token where ``spec`` leaves ``k0``, with the target's top-two logit margin
         there (``engine.Divergence``), or None when they agree."""

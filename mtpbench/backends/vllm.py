@@ -183,6 +183,22 @@ class VllmBackend:
                                               "continuations": [list(c) for c in continuations],
                                               "temperature": temperature}, engine_extra=extra)["logprobs"]
 
+    def target_moments(self, ids: list[list[int]], continuations: list[list[int]], temperature: float,
+                       cfg: SweepConfig | None = None) -> list[list[tuple[float, float, float]]]:
+        """``target_logprobs`` with each position's entropy and variance of log p under the target's law at
+        ``temperature`` (check-lossless's one-sample test): one (log p, H, Var) per token, from the scoring
+        engine's whole-vocabulary prompt logprobs (``max_logprobs=-1``). ``errors.Unavailable`` where the
+        vocabulary is unknown or above MOMENTS_MAX_VOCAB (a vocabulary-sized row per scored token)."""
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0 to score a sampled token, got {temperature}")
+        if len(ids) != len(continuations):
+            raise ValueError(f"{len(ids)} prompts but {len(continuations)} continuations")
+        moments_vocab(cfg or self.cfg)
+        data = self._lossless_worker(cfg or self.cfg, 0, {
+            "op": "score", "prompts": [list(p) for p in ids], "continuations": [list(c) for c in continuations],
+            "temperature": temperature, "moments": True}, engine_extra={"max_logprobs": -1})
+        return [[tuple(m) for m in ms] for ms in data["moments"]]
+
     def logprob_noise(self, ids: list[list[int]], continuations: list[list[int]],
                       cfg: SweepConfig | None = None) -> float:
         """The largest |change| of a teacher-forced T = 1 log-prob between every row scored in one batch and
@@ -608,6 +624,60 @@ def trace(llm, cfg: dict, k: int, prompts: list[Prompt], force: bool, asked: str
             "num_accepted_tokens_per_pos": delta["num_accepted_tokens_per_pos"], "structure": st.describe()}
 
 
+MOMENTS_MAX_VOCAB = 32768  # above: the one-sample test is unavailable (a row of this many floats per scored token)
+
+
+def moments_vocab(cfg: SweepConfig) -> int:
+    """The target's vocabulary size, from its checkpoint's config.json; ``errors.Unavailable`` when it cannot be
+    read or is above MOMENTS_MAX_VOCAB."""
+    from mtpbench.checkpoint import read_config
+    from mtpbench.errors import MtpBenchError, Unavailable
+
+    try:
+        c = read_config(cfg.model_dir)
+    except MtpBenchError as e:
+        raise Unavailable(f"the target's vocabulary size is unknown ({e})") from None
+    vocab = c.get("vocab_size") or (c.get("text_config") or {}).get("vocab_size")
+    if not isinstance(vocab, int):
+        raise Unavailable("the target's config.json gives no vocab_size")
+    if vocab > MOMENTS_MAX_VOCAB:
+        raise Unavailable(f"a vocabulary of {vocab} tokens: whole-vocabulary log-probs at every scored token would "
+                          f"be too large (at most {MOMENTS_MAX_VOCAB})")
+    return vocab
+
+
+def position_logprobs(rows, j: int):
+    """Token ids and raw log-probs at prompt position ``j`` of vLLM's prompt logprobs (flat or a dict per
+    position), as numpy arrays, each token once (the scored token is also listed beside the ranked ones)."""
+    import numpy as np
+
+    if hasattr(rows, "start_indices"):  # FlatLogprobs
+        a, b = rows.start_indices[j], rows.end_indices[j]
+        ids, lps = np.asarray(rows.token_ids[a:b]), np.asarray(rows.logprobs[a:b], float)
+    else:
+        d = rows[j]
+        ids, lps = np.fromiter(d.keys(), int, len(d)), np.fromiter((v.logprob for v in d.values()), float, len(d))
+    ids, first = np.unique(ids, return_index=True)
+    return ids, lps[first]
+
+
+def law_moments(ids, raw, tok: int, temperature: float, vocab: int | None = None) -> tuple[float, float, float]:
+    """(log p of ``tok``, the entropy H, the variance of log p) of the law softmax(raw / T) over the whole
+    vocabulary, given as token ids and raw log-probs (``position_logprobs``); ``vocab``: the size the ids must
+    cover (a missing token would make it not the whole law)."""
+    import numpy as np
+
+    if vocab is not None and ids.size < vocab:
+        raise RuntimeError(f"prompt logprobs cover {ids.size} of {vocab} tokens: not the whole vocabulary")
+    x = raw / temperature
+    top = x.max()
+    lp = x - top - np.log(np.exp(x - top).sum())
+    p = np.exp(lp)
+    h = float(-(p * lp).sum())
+    var = float((p * (lp + h) ** 2).sum())
+    return float(lp[np.searchsorted(ids, tok)]), h, var
+
+
 def lossless_op(llm, op: dict) -> dict:
     """check-lossless's work in one engine: ``sample`` (n continuations per prompt, with the arm's counter
     deltas), ``score`` (each continuation token's log-prob at a temperature, teacher-forced) or ``margins``
@@ -640,6 +710,19 @@ def lossless_op(llm, op: dict) -> dict:
         together = [scores(o, p, c) for o, p, c in zip(run(seqs, params), op["prompts"], op["continuations"])]
         alone = [scores(run([s], params)[0], p, c) for s, p, c in zip(seqs, op["prompts"], op["continuations"])]
         return {"noise": max((abs(a - b) for x, y in zip(together, alone) for a, b in zip(x, y)), default=0.0)}
+    if op["op"] == "score" and op.get("moments"):
+        t = op["temperature"]
+        vocab = llm.llm_engine.model_config.get_vocab_size()
+        params = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=-1, **quiet)
+        rows = [i for i, c in enumerate(op["continuations"]) if c]
+        out = [[] for _ in op["continuations"]]
+        for start in range(0, len(rows), 32):  # a vocabulary-sized row per token: a few requests at a time
+            chunk = rows[start: start + 32]
+            for i, o in zip(chunk, run([op["prompts"][i] + op["continuations"][i] for i in chunk], params)):
+                p, c = op["prompts"][i], op["continuations"][i]
+                for m, tok in enumerate(c):
+                    out[i].append(law_moments(*position_logprobs(o.prompt_logprobs, len(p) + m), tok, t, vocab))
+        return {"moments": out}
     if op["op"] == "score":
         import math
 

@@ -661,8 +661,10 @@ class VllmServerBackend:
             if k == 0:
                 raise ValueError("speculative overrides need k > 0 (k = 0 runs without a speculative config)")
             args["speculative_config"] = {**args["speculative_config"], **overrides}
-        if k == 0 and cfg.temperature not in (0.0, 1.0):
-            args["max_logprobs"] = -1  # scores at T != 1 renormalize over the whole vocabulary (target_logprobs)
+        if k == 0 and cfg.temperature > 0:
+            # scores at T != 1 renormalize over the whole vocabulary (target_logprobs), and the one-sample test
+            # needs the whole law at every scored token (target_moments)
+            args["max_logprobs"] = -1
         port = free_port()
         out = Path(cfg.out)
         out.mkdir(parents=True, exist_ok=True)
@@ -696,7 +698,7 @@ class VllmServerBackend:
         errors = [e for _, e in answers if e]
         if errors:
             if "max allowed" in errors[0] and any(b.get("prompt_logprobs") == -1 for b in bodies):
-                raise MtpBenchError(f"the k = 0 server at {server.base_url} caps log-probs (vLLM's max_logprobs): "
+                raise LogprobsCapped(f"the k = 0 server at {server.base_url} caps log-probs (vLLM's max_logprobs): "
                                     "scores at a temperature other than 1 need the whole vocabulary at each "
                                     "position: start it with --max-logprobs -1")
             raise RuntimeError(f"{len(errors)} of {len(bodies)} requests to {server.base_url} failed; "
@@ -770,6 +772,39 @@ class VllmServerBackend:
                     out[i].append(d[tok] / temperature - top - math.log(sum(math.exp(x - top) for x in xs)))
                 else:
                     out[i].append(d[tok])
+        return out
+
+    @_check_call
+    def target_moments(self, ids: list[list[int]], continuations: list[list[int]],
+                       temperature: float) -> list[list[tuple[float, float, float]]]:
+        """``target_logprobs`` with each position's entropy and variance of log p under the target's law at
+        ``temperature`` (check-lossless's one-sample test), from the k = 0 server's whole-vocabulary prompt
+        log-probs: a launched baseline runs with --max-logprobs -1; ``errors.Unavailable`` where an attached one
+        caps them, or where the vocabulary is too large (``backends.vllm.moments_vocab``)."""
+        import numpy as np
+
+        from mtpbench.backends.vllm import law_moments, moments_vocab
+        from mtpbench.errors import Unavailable
+
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0 to score a sampled token, got {temperature}")
+        if len(ids) != len(continuations):
+            raise ValueError(f"{len(ids)} prompts but {len(continuations)} continuations")
+        moments_vocab(self.cfg)
+        rows = [i for i, c in enumerate(continuations) if c]
+        try:
+            lps = self._prompt_logprobs([ids[i] for i in rows], [continuations[i] for i in rows], -1,
+                                        self.cfg.batch_size)
+        except LogprobsCapped:
+            raise Unavailable("the k = 0 server caps log-probs (vLLM's max_logprobs): start it with "
+                              "--max-logprobs -1 for the one-sample test") from None
+        out: list[list[tuple[float, float, float]]] = [[] for _ in continuations]
+        for i, per_token in zip(rows, lps):
+            for tok, d in zip(continuations[i], per_token):
+                v = np.fromiter(d.keys(), int, len(d))
+                order = np.argsort(v)
+                out[i].append(law_moments(v[order], np.fromiter(d.values(), float, len(d))[order], tok,
+                                          temperature))
         return out
 
     @_check_call
@@ -938,6 +973,10 @@ class VllmServerBackend:
         """The processes of the launched server (its process group); empty for an attached one."""
         g = self.server.guard if self.server else None
         return process_group_pids(g.pgid) if g is not None and g.pgid and not g.group_gone else set()
+
+
+class LogprobsCapped(MtpBenchError):
+    """The k = 0 server refused whole-vocabulary prompt log-probs (its max_logprobs)."""
 
 
 def _is_local(url: str) -> bool:
