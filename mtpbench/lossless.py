@@ -357,7 +357,8 @@ def greedy_why(divs: list[tuple[str, dict | None]], threshold: float) -> str:
         hit = [(pid, d) for pid, d in found if d["class"] == cls]
         if hit:
             pid, d = hit[0]
-            return (f"prompt {pid}, token {d['position']}: the drafting run emitted {d['spec_token']} where k = 0 "
+            head = "" if cls == DIVERGENT_CLASS else "unclassified divergence (no logit gap measured): "
+            return (f"{head}prompt {pid}, token {d['position']}: the drafting run emitted {d['spec_token']} where k = 0 "
                     f"emitted {d['k0_token']}, {_against(d, threshold)} ({len(hit)} such of {len(found)})")
     return f"all {len(found)} divergence(s) within rounding (|logit gap| <= {threshold:.3g})"
 
@@ -483,7 +484,7 @@ def run_sampling(backend, cfg: CheckConfig, ids: list[list[int]], prompt_ids: li
         "test": None if ab is None else asdict(ab), "aa_test": None if aa is None else asdict(aa),
         "score_tests": None if one is None else {name: t and asdict(t) for name, t in one.items()},
         "score_tests_unavailable": one_note,
-        "detectable_shift": None if ab is None else stats.detectable_shift(ab, one and one["on"]),
+        "detectable_shift": None if ab is None else stats.detectable_shift(ab),
         "max_detectable_shift": cfg.max_mde,
         "alpha": stats.ALPHA, "alpha_two_sample": alpha_ab, "alpha_aa": stats.ALPHA_AA, "arm_seeds": seeds,
         "arms": {name: log[name] for name in names},

@@ -149,7 +149,7 @@ def test_the_correct_engine_at_the_same_size_is_not_lossy(tmp_path, bad_drafter)
     rec = json.loads((out / "lossless.json").read_text())
     assert rec["verdict"] == "lossless (no difference detectable at this N)", rec["why"]
     assert rec["test"]["p_value"] >= 0.025 and rec["max_detectable_shift"] == 1
-    assert 0.1 < rec["detectable_shift"] < 1 and rec["detectable_shift"] == rec["score_tests"]["on"]["mde_logprob"]
+    assert 0.1 < rec["detectable_shift"] < 1 and rec["detectable_shift"] == rec["test"]["mde_logprob"]
     for name in ("off", "on", "off_aa"):  # the one-sample test on every arm: the scorer is the sampler's law
         assert abs(rec["score_tests"][name]["z"]) < 2.81, (name, rec["score_tests"][name])
         assert rec["score_tests"][name]["num_tokens"] == 32 * 12

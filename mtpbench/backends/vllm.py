@@ -625,6 +625,7 @@ def trace(llm, cfg: dict, k: int, prompts: list[Prompt], force: bool, asked: str
 
 
 MOMENTS_MAX_VOCAB = 32768  # above: the one-sample test is unavailable (a row of this many floats per scored token)
+MOMENTS_CHUNK = 32  # requests scored over the whole vocabulary at a time: a vocabulary-sized row per token
 
 
 def moments_vocab(cfg: SweepConfig) -> int:
@@ -716,8 +717,8 @@ def lossless_op(llm, op: dict) -> dict:
         params = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=-1, **quiet)
         rows = [i for i, c in enumerate(op["continuations"]) if c]
         out = [[] for _ in op["continuations"]]
-        for start in range(0, len(rows), 32):  # a vocabulary-sized row per token: a few requests at a time
-            chunk = rows[start: start + 32]
+        for start in range(0, len(rows), MOMENTS_CHUNK):  # reduced to three numbers a token, chunk by chunk
+            chunk = rows[start: start + MOMENTS_CHUNK]
             for i, o in zip(chunk, run([op["prompts"][i] + op["continuations"][i] for i in chunk], params)):
                 p, c = op["prompts"][i], op["continuations"][i]
                 for m, tok in enumerate(c):

@@ -783,7 +783,7 @@ class VllmServerBackend:
         caps them, or where the vocabulary is too large (``backends.vllm.moments_vocab``)."""
         import numpy as np
 
-        from mtpbench.backends.vllm import law_moments, moments_vocab
+        from mtpbench.backends.vllm import MOMENTS_CHUNK, law_moments, moments_vocab
         from mtpbench.errors import Unavailable
 
         if temperature <= 0:
@@ -792,19 +792,23 @@ class VllmServerBackend:
             raise ValueError(f"{len(ids)} prompts but {len(continuations)} continuations")
         moments_vocab(self.cfg)
         rows = [i for i, c in enumerate(continuations) if c]
-        try:
-            lps = self._prompt_logprobs([ids[i] for i in rows], [continuations[i] for i in rows], -1,
-                                        self.cfg.batch_size)
-        except LogprobsCapped:
-            raise Unavailable("the k = 0 server caps log-probs (vLLM's max_logprobs): start it with "
-                              "--max-logprobs -1 for the one-sample test") from None
         out: list[list[tuple[float, float, float]]] = [[] for _ in continuations]
-        for i, per_token in zip(rows, lps):
-            for tok, d in zip(continuations[i], per_token):
-                v = np.fromiter(d.keys(), int, len(d))
-                order = np.argsort(v)
-                out[i].append(law_moments(v[order], np.fromiter(d.values(), float, len(d))[order], tok,
-                                          temperature))
+        # a vocabulary-sized dict per scored token: a chunk of requests at a time, each reduced to three numbers a
+        # token before the next (all at once, the default N holds hundreds of millions of entries)
+        for start in range(0, len(rows), MOMENTS_CHUNK):
+            chunk = rows[start: start + MOMENTS_CHUNK]
+            try:
+                lps = self._prompt_logprobs([ids[i] for i in chunk], [continuations[i] for i in chunk], -1,
+                                            self.cfg.batch_size)
+            except LogprobsCapped:
+                raise Unavailable("the k = 0 server caps log-probs (vLLM's max_logprobs): start it with "
+                                  "--max-logprobs -1 for the one-sample test") from None
+            for i, per_token in zip(chunk, lps):
+                for tok, d in zip(continuations[i], per_token):
+                    v = np.fromiter(d.keys(), int, len(d))
+                    order = np.argsort(v)
+                    out[i].append(law_moments(v[order], np.fromiter(d.values(), float, len(d))[order], tok,
+                                              temperature))
         return out
 
     @_check_call

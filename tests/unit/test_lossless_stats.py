@@ -360,10 +360,14 @@ def one_sample(z=0.0, mde=0.03, n=40960):
 def test_the_verdict_rules_on_hand_made_records():
     ok, aa = two_sample(), two_sample()
     off = (one_sample(0.3), one_sample(-1.1))
-    # both tests quiet and powered: lossless, the detectable shift the smaller of the two
+    # both tests quiet and powered: lossless, the detectable shift the two-sample test's (the bound is on the mean
+    # target log-prob, which the one-sample test's local excess does not bound)
     v, why = stats.lossless_verdict(ok, aa, max_mde=0.1, score_on=one_sample(1.0), score_off=off)
-    assert v == stats.LOSSLESS and "0.03 nats/token" in why
-    assert stats.detectable_shift(ok, one_sample(mde=0.03)) == 0.03 and stats.detectable_shift(ok, None) == 0.05
+    assert v == stats.LOSSLESS and "0.05 nats/token" in why
+    assert stats.detectable_shift(ok) == 0.05
+    # a one-sample test with power to spare does not lift an underpowered two-sample test over the bound
+    v, why = stats.lossless_verdict(ok, aa, max_mde=0.04, score_on=one_sample(1.0, mde=0.01), score_off=off)
+    assert v == stats.INCONCLUSIVE and why.startswith(stats.UNDERPOWERED), why
     # each test at alpha / 2 with the one-sample test beside it, at alpha without it
     assert stats.lossless_verdict(two_sample(p=0.03), aa, score_on=one_sample(), score_off=off)[0] == stats.LOSSLESS
     assert stats.lossless_verdict(two_sample(p=0.03), aa)[0] == stats.LOSSY
@@ -378,11 +382,11 @@ def test_the_verdict_rules_on_hand_made_records():
     # ... but a two-sample rejection needs no exact scorer: lossy
     assert stats.lossless_verdict(two_sample(p=0.001), aa, score_on=one_sample(), score_off=(one_sample(4.0),
                                                                                              off[1]))[0] == stats.LOSSY
-    # underpowered: both detectable shifts above the bound; the N that would reach it, at 1 / sqrt(N)
+    # underpowered: the two-sample test's detectable shift above the bound; the N that would reach it, at 1 / sqrt(N)
     v, why = stats.lossless_verdict(two_sample(mde=0.4, n=64, prompts=8), aa, max_mde=0.1,
                                     score_on=one_sample(mde=0.2), score_off=off)
     assert v == stats.INCONCLUSIVE and why.startswith(stats.UNDERPOWERED), why
-    assert "(0.2 nats/token) exceeds the bound 0.1" in why and "32 continuations a prompt (256 an arm, 64 now" in why
+    assert "(0.4 nats/token) exceeds the bound 0.1" in why and "128 continuations a prompt (1024 an arm, 64 now" in why
     # without the one-sample test the two-sample test's own shift is the bound's
     v, why = stats.lossless_verdict(two_sample(mde=0.4, n=64, prompts=8), aa, max_mde=0.1)
     assert v == stats.INCONCLUSIVE and "(0.4 nats/token)" in why and "1024 an arm" in why
