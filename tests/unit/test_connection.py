@@ -131,7 +131,7 @@ def serve(tls: ssl.SSLContext | None = None, **settings):
     srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     if tls is not None:
         srv.socket = tls.wrap_socket(srv.socket, server_side=True)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     scheme = "https" if tls else "http"
     return srv, f"{scheme}://127.0.0.1:{srv.server_address[1]}", handler
 

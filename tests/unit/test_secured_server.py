@@ -54,7 +54,7 @@ class Upstream(http.server.BaseHTTPRequestHandler):
 @pytest.fixture(scope="module")
 def upstream():
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Upstream)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     yield server.server_address[1]
     server.shutdown()

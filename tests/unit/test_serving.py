@@ -242,7 +242,7 @@ class QuietHandler(SimpleHTTPRequestHandler):
 def not_vllm_server(tmp_path):
     """A real HTTP server that is not vLLM (it serves a directory)."""
     srv = ThreadingHTTPServer(("127.0.0.1", 0), partial(QuietHandler, directory=str(tmp_path)))
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     yield f"http://127.0.0.1:{srv.server_address[1]}"
     srv.shutdown()
 
@@ -361,7 +361,7 @@ class FakeVllm(SimpleHTTPRequestHandler):
 def fake_vllm():
     handler = type("Handler", (FakeVllm,), {})
     srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     yield f"http://127.0.0.1:{srv.server_address[1]}", handler
     srv.shutdown()
     srv.server_close()
