@@ -7,7 +7,8 @@ engine, --planted-lossy and --planted-subtle, over seeds. Measures the rates quo
 Each (seed, arm) is ``mtpbench check-lossless --threads 1 --seed S [--planted-lossy | --planted-subtle]``'s
 ``run_sampling`` (the same config, arm seeds, scorer and verdict), except that a seed's two k = 0 arms are drawn
 once and shared by its three drafting arms: the faults act on drafting only and a k = 0 arm is a function of its
-seed, so the verdicts are the CLI's (seed 1, correct engine: p = 0.4653 both ways) at 5 of 9 arm draws. About
+seed, so the verdicts are the CLI's at 5 of 9 arm draws (seed 1, correct engine: two-sample p = 0.4653 here, the
+value the CLI's seed-1 check gave in the previous release's measurement). About
 4 min a (seed, arm) on one idle core of the 2-core AMD EPYC; run it alone.
 """
 
