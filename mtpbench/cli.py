@@ -492,8 +492,9 @@ def check_lossless(
         fail(str(e))
     typer.echo(summary(record))
     typer.echo(f"wrote {engine.out}/lossless.json, lossless.md, lossless.png")
-    if fail_if_lossy and exit_code(record, allow_inconclusive):
-        raise typer.Exit(exit_code(record, allow_inconclusive))
+    code = exit_code(record, allow_inconclusive) if fail_if_lossy else 0
+    if code:
+        raise typer.Exit(code)
 
 
 @app.command()
