@@ -492,8 +492,7 @@ def check_lossless(
         fail(str(e))
     typer.echo(summary(record))
     typer.echo(f"wrote {engine.out}/lossless.json, lossless.md, lossless.png")
-    code = exit_code(record, allow_inconclusive) if fail_if_lossy else 0
-    if code:
+    if fail_if_lossy and (code := exit_code(record, allow_inconclusive)):
         raise typer.Exit(code)
 
 
