@@ -32,6 +32,13 @@ import torch
 
 from mtpbench.config import MODES
 from mtpbench.model import KVCache, MiMoModel
+from mtpbench.scoring import (  # noqa: F401
+    Divergence,
+    check_score_args,
+    divergence_points,
+    first_divergence,
+    top_two_margin,
+)
 
 
 @dataclass
@@ -349,8 +356,7 @@ def target_logprobs(model: MiMoModel, prompts: list[list[int]], continuations: l
                     temperature: float, batch_size: int = 32) -> list[list[float]]:
     """Per row, each continuation token's log-probability under the target at ``temperature``
     (log-softmax of logits / T, the law the engine samples from), from the teacher-forced k = 0 pass."""
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0 to score a sampled token, got {temperature}")
+    check_score_args(prompts, continuations, temperature)
     out = []
     for logits, c in zip(target_logits(model, prompts, continuations, batch_size), continuations):
         lp = torch.log_softmax(logits / temperature, -1)
@@ -374,40 +380,20 @@ def target_moments(model: MiMoModel, prompts: list[list[int]], continuations: li
                    temperature: float, batch_size: int = 32) -> list[list[tuple[float, float, float]]]:
     """``target_logprobs`` with, at each position, the entropy of the target's law at ``temperature`` and the
     variance of log p under it: per row, one (log p, H, Var) per continuation token (``law_moments``)."""
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0 to score a sampled token, got {temperature}")
+    check_score_args(prompts, continuations, temperature)
     return [law_moments(torch.log_softmax(logits / temperature, -1), torch.tensor(c, dtype=torch.long))
             for logits, c in zip(target_logits(model, prompts, continuations, batch_size), continuations)]
-
-
-@dataclass(frozen=True)
-class Divergence:
-    """Where a k > 0 greedy continuation first leaves the k = 0 one, and how close the target's call was."""
-
-    position: int  # index into the continuation (0 = the first generated token)
-    margin: float  # target's top-1 minus top-2 logit there (teacher-forced over the shared prefix)
-    k0_token: int
-    spec_token: int
-    logit_gap: float  # target's logit of k0_token minus that of spec_token (negative: the k > 0 run was right)
-
-
-def first_divergence(a: list[int], b: list[int]) -> int | None:
-    """Index of the first differing token; None when one is a prefix of the other (a length difference
-    alone, e.g. a different max_tokens, is not a divergence)."""
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
 
 
 def greedy_divergences(model: MiMoModel, prompts: list[list[int]], k0: list[list[int]],
                        spec: list[list[int]], batch_size: int = 32) -> list[Divergence | None]:
     """Per prompt, the first divergence of the k > 0 tokens from the k = 0 ones with the target's margin
     there (one teacher-forced k = 0 pass over the prompt and the shared prefix), or None when identical."""
-    at = [first_divergence(a, b) for a, b in zip(k0, spec)]
-    rows = [i for i, j in enumerate(at) if j is not None]
+    at, rows = divergence_points(k0, spec)
     logits = target_logits(model, [prompts[i] for i in rows], [k0[i][: at[i] + 1] for i in rows], batch_size)
     out: list[Divergence | None] = [None] * len(prompts)
     for i, lg in zip(rows, logits):
         j, last = at[i], lg[-1]
-        top = last.topk(2).values
-        out[i] = Divergence(j, float(top[0] - top[1]), k0[i][j], spec[i][j],
+        out[i] = Divergence(j, top_two_margin(last.topk(2).values.tolist()), k0[i][j], spec[i][j],
                             float(last[k0[i][j]] - last[spec[i][j]]))
     return out

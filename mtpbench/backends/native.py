@@ -17,6 +17,7 @@ from mtpbench.engine import Faults, Generation
 from mtpbench.errors import MtpBenchError
 from mtpbench.metrics import BatchRecord, GridPoint, PointRun, RequestRecord
 from mtpbench.prompts import Prompt, batches, load_tokenizer  # noqa: F401 (load_tokenizer re-exported)
+from mtpbench.scoring import max_abs_change
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -113,7 +114,7 @@ class NativeBackend:
         row alone (padding and batch shape change the kernels' order of summation)."""
         together = self.target_logprobs(ids, continuations, 1.0)
         alone = [self.target_logprobs([p], [c], 1.0)[0] for p, c in zip(ids, continuations)]
-        return max((abs(a - b) for x, y in zip(together, alone) for a, b in zip(x, y)), default=0.0)
+        return max_abs_change(together, alone)
 
     def target_logprobs(self, ids: list[list[int]], continuations: list[list[int]],
                         temperature: float) -> list[list[float]]:

@@ -29,7 +29,6 @@ DEBT: dict[str, int] = {
     "mtpbench.matrix": 502,
     "mtpbench.compare": 461,
     "mtpbench.checkpoint": 414,
-    "mtpbench.engine": 413,
     "mtpbench.cli:check_lossless": 90,
     "mtpbench.lossless:summary": 90,
     "mtpbench.metrics:summarize": 90,
