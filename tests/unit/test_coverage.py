@@ -1,4 +1,4 @@
-"""Known-answer coverage of the 95 % intervals (stats.py): synthetic data with a known true value, many
+"""Known-answer coverage of the 95 % intervals (stats/intervals.py): synthetic data with a known true value, many
 trials, and the share of intervals that contain the truth. Fixed seeds, so a run is reproducible; the
 bands are wide enough (about 3 standard errors) that a sound method passes and the old ones fail."""
 

@@ -23,7 +23,6 @@ DEBT: dict[str, int] = {
     "mtpbench.backends.vllm": 828,
     "mtpbench.lossless": 727,
     "mtpbench.cli": 664,
-    "mtpbench.stats": 647,
     "mtpbench.report": 590,
     "mtpbench.metrics": 519,
     "mtpbench.matrix": 502,

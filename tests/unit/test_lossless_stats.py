@@ -195,7 +195,7 @@ def test_permuted_labels_keep_each_prompts_split():
     for s in (0, 1, 2):
         assert (z[:, strata == s].sum(1) == arm[strata == s].sum()).all()
     assert len({row.tobytes() for row in z}) == 3 * 6 * 2  # every labeling is reached
-    assert stats._distinct_labelings(strata, arm) == 36
+    assert stats.lossless._distinct_labelings(strata, arm) == 36
 
 
 def test_verdicts():
@@ -232,7 +232,7 @@ def test_the_default_n_and_its_neighbours_count_their_labelings_exactly(per_prom
     r = stats.lossless_test(a, b, prompts, prompts, permutations=200)
     assert r.min_p_value == 1 / 201 and r.num_continuations_a == 16 * per_prompt
     strata, arm = np.repeat(np.arange(16), 2 * per_prompt), np.tile(np.repeat([False, True], per_prompt), 16)
-    assert stats._distinct_labelings(strata, arm) == math.comb(2 * per_prompt, per_prompt) ** 16
+    assert stats.lossless._distinct_labelings(strata, arm) == math.comb(2 * per_prompt, per_prompt) ** 16
 
 
 # ---- the one-sample test (stats.score_test) and the verdict that combines it with the two-sample test -------
@@ -352,7 +352,7 @@ def two_sample(p=0.5, mde=0.05, n=640, prompts=16, min_p=1 / 2001):
 
 
 def one_sample(z=0.0, mde=0.03, n=40960):
-    p = 2 * stats.NormalDist().cdf(-abs(z))
+    p = 2 * stats.lossless.NormalDist().cdf(-abs(z))
     return stats.ScoreTest(z=z, p_value=p, mean_excess_logprob=z * mde / 3 / 1, se_logprob=mde / 3, mde_logprob=mde,
                            num_tokens=n)
 
