@@ -87,7 +87,7 @@ def test_code_identity_follows_the_sources(tmp_path, monkeypatch):
     shutil.copytree(Path(environment.__file__).parent, copy, ignore=shutil.ignore_patterns("assets", "__pycache__"))
     monkeypatch.setattr(environment, "__file__", str(copy / "environment.py"))
     before = environment.code_identity()
-    (copy / "metrics.py").write_text((copy / "metrics.py").read_text() + "\n# a fix\n")
+    (copy / "metrics" / "row.py").write_text((copy / "metrics" / "row.py").read_text() + "\n# a fix\n")
     assert environment.code_identity() != before
 
 

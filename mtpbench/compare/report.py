@@ -1,0 +1,98 @@
+"""compare's outputs: compare.csv, compare.json, compare.md and compare.png, from the compared rows."""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import fields
+from pathlib import Path
+
+from mtpbench.compare.pair import TABLE, CompareRow
+from mtpbench.errors import MtpBenchError
+from mtpbench.files import write_json, write_text
+
+
+def write(out: Path, result: dict, rows: list[CompareRow]) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise MtpBenchError(f"output directory is not writable: {out} ({e.strerror})") from None
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=[f.name for f in fields(CompareRow)], lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow(r.to_csv())
+    write_text(out / "compare.csv", buf.getvalue())
+    write_json(out / "compare.json", result)
+    write_text(out / "compare.md", markdown(result))
+    plot(out / "compare.png", rows, result)
+
+
+def _fmt(v, metric: str = "") -> str:
+    if v is None:
+        return "-"
+    return f"{v:.1f}" if metric == "output_tokens_per_sec" else f"{v:.4g}"
+
+
+def table_lines(result: dict, category: str = "all") -> list[list[str]]:
+    out = []
+    for r in result["rows"]:
+        if r["category"] != category:
+            continue
+        ci = "-" if r["ci_low"] is None else f"[{r['ci_low']:+.4g}, {r['ci_high']:+.4g}]"
+        rel = "-" if r["rel_diff"] is None else f"{r['rel_diff'] * 100:+.2f} %"
+        out.append([r["point"], r["metric"], _fmt(r["a"], r["metric"]), _fmt(r["b"], r["metric"]),
+                    "-" if r["diff"] is None else f"{r['diff']:+.4g}", rel, ci, r["verdict"],
+                    r.get("values_from") or TABLE])
+    return out
+
+HEADERS = ["point", "metric", "A", "B", "B - A", "(B - A) / A", "95 % CI of B - A", "verdict", "values from"]
+
+
+def markdown(result: dict) -> str:
+    rows = table_lines(result)
+    words = [r[7] for r in rows]
+    lines = [f"## mtpbench compare: A = `{result['a']}`, B = `{result['b']}`", "",
+             "What differs between the runs: " + ("; ".join(f"`{d}`" for d in result["differences"])
+                                                  or "nothing in their settings or versions") + ".", "",
+             f"{words.count('better')} better, {words.count('worse')} worse, {words.count('within noise')} within "
+             f"noise, {words.count('no interval')} without an interval (all prompts; intervals: 95 %, paired "
+             "bootstrap over prompts for acceptance, over repeats for timings).", "",
+             "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    if result["notes"]:
+        lines += [""] + [f"Note: {n}." for n in result["notes"]]
+    if result["failed"]:
+        lines += ["", "Failed points:"] + [f"- {f['point']}: failed in {f['failed_in']}: {f['error']}"
+                                           for f in result["failed"]]
+    if result["unpaired"]:
+        lines += ["", "Not paired: " + ", ".join(result["unpaired"])]
+    return "\n".join(lines) + "\n"
+
+
+def plot(path: Path, rows: list[CompareRow], result: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = [r for r in rows if r.category == "all" and r.rel_diff is not None and r.a]
+    fig, ax = plt.subplots(figsize=(8, 1.2 + 0.28 * max(len(shown), 1)))
+    colors = {"better": "tab:green", "worse": "tab:red", "within noise": "tab:grey", "no interval": "tab:grey"}
+    for i, r in enumerate(shown):
+        y = len(shown) - 1 - i
+        if r.ci_low is not None:
+            ax.plot([r.ci_low / r.a * 100, r.ci_high / r.a * 100], [y, y], color=colors[r.verdict], lw=2)
+        ax.plot([r.rel_diff * 100], [y], "o", color=colors[r.verdict])
+    ax.axvline(0, color="black", lw=0.8)
+    ax.set_yticks(range(len(shown)))
+    ax.set_yticklabels([f"{r.point}: {r.metric}" for r in reversed(shown)], fontsize=7)
+    ax.set(xlabel="(B - A) / A, % (line: 95 % interval)", title=f"B = {Path(result['b']).name} vs A = {Path(result['a']).name}")
+    ax.grid(alpha=0.3, axis="x")
+    runner = next((d for d in result["differences"] if d.startswith("runner: ")), None)
+    if runner:  # V1 against V2: the picture says which runner each side ran
+        fig.text(0.995, 0.003, f"vLLM model runner (A vs B): {runner.removeprefix('runner: ')}", ha="right",
+                 va="bottom", fontsize=6, color="dimgray")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,126 @@
+"""``mtpbench compare A B``: is B's difference from A real? From the two sweeps' saved files alone.
+
+What differs between A and B as a whole (their drafting modes, ``--force-spec-step-idx``, the backend or
+the vLLM build, ...) is what is compared; points pair on every other grid dimension (k, MTP layers,
+concurrency, request rate, and the mode when both sides swept the same modes), rows on the category, and
+requests on the prompt. Per metric the output gives A, B, B - A, (B - A) / A, the 95 % interval of
+B - A and one word:
+
+* acceptance (AL, draft acceptance rate, each per-position rate): a paired bootstrap over the prompts
+  both runs measured (``stats.paired_ratio_diff_ci``);
+* timings (tokens/s, TTFT p50, TPOT p50): a bootstrap of the difference of medians over each side's
+  repeats (``--repeats``); a point timed once has no interval;
+* speedup (each run's point against its own k = 0): each side's ratio of geometric means of the repeats,
+  from 3 each, and a Welch t interval on the logs around their difference (``stats.speedup_diff``);
+* ``better`` / ``worse``: the interval excludes 0 in the metric's good / bad direction; ``within noise``:
+  it holds 0; ``no interval``: the data cannot tell (no per-request data, a single repeat).
+
+Where a metric has an interval, A, B and B - A come from the same data as the interval (acceptance: the
+requests both runs made of the same prompts, pooled; timings: the medians of the repeats; speedup: the
+ratios of geometric means, so it can differ a little from the sweep table's ratio of medians), so a
+verdict never contradicts the sign of B - A and B - A lies inside its interval, also when a server's
+counters held foreign traffic or the prompt sets only overlap; each row says where its values come from
+(``values_from``).
+
+How the engines executed (eager or compiled graphs, and vLLM's model runner) is a difference between
+the runs as a whole: vLLM with ``--force-spec-step-idx`` runs every point eagerly, k = 0 included. Then
+the k = 0 baseline is no control for machine drift, and raw timings stay evidence for ``--fail-if-worse``.
+
+Writes ``compare.csv``, ``compare.json``, ``compare.md`` (a summary to paste into a pull request) and
+``compare.png`` (relative differences with their intervals).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+from mtpbench.compare.checks import (
+    check_same_workload,
+    differences,
+    drift_notes,
+    execution_notes,
+)
+from mtpbench.compare.pair import (
+    TIMINGS,
+    CompareRow,
+    _key,
+    _modes,
+    _side,
+    compare_points,
+    duplicate_ids,
+)
+from mtpbench.compare.report import write
+from mtpbench.errors import MtpBenchError
+from mtpbench.metrics import GridPoint, PointResult
+from mtpbench.report import load_run
+
+
+def compare(a_dir: Path, b_dir: Path, out: Path | None = None, force: bool = False) -> dict:
+    """Pair the two sweeps and write the comparison into ``out`` (nothing is written on an error)."""
+    a_dir, b_dir = Path(a_dir), Path(b_dir)
+    loaded_a, loaded_b = load_run(a_dir), load_run(b_dir)
+    with_mode = _modes(loaded_a) == _modes(loaded_b)
+    a, b = _side(loaded_a, a_dir, with_mode), _side(loaded_b, b_dir, with_mode)
+    check_same_workload(a.run, b.run, force)
+    rows: list[CompareRow] = []
+    unpaired, failed, missing, duplicates = [], [], [], []
+    for key in sorted(set(a.points) | set(b.points) | set(a.failures) | set(b.failures),
+                      key=lambda x: tuple(-1 if v is None else v for v in x[1:]) + (str(x[0]),)):
+        pa, pb = a.points.get(key), b.points.get(key)
+        if pa and pb:
+            name = pa[0].name if pa[0].name == pb[0].name else f"{pa[0].name} vs {pb[0].name}"
+            ra = [r for r in a.rows if _row_key(r, with_mode) == key and r.status == "ok"]
+            rb = [r for r in b.rows if _row_key(r, with_mode) == key and r.status == "ok"]
+            k0 = ("plain", 0, 0, *key[3:])
+            base = (a.points[k0][1], b.points[k0][1]) if k0 in a.points and k0 in b.points else None
+            rows += compare_points(name, pa, pb, ra, rb, base)
+            for side, (_, run) in (("A", pa), ("B", pb)) if pa[0].k > 0 else ():  # k = 0 pairs no prompts
+                ids = duplicate_ids(run.requests)
+                if ids:
+                    duplicates.append(f"{name}: prompt id{'s' if len(ids) > 1 else ''} "
+                                      f"{', '.join(map(repr, ids[:5]))}{' ...' if len(ids) > 5 else ''} "
+                                      f"{'occur' if len(ids) > 1 else 'occurs'} more than once in {side}: paired by order of appearance (the n-th with the n-th)")
+        elif key in a.failures or key in b.failures:
+            side = "A and B" if key in a.failures and key in b.failures else "A" if key in a.failures else "B"
+            name, error = a.failures.get(key) or b.failures.get(key)
+            failed.append({"point": name, "failed_in": side, "error": error[:300]})
+        else:
+            unpaired.append((pa or pb)[0].name + (" (only in A)" if pa else " (only in B)"))
+            if pa:
+                missing.append(pa[0].name)
+    if not rows and not failed:
+        raise MtpBenchError(f"{a_dir} and {b_dir} have no points that pair (same k, MTP layers and load)")
+    drift = drift_notes(rows, a.run, b.run)
+    result = {"a": str(a_dir), "b": str(b_dir), "differences": differences(a.run, b.run),
+              "rows": [asdict(r) for r in rows], "failed": failed, "unpaired": unpaired, "missing_in_b": missing,
+              "notes": drift + execution_notes(a.run, b.run) + duplicates, "timings_drifted": bool(drift)}
+    if out is not None:
+        write(Path(out), result, rows)
+    return result
+
+
+def _row_key(r: PointResult, with_mode: bool) -> tuple:
+    rate = float("inf") if r.request_rate is None and r.concurrency is not None else r.request_rate
+    return _key(GridPoint(r.mode, r.k, r.mtp_layers, r.concurrency, rate, r.context_tokens), with_mode)
+
+
+def worse_beyond(result: dict, pct: float) -> list[str]:
+    """What fails --fail-if-worse PCT: a point that ran in A and failed in B or is missing from B (a B
+    sweep stopped halfway), and every metric over all prompts that is worse beyond noise by more than
+    ``pct`` percent (per-category rows are left out: with 13 categories some would cross by chance).
+    When the k = 0 control shows machine drift between the runs, raw timings are not evidence
+    (``speedup`` still is); a difference in execution is no drift, and raw timings then count."""
+    drifted = {m for m, _ in TIMINGS} if result.get("timings_drifted") else set()
+    out = [f"{f['point']} failed in B" for f in result["failed"] if f["failed_in"] == "B"]
+    out += [f"{name} missing in B" for name in result.get("missing_in_b", [])]
+    out += [f"{r['point']} {r['metric']} {r['rel_diff'] * 100:+.1f} %" for r in result["rows"]
+            if r["category"] == "all" and r["verdict"] == "worse" and r["rel_diff"] is not None
+            and abs(r["rel_diff"]) * 100 > pct and r["metric"] not in drifted]
+    return out
+
+
+def unjudged_beyond(result: dict, pct: float) -> list[str]:
+    """Metrics over all prompts that moved by more than ``pct`` percent but carry no interval."""
+    return [f"{r['point']} {r['metric']} {r['rel_diff'] * 100:+.1f} %" for r in result["rows"]
+            if r["category"] == "all" and r["verdict"] == "no interval" and r["rel_diff"] is not None
+            and abs(r["rel_diff"]) * 100 > pct]
