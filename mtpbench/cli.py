@@ -224,8 +224,8 @@ def sweep(
 
 def show(rows, out) -> None:
     """The sweep's table, and one line when it has no GPU telemetry, saying why."""
-    from mtpbench.report import notices, table
-
+    from mtpbench.sweep.report import notices
+    from mtpbench.sweep.table import table
     typer.echo(table(rows))
     lines = notices(out)
     if lines:
@@ -500,7 +500,7 @@ def check_lossless(
 def report(out: Annotated[Path, typer.Argument(help="A sweep or trace-matrix output directory.")]) -> None:
     """Rebuild the table, summary.csv/json and plots from a sweep's saved JSON files (a trace-matrix's
     matrix.csv/md/png from its matrix.json)."""
-    from mtpbench.report import build
+    from mtpbench.sweep.report import build
 
     if (out / "matrix.json").is_file() and not (out / "run.json").exists():
         from mtpbench.matrix import rebuild

@@ -24,7 +24,8 @@ def test_repeats_run_round_robin_and_carry_their_round(tmp_path):
 
 
 def test_timings_without_an_interval_are_marked_in_the_table_and_hollow_in_the_plot(tmp_path):
-    from mtpbench.report import NO_INTERVAL, build, table
+    from mtpbench.sweep.report import build
+    from mtpbench.sweep.table import NO_INTERVAL, table
 
     one = SweepConfig(k=(0, 1), mode=("chain",), num_prompts=2, max_tokens=8, repeats=1, out=str(tmp_path / "one"))
     rows = run_sweep(one)
@@ -43,7 +44,8 @@ def test_timings_without_an_interval_are_marked_in_the_table_and_hollow_in_the_p
 def test_greedy_rows_say_which_share_of_prompts_kept_the_k0_tokens(tmp_path):
     """Issue 16 item 4: greedy drafting is lossless, so every k > 0 row keeps k = 0's tokens (share 1.0);
     a point file whose second prompt's tokens were changed by hand reads 0.5, rebuilt from the files alone."""
-    from mtpbench.report import build, table
+    from mtpbench.sweep.report import build
+    from mtpbench.sweep.table import table
 
     cfg = SweepConfig(k=(0, 2), mode=("chain",), num_prompts=2, max_tokens=8, repeats=1, out=str(tmp_path))
     rows = run_sweep(cfg)
@@ -85,7 +87,8 @@ def test_greedy_rows_count_the_numerical_divergences_from_margins_the_sweep_save
     from mtpbench.engine import greedy_divergences, target_logits
     from mtpbench.lossless import dtype_floor
     from mtpbench.prompts import load_tokenizer
-    from mtpbench.report import build, table
+    from mtpbench.sweep.report import build
+    from mtpbench.sweep.table import table
 
     _one_token_changed(monkeypatch)
     calls = []
@@ -181,7 +184,7 @@ def test_the_sweep_classes_each_divergence_by_its_logit_gap_not_its_margin(tmp_p
 def test_a_backend_without_a_k0_pass_leaves_the_numerical_count_unknown(tmp_path, monkeypatch):
     """vllm-server has no greedy_divergences: the count is None with a note saying why, never 0."""
     from mtpbench.backends.native import NativeBackend
-    from mtpbench.report import table
+    from mtpbench.sweep.table import table
 
     _one_token_changed(monkeypatch)
     monkeypatch.delattr(NativeBackend, "greedy_divergences")

@@ -9,7 +9,7 @@ from pathlib import Path
 from mtpbench import stats
 from mtpbench.errors import MtpBenchError
 from mtpbench.metrics import GridPoint, PointResult, PointRun
-from mtpbench.report import rows_from_points
+from mtpbench.sweep.load import rows_from_points
 
 # metric, higher is better
 ACCEPTANCE = (("acceptance_length", True), ("draft_acceptance_rate", True))

@@ -52,7 +52,7 @@ from mtpbench.compare.pair import (
 from mtpbench.compare.report import write
 from mtpbench.errors import MtpBenchError
 from mtpbench.metrics import GridPoint, PointResult
-from mtpbench.report import load_run
+from mtpbench.sweep.load import load_run
 
 
 def compare(a_dir: Path, b_dir: Path, out: Path | None = None, force: bool = False) -> dict:

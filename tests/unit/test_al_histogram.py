@@ -3,7 +3,9 @@
 import json
 from dataclasses import asdict
 
-from mtpbench import report
+from mtpbench.sweep.load import load_run
+from mtpbench.sweep.plots import histogram_panels
+from mtpbench.sweep.report import build
 from mtpbench.config import SweepConfig, fingerprint
 from mtpbench.metrics import BatchRecord, GridPoint, RequestRecord, request_acceptance
 
@@ -21,8 +23,8 @@ def test_the_histogram_line_is_the_reported_acceptance_length(tmp_path):
     (tmp_path / "chain-L1-k2.json").write_text(json.dumps(
         {"point": GridPoint("chain", 2, 1).to_json("native"), "fingerprint": fp, "requests": [asdict(r) for r in reqs],
          "batches": [asdict(batch)], "repeats": []}))
-    rows = report.build(tmp_path)
-    (point, als, al), = report.histogram_panels(report.load_run(tmp_path)[1], rows)
+    rows = build(tmp_path)
+    (point, als, al), = histogram_panels(load_run(tmp_path)[1], rows)
     assert sorted(als) == [1.0, 3.0] and sum(als) / len(als) == 2.0
     assert al == rows[0].acceptance_length == 1.2
     assert (tmp_path / "al_histogram.png").stat().st_size > 1000

@@ -259,7 +259,7 @@ def test_a_sweep_rows_speedup_lies_inside_its_interval_with_two_mode_timings(tmp
     """16 repeats a point, each run fast (~100 tok/s) or slow (~75): at k = 2 half the runs were slow, at
     k = 0 nine of 16. The speedup is the ratio of the medians (87.7 / 75.5 = 1.16), while the rank interval
     of the pairwise ratios gathers around 1 ([0.99, 1.01]): it must be stretched to hold the speedup."""
-    from mtpbench.report import load_run, rows_from_points
+    from mtpbench.sweep.load import load_run, rows_from_points
 
     k2 = [75.0 + 0.1 * i for i in range(8)] + [100.0 + 0.1 * i for i in range(8)]
     k0 = [75.0 + 0.1 * i for i in range(9)] + [100.0 + 0.1 * i for i in range(7)]

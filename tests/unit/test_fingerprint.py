@@ -4,7 +4,8 @@ a point made with other ones. Pure logic on hand-made files, plus the sweep's re
 import json
 from dataclasses import fields
 
-from mtpbench import config, report
+from mtpbench import config
+from mtpbench.sweep import load
 from mtpbench.config import FINGERPRINT_KEYS, NOT_MEASURED, SweepConfig, fingerprint
 from mtpbench.metrics import GridPoint, PointRun
 
@@ -31,7 +32,8 @@ def test_every_sweep_setting_is_classified():
     assert set(FINGERPRINT_KEYS) == MEASURED and set(NOT_MEASURED) == NOT_MEASURED_BY_HAND
     assert set(NOT_MEASURED) <= names  # no stale entries
     assert all(reason for reason in NOT_MEASURED.values())
-    assert report.FINGERPRINT_KEYS is config.FINGERPRINT_KEYS  # one list, not two
+    # one list, not two: the sweep's reader (report.py before it moved to sweep/load.py) keeps no copy of its own
+    assert getattr(load, "FINGERPRINT_KEYS", config.FINGERPRINT_KEYS) is config.FINGERPRINT_KEYS
 
 
 def test_a_field_added_later_is_in_the_fingerprint_by_default():
@@ -65,7 +67,7 @@ class CountingBackend:
 def test_the_sweep_measures_a_point_again_for_another_draft_model(tmp_path):
     """The sweep's reuse step (sweep.done_before) keeps a saved point only for the same fingerprint: a sweep
     into the same --out with another drafter measures k > 0 again instead of reporting the old one's."""
-    from mtpbench.sweep import done_before, run_one
+    from mtpbench.sweep.run import done_before, run_one
 
     point, backend = GridPoint("vllm", 2, 1), CountingBackend()
     for drafter, expect in (("/models/a", 1), ("/models/a", 1), ("/models/b", 2)):
@@ -91,12 +93,12 @@ def test_older_sweeps_stay_readable(tmp_path):
     (tmp_path / "run.json").write_text(json.dumps({"config": cfg, "provenance": {"versions": VERSIONS}}))
     _point(tmp_path / "k0.json", old_fp)
     _point(tmp_path / "chain-L1-k1.json", {**old_fp, "max_tokens": 7}, k=1)  # another sweep's leftover
-    run, points, failures = report.load_run(tmp_path)
+    run, points, failures = load.load_run(tmp_path)
     assert [p["point"]["k"] for p in points] == [0] and failures == []
     # a sweep that recorded its fingerprint reads exactly the points that carry it
     new_fp = fingerprint(cfg, VERSIONS)
     (tmp_path / "run.json").write_text(json.dumps({"config": cfg, "provenance": {"versions": VERSIONS},
                                                    "fingerprint": new_fp}))
-    assert report.load_run(tmp_path)[1] == []
+    assert load.load_run(tmp_path)[1] == []
     _point(tmp_path / "k0.json", new_fp)
-    assert len(report.load_run(tmp_path)[1]) == 1
+    assert len(load.load_run(tmp_path)[1]) == 1

@@ -219,7 +219,7 @@ def test_acceptance_by_position_interval_brackets_its_value_with_enough_requests
 
 
 def test_plots_draw_a_row_whose_per_position_rates_are_unknown(tmp_path):
-    from mtpbench.report import plots
+    from mtpbench.sweep.plots import plots
 
     k0 = summarize("vllm", GridPoint("vllm", 0, 2), "all", [RequestRecord("all", 4, [1] * 8, 0.1, 0.5)],
                    [BatchRecord("all", 1.0)], None)

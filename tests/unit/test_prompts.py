@@ -95,7 +95,7 @@ def test_context_is_real_held_out_text_of_the_set_of_the_asked_length():
 
 def test_prompts_longer_than_the_window_are_said_before_an_engine_fails():
     from mtpbench.config import SweepConfig
-    from mtpbench.sweep import context_window, window_problem
+    from mtpbench.sweep.run import context_window, window_problem
 
     cfg = SweepConfig(prompts="spec-bench", max_tokens=64, k=(0, 2))
     window = context_window(cfg)

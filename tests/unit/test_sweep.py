@@ -15,7 +15,7 @@ def test_the_default_sweep_times_six_repeats_on_the_native_backend_only():
 
 
 def test_the_numerical_count_trusts_only_records_that_describe_the_tokens():
-    from mtpbench.report import greedy_numerical
+    from mtpbench.sweep.load import greedy_numerical
 
     saved = {"dtype": "float32", "threshold": 3.05e-5, "threshold_source": "the float32 floor",
              "records": [{"prompt_id": "a", "position": 1, "margin": 1e-6, "k0_token": 5, "spec_token": 6,

@@ -23,13 +23,15 @@ from pathlib import Path
 from typing import Callable
 
 from mtpbench.backends import get_backend
-from mtpbench.config import SweepConfig, execution, validate, with_runner
+from mtpbench.config import SweepConfig, execution, fingerprint, validate, with_runner
 from mtpbench.environment import environment, provenance
 from mtpbench.errors import MtpBenchError
+from mtpbench.files import write_json
 from mtpbench.metrics import GridPoint, PointResult, check_requests_against_counters
 from mtpbench.prompts import run_prompts
-from mtpbench.files import write_json
-from mtpbench.report import build, divergence_holds, fingerprint
+from mtpbench.sweep.load import divergence_holds
+from mtpbench.sweep.report import build
+
 
 def grid(cfg: SweepConfig, checkpoint_layers: int | None, attached_k: int | None = None) -> list[GridPoint]:
     """The sweep's points in run order. Served runs vary the load innermost, so one server start

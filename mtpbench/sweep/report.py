@@ -1,0 +1,56 @@
+"""``mtpbench report DIR``: rebuild the table, ``summary.csv``, ``summary.json`` and the PNG plots from
+the saved point files alone (no model, no GPU).
+
+Plots: ``acceptance_length.png`` (AL vs k, one line per mode x MTP-layer count [x load]),
+``throughput.png`` (tokens/sec and speedup vs k, with the theoretical speedup dashed),
+``per_position.png`` (vLLM's joint per-position acceptance at the largest k of each line), and for
+served runs ``serving.png`` (tokens/sec vs k, one line per concurrency, best k marked; AL vs concurrency).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from mtpbench.files import write_json, write_text
+from mtpbench.metrics import (
+    PointResult,
+)
+from mtpbench.sweep.load import load_run, read_json, rows_from_points
+from mtpbench.sweep.plots import al_histogram, plots
+from mtpbench.sweep.table import csv_text
+
+
+def notices(out: Path) -> list[str]:
+    """Lines a reader needs under the table: what the prompts were, and why GPU telemetry is missing."""
+    lines = []
+    run = read_json(Path(out) / "run.json")
+    ps = run.get("prompts")
+    if ps:
+        lines.append(f"prompts: {ps['set']}, {ps['num_prompts']} in {len(ps['categories'])} "
+                     f"categor{'y' if len(ps['categories']) == 1 else 'ies'}" + "".join(f"; {n}" for n in ps["notes"]))
+    tel = telemetry_notice(out)
+    return lines + ([tel] if tel else [])
+
+
+def telemetry_notice(out: Path) -> str | None:
+    """One line when no point of the sweep has GPU telemetry, saying why (from the point files)."""
+    reasons = set()
+    for path in Path(out).glob("*.json"):
+        if path.name in ("run.json", "summary.json") or path.name.endswith(".failure.json"):
+            continue
+        tel = (read_json(path) or {}).get("telemetry") or {}
+        if not tel.get("unavailable"):
+            return None
+        reasons.add(tel["unavailable"])
+    return f"GPU telemetry: none ({'; '.join(sorted(reasons))})" if reasons else None
+
+
+def build(out: Path) -> list[PointResult]:
+    """Rebuild every summary file of a sweep directory from its point files; returns the rows."""
+    out = Path(out)
+    run, points, failures = load_run(out)
+    rows = rows_from_points(points, failures)
+    write_text(out / "summary.csv", csv_text(rows))
+    write_json(out / "summary.json", {**run, "rows": [r.to_json() for r in rows]})
+    plots(out, rows)
+    al_histogram(out, points, rows)
+    return rows

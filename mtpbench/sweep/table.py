@@ -1,0 +1,106 @@
+"""The sweep's table (terminal and ``summary.csv``) from result rows."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+from mtpbench.metrics import (
+    GridPoint,
+    PointResult,
+)
+
+TABLE_COLUMNS = [
+    ("mode", "mode"), ("k", "k"), ("mtp_layers", "L"), ("category", "category"),
+    ("acceptance_length", "AL"), ("acceptance_rate_per_pos", "accept/pos (joint)"), ("alpha", "alpha"),
+    ("output_tokens_per_sec", "tok/s"), ("speedup", "speedup"), ("theoretical_speedup", "theory"),
+    ("ttft_ms_p50", "TTFT p50 ms"), ("tpot_ms_p50", "TPOT p50 ms"),
+    ("output_repetition", "rep4"), ("startup_s", "startup s"), ("status", "status"),
+]
+
+
+# shown only when some row has them: the load of served runs, GPU telemetry
+SERVED_COLUMNS = [("concurrency", "conc"), ("request_rate", "rate/s"), ("request_throughput_per_sec", "req/s"),
+                  ("itl_ms_p50", "ITL p50 ms"), ("tpot_ms_p99", "TPOT p99 ms")]
+TELEMETRY_COLUMNS = [("energy_j_per_token", "J/tok"), ("avg_power_w", "W"), ("peak_gpu_mem_bytes", "peak mem B")]
+
+
+def csv_text(rows: list[PointResult]) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=PointResult.columns(), lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow(r.to_csv())
+    return buf.getvalue()
+
+
+def table(rows: list[PointResult]) -> str:
+    from tabulate import tabulate
+
+    from mtpbench.runners import label
+
+    def cell(name, v, r):
+        if name == "runner":  # "V2 MultiModuleMTPSpeculator": the runner and the class that drafted
+            return label(v, r.drafter) if v else "-"
+        if name == "request_rate" and v is None and r.concurrency is not None:
+            return "inf"
+        if isinstance(v, tuple):
+            return " ".join("-" if x is None else f"{x:.2f}" for x in v)
+        half = _half_width(r, name)
+        if v is not None and half is None and unsure(r, name):
+            marked.append(True)  # one measurement: a timing shown without an interval says so
+            return (f"{v:.1f}" if name == "output_tokens_per_sec" else f"{v:.3g}") + "*"
+        if v is not None and half is not None:  # 2.36 ± 0.08: the 95 % interval's half width
+            return f"{v:.1f} ± {half:.1f}" if name == "output_tokens_per_sec" else f"{v:.3g} ± {half:.2g}"
+        if isinstance(v, float):  # formatted here: a column with "-" cells is not reformatted by tabulate
+            return f"{v:.1f}" if name == "output_tokens_per_sec" else f"{v:.3g}"
+        return "-" if v is None else v
+
+    marked: list[bool] = []
+    cols = list(TABLE_COLUMNS)
+    if any(r.context_tokens is not None for r in rows):
+        cols[4:4] = [("context_tokens", "ctx")]
+    if any(r.concurrency is not None for r in rows):
+        cols[4:4] = SERVED_COLUMNS[:2]
+        cols[-3:-3] = SERVED_COLUMNS[2:]
+    if any(getattr(r, name) is not None for r in rows for name, _ in TELEMETRY_COLUMNS):
+        cols[-1:-1] = TELEMETRY_COLUMNS
+    if any(r.greedy_match_k0 is not None for r in rows):
+        cols[-2:-2] = [("greedy_match_k0", "=k0")]
+    if any(r.greedy_numerical is not None for r in rows):  # of the prompts that left k = 0's tokens: near-ties
+        cols[-2:-2] = [("greedy_numerical", "numerical")]
+    if any(r.runner for r in rows):
+        cols[1:1] = [("runner", "vLLM runner")]
+    body = [[cell(name, getattr(r, name), r) for name, _ in cols] for r in rows]
+    # 3 significant digits, but tokens/s in full (1823.4, not 1.82e+03)
+    fmt = [".1f" if name == "output_tokens_per_sec" else ".3g" for name, _ in cols]
+    text = tabulate(body, headers=[h for _, h in cols], floatfmt=fmt)
+    if marked:
+        text += f"\n* {NO_INTERVAL}"
+    errors = [f"{row_label(r)}: {r.error}" for r in rows if r.error]
+    notes = sorted({f"{row_label(r)}: {r.notes}" for r in rows if r.notes and r.category == "all"})
+    return text + ("\n\nnotes:\n" + "\n".join(notes) if notes else "") + \
+        ("\n\nfailed points:\n" + "\n".join(errors) if errors else "")
+
+
+# timings vary from run to run: one shown without an interval is marked (table: *, plots: a hollow marker)
+TIMINGS = ("output_tokens_per_sec", "speedup", "ttft_ms_p50", "tpot_ms_p50")
+NO_INTERVAL = ("no interval: a timing from too few timed runs to tell its noise (--repeats 3 gives speedup "
+               "intervals, --repeats 6 also tokens/s, TTFT and TPOT)")
+
+
+def unsure(r: PointResult, name: str) -> bool:
+    """A timing shown without its interval (the speedup of k = 0 is 1 by definition)."""
+    if name not in TIMINGS or getattr(r, name) is None or (name == "speedup" and r.k == 0):
+        return False
+    return getattr(r, f"{name}_ci_low", None) is None
+
+
+def _half_width(r: PointResult, name: str) -> float | None:
+    lo, hi = getattr(r, f"{name}_ci_low", None), getattr(r, f"{name}_ci_high", None)
+    return None if lo is None or hi is None else (hi - lo) / 2
+
+
+def row_label(r: PointResult) -> str:
+    rate = float("inf") if r.request_rate is None and r.concurrency is not None else r.request_rate
+    return GridPoint(r.mode, r.k, r.mtp_layers, r.concurrency, rate, r.context_tokens).name
