@@ -242,6 +242,29 @@ def environment(with_torch: bool = True) -> dict:
     }
 
 
+def as_text(facts: dict) -> str:
+    """``environment()``'s facts as ``mtpbench env`` prints them: one aligned ``key  value`` line each."""
+    v, hw, cuda, nvml = facts["versions"], facts["hardware"], facts["cuda"], facts["nvml"]
+    lines = [("mtpbench", v["mtpbench"]), ("python", v["python"]), ("torch", v["torch"]),
+             ("vllm", v["vllm"] or "not installed"), ("platform", hw["platform"]), ("cpu", hw["cpu"]),
+             ("cpu flags", describe_cpu_flags(hw["cpu_flags"])),
+             ("cpu cores", f"{hw['cpu_count']} ({hw['cpus_usable']} usable by this process)"),
+             ("torch threads", hw["torch_threads"]),
+             ("load average", " ".join(map(str, facts["load_average"] or [])) or None),
+             ("cuda", "available, torch built for CUDA " + str(cuda["torch_cuda"]) if cuda["available"]
+              else cuda.get("reason") or f"not available (torch built for CUDA {cuda['torch_cuda']})")]
+    lines += [(f"cuda:{d['index']}", f"{d['name']}, compute {d['capability']}, {d['memory_bytes'] / 2**30:.1f} GiB")
+              for d in cuda.get("devices", [])]
+    if nvml["status"] == "ok":
+        lines.append(("nvml", f"driver {nvml['driver']}"))
+        lines += [(f"gpu {g['index']}", f"{g['name']}, {g['memory_total_bytes'] / 2**30:.1f} GiB, power limit "
+                   f"{g['power_limit_w']} W, energy counter {'yes' if g['energy_counter'] else 'no'}")
+                  for g in nvml["gpus"]]
+    else:
+        lines.append(("nvml", nvml["status"]))
+    width = max(len(k) for k, _ in lines)
+    return "\n".join(f"{key:<{width}}  {'-' if value is None else value}" for key, value in lines)
+
 def redacted_argv(argv: list[str]) -> list[str]:
     """The command line with every ``--header 'Name: value'`` value replaced (the name kept): a gateway
     header's value is written nowhere. ``--header-env`` and ``--api-key-env`` hold variable names, kept."""

@@ -290,3 +290,20 @@ def ship_glm_mtp(out_dir: Path | None = None, log=print) -> dict:
     info["source"] = "builtin"
     (out_dir / "finetune.json").write_text(json.dumps(info, indent=2) + "\n")
     return info
+
+
+def make_glm(source: str, out_dir: Path, steps: int | None = None, log=print) -> dict:
+    """``make-model --format glm``: fine-tune ``source``'s MTP layers (``finetune_mtp``) and write the checkpoint
+    in GLM-4.5's format to ``out_dir``, a new or empty directory. Returns the fine-tune's log."""
+    from safetensors.torch import load_file
+
+    from mtpbench.checkpoint import resolve_model_dir, write_glm
+
+    out_dir = Path(out_dir)
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise MtpBenchError(f"output directory already exists and is not empty: {out_dir}")
+    src = resolve_model_dir(source)
+    tensors, info = finetune_mtp(src, steps=steps, log=log)
+    state = {**load_file(str(src / "model.safetensors")), **tensors}
+    write_glm(src, state, mtp_file_bytes(tensors), info["recipe"], out_dir)
+    return info

@@ -20,6 +20,7 @@ import threading
 import time
 from pathlib import Path
 
+from mtpbench.checkpoint import drafter_layers, num_mtp_layers
 from mtpbench.config import check_writable
 from mtpbench.errors import MtpBenchError
 from mtpbench.synth.common import Arch
@@ -154,3 +155,25 @@ def cached(arch: str | Arch, mtp_layers: int | None = None) -> Path:
             if old != out and time.time() - old.stat().st_mtime > PRUNE_AFTER_S:
                 shutil.rmtree(old, ignore_errors=True)
     return out
+
+
+def describe(arch: str | Arch, path: Path) -> str:
+    """What ``build`` wrote at ``path``, in a line: the target, its MTP layers and the vLLM class that drafts."""
+    arch = get_arch(arch) if isinstance(arch, str) else arch
+    mtp_dir = path / "draft" if arch.separate_draft else path
+    n = drafter_layers(mtp_dir) if arch.separate_draft else num_mtp_layers(mtp_dir)
+    return (f"{path}: {arch.target} with {n} MTP layer(s) for vLLM's {arch.mtp_class}"
+            + (f"; the drafter is its own checkpoint: {mtp_dir} (--draft-model)" if arch.separate_draft else ""))
+
+
+def trace_engine(arch: str | Arch, mtp_layers: int | None, out: Path, dtype: str | None, draft_model: str | None,
+                 engine_args: dict | None) -> dict:
+    """The engine settings that trace ``arch``'s cached checkpoint (built on first use, once ``out`` is known to
+    be writable): vLLM with the architecture's method, bfloat16 unless ``dtype`` says otherwise, its own drafter
+    where it has one, and the engine arguments vLLM needs for it on a CPU, the caller's winning."""
+    arch = get_arch(arch) if isinstance(arch, str) else arch
+    check_writable(out)  # before building anything
+    model = cached(arch, mtp_layers)
+    return dict(model=str(model), backend="vllm", method=arch.method, dtype=dtype or "bfloat16",
+                draft_model=str(model / "draft") if arch.separate_draft else draft_model,
+                engine_args={**arch.engine_args, **(engine_args or {})})

@@ -1,0 +1,5 @@
+import sys
+
+from mtpbench.cli import main
+
+sys.exit(main())

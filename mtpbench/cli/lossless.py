@@ -1,0 +1,113 @@
+"""``mtpbench check-lossless``: options to a CheckConfig, ``mtpbench.lossless.run_check``, its summary and, with
+--fail-if-lossy, its exit code."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from mtpbench.cli.common import connection_options, engine_args, fail
+from mtpbench.cli.options import Dtype, EngineArg, MaxModelLen, Runner, ServerAccess, grouped
+from mtpbench.errors import MtpBenchError
+
+
+@grouped
+def check_lossless(
+    model: Annotated[Optional[str], typer.Argument(help="Model directory (default: built-in tiny model).")] = None,
+    backend: Annotated[Optional[str], typer.Option(help="native, vllm (offline engines) or vllm-server (launched servers, or an attached --server with a --baseline-server).")] = None,
+    k: Annotated[Optional[int], typer.Option("--k", help="num_speculative_tokens of the drafting arm, >= 1, checked against k = 0 [default: 2].")] = None,
+    temperature: Annotated[Optional[float], typer.Option(help="0: greedy (same tokens?); > 0: sampling (same law?) [default: 1.0].")] = None,
+    num_prompts: Annotated[Optional[int], typer.Option(help="Number of prompts [default: 16].")] = None,
+    samples_per_prompt: Annotated[Optional[int], typer.Option(help="Sampling only: continuations of each prompt per arm [default: 40].")] = None,
+    max_tokens: Annotated[Optional[int], typer.Option(help="Output tokens per continuation [default: 64].")] = None,
+    seed: Annotated[Optional[int], typer.Option(help="Seed of the check: the arms' seeds and the permutations derive from it.")] = None,
+    mode: Annotated[Optional[str], typer.Option(help="Native drafting mode: reuse or chain [default: reuse].")] = None,
+    mtp_layers: Annotated[Optional[int], typer.Option(help="MTP layers to draft with (default: all the checkpoint has).")] = None,
+    prompts: Annotated[Optional[str], typer.Option(help="builtin, spec-bench, mt-bench or a JSONL file.")] = None,
+    batch_size: Annotated[Optional[int], typer.Option(help="Sequences decoded together [default: 48]; greedy's A/A control reruns k = 0 at batch size 1.")] = None,
+    device: Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:1 ...")] = None,
+    dtype: Dtype = None,
+    threads: Annotated[Optional[int], typer.Option(help="torch CPU threads (default: torch's own).")] = None,
+    runner: Runner = None,
+    max_model_len: MaxModelLen = None,
+    engine_arg: EngineArg = None,
+    speculative_config: Annotated[Optional[str], typer.Option(help="vLLM only: a JSON object merged into the drafting arm's speculative_config, e.g. '{\"rejection_sample_method\": \"synthetic\", \"synthetic_acceptance_rates\": [0.9, 0.8]}' (vLLM's lossy control; V2 only on a CPU) or '{\"rejection_sample_method\": \"block\"}'.")] = None,
+    server: Annotated[Optional[str], typer.Option(help="URL of a running vLLM server that drafts (implies --backend vllm-server; needs --baseline-server).")] = None,
+    baseline_server: Annotated[Optional[str], typer.Option(help="URL of a running vLLM server of the same model without drafting: the k = 0 arms of an attached --server. It gets the same API key, headers and TLS settings as --server (both are servers you named); --metrics-url applies to --server only.")] = None,
+    access: ServerAccess = ServerAccess(),
+    planted_lossy: Annotated[bool, typer.Option("--planted-lossy", help="CONTROL, not a way to decode: the native drafter accepts every draft that is its own argmax, skipping the probability ratio min(1, p/q). Lossy on purpose (at temperature > 0): the check must call it lossy.")] = False,
+    planted_subtle: Annotated[bool, typer.Option("--planted-subtle", help="CONTROL, not a way to decode: a subtler planted fault than --planted-lossy: the native engine's acceptance ratio min(1, p/q) takes p at 0.95 x the temperature (the residual and the bonus token keep the right one). Lossy on purpose (at temperature > 0).")] = False,
+    max_detectable_shift: Annotated[Optional[float], typer.Option(help="Sampling: 'lossless' only if a shift of the mean target log-prob this large (nats/token) would have been detected with 80 % power; above it the verdict is inconclusive (underpowered), with the N that would reach it. Default 0.1, the planted rule's measured shift.")] = None,
+    fail_if_lossy: Annotated[bool, typer.Option("--fail-if-lossy", help="A CI gate that fails closed: exit 1 on a lossy or divergent verdict, exit 3 on inconclusive (the check could not tell: the A/A control or the scorer's control failed, underpowered, nothing drafted); 2 is a refused input.")] = False,
+    allow_inconclusive: Annotated[bool, typer.Option("--allow-inconclusive", help="With --fail-if-lossy: exit 0 on an inconclusive verdict (only lossy or divergent fail).")] = False,
+    out: Annotated[Optional[str], typer.Option(help="Output directory for lossless.json, lossless.md, lossless.png [default: lossless].")] = None,
+) -> None:
+    """Does MTP drafting change what the model says? k = K against k = 0: greedy, the same tokens; sampling, the same law (a permutation test with an A/A control)."""
+    from mtpbench.config import resolve
+    from mtpbench.lossless import CHECK_DEFAULTS, DEFAULT_MAX_MDE, CheckConfig, exit_code, run_check, summary
+
+    refuse(model, backend, server, temperature, threads, max_detectable_shift, fail_if_lossy, allow_inconclusive)
+    overrides, extra = speculative_overrides(speculative_config), engine_args(engine_arg)
+    reach, header_values = connection_options(access)
+    try:
+        engine = resolve(dict(model=model, backend="vllm-server" if server else backend,
+                              k=(() if server else None) if k is None else (k,),  # attached: the server's k
+                              mode=None if mode is None else (mode,),
+                              mtp_layers=None if mtp_layers is None else (mtp_layers,), prompts=prompts,
+                              num_prompts=num_prompts, max_tokens=max_tokens, temperature=temperature,
+                              batch_size=batch_size, seed=seed, device=device, dtype="auto" if server and dtype is None else dtype, runner=runner,
+                              max_model_len=max_model_len, engine_args=extra, server=server, out=out, **reach),
+                         None, CHECK_DEFAULTS)
+        cfg = CheckConfig(replace(engine, header_values=header_values), samples_per_prompt=samples_per_prompt,
+                          planted_lossy=planted_lossy, planted_subtle=planted_subtle,
+                          max_mde=DEFAULT_MAX_MDE if max_detectable_shift is None else max_detectable_shift,
+                          baseline_server=baseline_server, speculative_overrides=overrides)
+        set_threads(threads)
+        record = run_check(cfg)
+    except MtpBenchError as e:
+        fail(str(e))
+    typer.echo(summary(record))
+    typer.echo(f"wrote {engine.out}/lossless.json, lossless.md, lossless.png")
+    if fail_if_lossy and (code := exit_code(record, allow_inconclusive)):
+        raise typer.Exit(code)
+
+
+def refuse(model, backend, server, temperature, threads, max_detectable_shift, fail_if_lossy,
+           allow_inconclusive) -> None:
+    """Exit 2 on options that contradict each other, before anything is loaded."""
+    if model is not None and model not in ("builtin", "builtin-glm") and not Path(model).is_dir() \
+            and model.count("/") != 1:
+        fail(f"model directory not found: {model}")
+    if threads is not None and threads < 1:
+        fail(f"--threads must be >= 1, got {threads}")
+    if allow_inconclusive and not fail_if_lossy:
+        fail("--allow-inconclusive qualifies --fail-if-lossy's exit code: give --fail-if-lossy too")
+    if max_detectable_shift is not None and temperature is not None and temperature <= 0:
+        fail("--max-detectable-shift applies to sampling (temperature > 0): greedy compares tokens")
+    if server and backend not in (None, "vllm-server"):
+        fail(f"--server checks a running vLLM server: it takes --backend vllm-server, not {backend}")
+
+
+def speculative_overrides(text: Optional[str]) -> Optional[dict]:
+    """--speculative-config: a JSON object, or None."""
+    import json
+
+    if text is None:
+        return None
+    try:
+        overrides = json.loads(text)
+    except json.JSONDecodeError as err:
+        fail(f"--speculative-config takes a JSON object: {err.msg} at character {err.pos}")
+    if not isinstance(overrides, dict):
+        fail(f"--speculative-config takes a JSON object, got {type(overrides).__name__}")
+    return overrides
+
+
+def set_threads(threads: Optional[int]) -> None:
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)

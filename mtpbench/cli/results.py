@@ -1,0 +1,68 @@
+"""Commands over saved results, no model needed: ``mtpbench report`` (rebuild a sweep's or a trace-matrix's files)
+and ``mtpbench compare`` (is B's difference from A real?)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from mtpbench.cli.common import fail, show
+from mtpbench.errors import MtpBenchError
+
+
+def report(out: Annotated[Path, typer.Argument(help="A sweep or trace-matrix output directory.")]) -> None:
+    """Rebuild the table, summary.csv/json and plots from a sweep's saved JSON files (a trace-matrix's
+    matrix.csv/md/png from its matrix.json)."""
+    from mtpbench.sweep.report import build
+
+    if (out / "matrix.json").is_file() and not (out / "run.json").exists():
+        from mtpbench.matrix import rebuild
+
+        try:
+            rebuild(out)
+        except MtpBenchError as e:
+            fail(str(e))
+        typer.echo(Path(out, "matrix.md").read_text())
+        typer.echo(f"wrote {out}/matrix.csv, matrix.json, matrix.md, matrix.png")
+        return
+    try:
+        rows = build(out)
+    except MtpBenchError as e:
+        fail(str(e))
+    show(rows, out)
+
+
+def compare(
+    a: Annotated[Path, typer.Argument(help="Sweep directory A (the reference).")],
+    b: Annotated[Path, typer.Argument(help="Sweep directory B (the change).")],
+    out: Annotated[Path, typer.Option(help="Where compare.csv/json/md/png go.")] = Path("compare"),
+    fail_if_worse: Annotated[Optional[float], typer.Option(help="Exit 1 when a metric of B is worse beyond noise by more than this many percent.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Compare runs that differ in model or prompts anyway.")] = False,
+) -> None:
+    """Is B's difference from A real? Paired intervals per metric, and better / worse / within noise."""
+    from tabulate import tabulate
+
+    from mtpbench.compare import HEADERS, compare as run_compare, table_lines, unjudged_beyond, worse_beyond
+
+    try:
+        result = run_compare(a, b, out, force)
+    except MtpBenchError as e:
+        fail(str(e))
+    typer.echo("differs: " + ("; ".join(result["differences"]) or "nothing in settings or versions"))
+    typer.echo(tabulate(table_lines(result), headers=HEADERS, disable_numparse=True))
+    for line in result["notes"]:
+        typer.echo(f"note: {line}")
+    for f in result["failed"]:
+        typer.echo(f"failed: {f['point']} in {f['failed_in']}: {f['error']}")
+    typer.echo(f"\nwrote {out}/compare.csv, compare.json, compare.md, compare.png")
+    if fail_if_worse is not None:
+        unjudged = unjudged_beyond(result, fail_if_worse)
+        if unjudged:
+            typer.echo(f"moved by more than {fail_if_worse:g} % without an interval to judge it (more prompts, or "
+                       f"--repeats 6 or more): {', '.join(unjudged[:5])}", err=True)
+        bad = worse_beyond(result, fail_if_worse)
+        if bad:
+            typer.echo(f"worse beyond noise by more than {fail_if_worse:g} %: {', '.join(bad[:5])}", err=True)
+            raise typer.Exit(1)

@@ -1,0 +1,126 @@
+"""``mtpbench sweep``: options to a SweepConfig, ``mtpbench.sweep.run_sweep`` under a progress bar, the table."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Annotated, Optional
+
+import typer
+
+from mtpbench.cli.common import (connection_options, engine_args, fail, ints, model_or_profile, rates, show,
+                                 strs)
+from mtpbench.cli.options import (Dtype, EngineArg, ForceSpecStepIdx, MaxModelLen, ModelOrProfile, Runner, Seed,
+                                  ServerAccess, grouped)
+from mtpbench.errors import MtpBenchError
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """How vLLM spreads the model over devices."""
+    tensor_parallel_size: Annotated[Optional[int], typer.Option(help="vLLM tensor_parallel_size.")] = None
+    pipeline_parallel_size: Annotated[Optional[int], typer.Option(help="vLLM pipeline_parallel_size.")] = None
+    data_parallel_size: Annotated[Optional[int], typer.Option(help="vLLM data_parallel_size.")] = None
+    distributed_executor_backend: Annotated[Optional[str], typer.Option(help="vLLM distributed_executor_backend: mp, ray, uni or external_launcher.")] = None
+    gpu_memory_utilization: Annotated[Optional[float], typer.Option(help="vLLM gpu_memory_utilization.")] = None
+
+
+@dataclass(frozen=True)
+class Served:
+    """A served run: the server (attached or launched), its API and the load put on it."""
+    server: Annotated[Optional[str], typer.Option(help="URL of a running vLLM server to measure (implies --backend vllm-server; mtpbench neither starts nor stops it).")] = None
+    api: Annotated[Optional[str], typer.Option(help="Served runs: completions (/v1/completions) or chat (/v1/chat/completions).")] = None
+    concurrency: Annotated[Optional[str], typer.Option(help="Served runs: requests in flight at most, e.g. 1,4,16 (closed loop).")] = None
+    request_rate: Annotated[Optional[str], typer.Option(help="Served runs: Poisson arrivals per second, e.g. 2,8,inf (inf = all at once).")] = None
+    port: Annotated[Optional[int], typer.Option(help="Served runs: port of the launched server on 127.0.0.1 (default: a free one).")] = None
+
+    def config(self) -> dict:
+        return dict(server=self.server, api=self.api, concurrency=ints(self.concurrency, "--concurrency"),
+                    request_rate=rates(self.request_rate), server_port=self.port)
+
+
+@grouped
+def sweep(
+    model: ModelOrProfile = None,
+    backend: Annotated[Optional[str], typer.Option(help="native, vllm (offline engine) or vllm-server (served, under load).")] = None,
+    k: Annotated[Optional[str], typer.Option("--k", help="num_speculative_tokens values, e.g. 0,1,2,3 (0 = plain decoding baseline; with --server: the server's).")] = None,
+    mtp_layers: Annotated[Optional[str], typer.Option(help="MTP layer counts, e.g. 1,2,3 (default: all the checkpoint has).")] = None,
+    mode: Annotated[Optional[str], typer.Option(help="Drafting modes: reuse (layer 0 every step), chain (step s runs layer s mod L).")] = None,
+    prompts: Annotated[Optional[str], typer.Option(help="builtin, spec-bench (480 questions, 13 categories), mt-bench (its 80), or a JSONL file ('turns' or 'prompt').")] = None,
+    num_prompts: Annotated[Optional[int], typer.Option(help="Number of prompts, spread over the categories [default: 8 of builtin, all of any other set].")] = None,
+    chat_template: Annotated[Optional[str], typer.Option(help="auto: prompts through the checkpoint's chat template where it has one; none: raw text.")] = None,
+    context_tokens: Annotated[Optional[str], typer.Option(help="Tokens of held-out text before each prompt, a grid dimension, e.g. 0,512,1024.")] = None,
+    max_tokens: Annotated[Optional[int], typer.Option(help="Output tokens per prompt.")] = None,
+    repeats: Annotated[Optional[int], typer.Option(help="Timed runs per point, round robin on the native backend: tokens/s, TTFT and TPOT as median with a 95 % interval from 6, speedup intervals from 3. Default: 6 on the native backend, 1 on vLLM's.")] = None,
+    temperature: Annotated[Optional[float], typer.Option(help="0 = greedy; > 0 uses rejection sampling.")] = None,
+    batch_size: Annotated[Optional[int], typer.Option("--batch-size", "--max-num-seqs", help="Sequences decoded together.")] = None,
+    seed: Seed = None,
+    device: Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:1 ... (native backend).")] = None,
+    dtype: Dtype = None,
+    max_model_len: MaxModelLen = None,
+    parallel: Parallel = Parallel(),
+    engine_arg: EngineArg = None,
+    force_spec_step_idx: ForceSpecStepIdx = None,
+    runner: Runner = None,
+    draft_model: Annotated[Optional[str], typer.Option(help="A drafter in a checkpoint of its own (vLLM speculative_config model), e.g. Gemma 4's assistant.")] = None,
+    served: Served = Served(),
+    access: ServerAccess = ServerAccess(),
+    profile: Annotated[Optional[str], typer.Option(help="Profile name (see `mtpbench profiles`) or .toml path.")] = None,
+    out: Annotated[Optional[str], typer.Option(help="Output directory for point files, summary and plots.")] = None,
+) -> None:
+    """Sweep k x MTP layers x drafting mode (x load, served); write point JSONs, summary.csv/json and PNG plots."""
+    from mtpbench.config import resolve
+    from mtpbench.sweep import run_sweep
+
+    model, profile = model_or_profile(model, profile)
+    extra = engine_args(engine_arg)
+    if served.server and backend not in (None, "vllm-server"):
+        fail(f"--server measures a running vLLM server: it takes --backend vllm-server, not {backend}")
+    reach, header_values = connection_options(access)
+    try:
+        cfg = resolve(dict(model=model, backend="vllm-server" if served.server else backend, k=ints(k, "--k"),
+                           mtp_layers=ints(mtp_layers, "--mtp-layers"), mode=strs(mode), prompts=prompts,
+                           num_prompts=num_prompts, chat_template=chat_template,
+                           context_tokens=ints(context_tokens, "--context-tokens"), max_tokens=max_tokens,
+                           repeats=repeats, temperature=temperature, batch_size=batch_size, seed=seed, device=device,
+                           dtype=dtype, max_model_len=max_model_len, **asdict(parallel), engine_args=extra,
+                           force_spec_step_idx=force_spec_step_idx, runner=runner, draft_model=draft_model,
+                           **served.config(), out=out, **reach), profile)
+        cfg = replace(cfg, header_values=header_values)
+        if cfg.server and k is None:  # an attached server's k is its own, whatever a profile lists
+            cfg = replace(cfg, k=())
+        on_point, stop_bar = progress_callback()
+        try:
+            rows = run_sweep(cfg, on_point)
+        finally:
+            stop_bar()
+    except MtpBenchError as e:
+        fail(str(e))
+    show(rows, cfg.out)
+    typer.echo(f"\nwrote {cfg.out}/summary.csv, summary.json and plots")
+
+
+def progress_callback():
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from mtpbench.environment import load_warning
+
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   transient=True)
+    state = {}
+
+    def on_point(i: int, n: int, name: str) -> None:
+        if "task" not in state:
+            warning = load_warning()  # once, when measuring starts (bad input has been refused by then)
+            if warning:
+                typer.echo(warning, err=True)
+            bar.start()
+            state["task"] = bar.add_task("sweep", total=n)
+        bar.update(state["task"], completed=i, description=f"sweep: {name}")
+        if i >= n:
+            stop()
+
+    def stop() -> None:
+        if state.pop("task", None) is not None:  # a bar never started must not print anything
+            bar.stop()
+
+    return on_point, stop
