@@ -12,7 +12,8 @@ import tomllib
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
-from mtpbench.checkpoint import no_mtp_layers, resolve_model_dir
+from mtpbench.builtin import resolve_model_dir
+from mtpbench.checkpoint import no_mtp_layers
 from mtpbench.errors import MtpBenchError
 
 MODES = ("reuse", "chain")

@@ -347,10 +347,10 @@ class MiMoModel(nn.Module):
 def load_model(model_dir: Path, device="cpu", dtype=torch.float32) -> MiMoModel:
     """Load a MiMo-format checkpoint for inference (fused weights). A checkpoint without MTP layers
     loads too: it can still run k = 0. A GLM-4.5-format checkpoint written by mtpbench (``builtin-glm``)
-    loads as the same tensors under MiMo's names, computed in DeepSeek style (see checkpoint.mimo_from_glm)."""
+    loads as the same tensors under MiMo's names, computed in DeepSeek style (see builtin.mimo_from_glm)."""
     from safetensors.torch import load_file
 
-    from mtpbench.checkpoint import GLM_ARCH, mimo_from_glm
+    from mtpbench.builtin import GLM_ARCH, mimo_from_glm
 
     cfg = read_config(model_dir)
     glm = cfg.get("architectures") == [GLM_ARCH]

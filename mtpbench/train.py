@@ -14,6 +14,7 @@ fixed seed, so the same interpreter and torch give the same bytes.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -22,10 +23,8 @@ import platform
 import sys
 import sysconfig
 import time
-from pathlib import Path
-
-import dataclasses
 from functools import lru_cache
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -279,7 +278,7 @@ def mtp_file_bytes(tensors: dict) -> bytes:
 
 def ship_glm_mtp(out_dir: Path | None = None, log=print) -> dict:
     """Re-make mtpbench/assets/glm_mtp from the built-in model (how the shipped files were made)."""
-    from mtpbench.checkpoint import GLM_MTP_DIR
+    from mtpbench.builtin import GLM_MTP_DIR
     from mtpbench.prompts import BUILTIN_MODEL_DIR
 
     out_dir = Path(out_dir or GLM_MTP_DIR)
@@ -297,7 +296,7 @@ def make_glm(source: str, out_dir: Path, steps: int | None = None, log=print) ->
     in GLM-4.5's format to ``out_dir``, a new or empty directory. Returns the fine-tune's log."""
     from safetensors.torch import load_file
 
-    from mtpbench.checkpoint import resolve_model_dir, write_glm
+    from mtpbench.builtin import resolve_model_dir, write_glm
 
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):

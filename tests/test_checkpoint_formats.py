@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from mtpbench.checkpoint import GLM_MTP_DIR, builtin_glm_dir, resolve_model_dir
+from mtpbench.builtin import GLM_MTP_DIR, builtin_glm_dir, resolve_model_dir
 from mtpbench.cli import app
 from mtpbench.prompts import BUILTIN_MODEL_DIR
 
@@ -97,7 +97,7 @@ def test_native_loads_builtin_glm_as_the_same_tensors(glm_dir, glm):
                        glm[f"model.layers.{N + 2}.shared_head.norm.weight"].float())
     assert torch.equal(st["model.mtp_layers.0.input_proj.weight"][:, :H], glm[f"model.layers.{N}.eh_proj.weight"][:, H:].float())
     assert torch.equal(st["model.layers.5.mlp.up_proj.weight"], glm["model.layers.5.mlp.shared_experts.up_proj.weight"].float())
-    from mtpbench.checkpoint import mimo_from_glm
+    from mtpbench.builtin import mimo_from_glm
 
     cfg = json.loads((glm_dir / "config.json").read_text())
     bad = dict(glm)

@@ -238,7 +238,7 @@ def test_standard_rejection_sampling_on_v1_with_the_expand_step_fixed_is_lossles
 
 @pytest.fixture(scope="module")
 def glm_v2_standard(tmp_path_factory, same_engine_once):
-    from mtpbench.checkpoint import resolve_model_dir
+    from mtpbench.builtin import resolve_model_dir
 
     model = resolve_model_dir("builtin-glm")
     return model, check(tmp_path_factory.mktemp("v2") / "standard", model, *SAMPLING, *V2_SIZE, "--runner", "v2")

@@ -34,21 +34,8 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
-from mtpbench.compare.checks import (
-    check_same_workload,
-    differences,
-    drift_notes,
-    execution_notes,
-)
-from mtpbench.compare.pair import (
-    TIMINGS,
-    CompareRow,
-    _key,
-    _modes,
-    _side,
-    compare_points,
-    duplicate_ids,
-)
+from mtpbench.compare.checks import check_same_workload, differences, drift_notes, execution_notes
+from mtpbench.compare.pair import TIMINGS, CompareRow, _key, _modes, _side, compare_points, duplicate_ids
 from mtpbench.compare.report import write
 from mtpbench.errors import MtpBenchError
 from mtpbench.metrics import GridPoint, PointResult

@@ -9,14 +9,7 @@ from pathlib import Path
 
 from mtpbench import stats
 from mtpbench.errors import MtpBenchError
-from mtpbench.metrics import (
-    GridPoint,
-    PointResult,
-    PointRun,
-    mean_call_s,
-    summarize,
-    without_timings,
-)
+from mtpbench.metrics import GridPoint, PointResult, PointRun, mean_call_s, summarize, without_timings
 
 
 def sort_key(p: dict) -> tuple:

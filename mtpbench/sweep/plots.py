@@ -5,11 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mtpbench.metrics import (
-    GridPoint,
-    PointResult,
-    PointRun,
-)
+from mtpbench.metrics import GridPoint, PointResult, PointRun
 from mtpbench.sweep.load import sort_key
 from mtpbench.sweep.table import NO_INTERVAL, row_label, unsure
 

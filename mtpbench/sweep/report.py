@@ -11,9 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mtpbench.files import write_json, write_text
-from mtpbench.metrics import (
-    PointResult,
-)
+from mtpbench.metrics import PointResult
 from mtpbench.sweep.load import load_run, read_json, rows_from_points
 from mtpbench.sweep.plots import al_histogram, plots
 from mtpbench.sweep.table import csv_text

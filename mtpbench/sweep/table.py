@@ -5,10 +5,7 @@ from __future__ import annotations
 import csv
 import io
 
-from mtpbench.metrics import (
-    GridPoint,
-    PointResult,
-)
+from mtpbench.metrics import GridPoint, PointResult
 
 TABLE_COLUMNS = [
     ("mode", "mode"), ("k", "k"), ("mtp_layers", "L"), ("category", "category"),

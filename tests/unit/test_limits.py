@@ -23,7 +23,6 @@ DEBT: dict[str, int] = {
     "mtpbench.backends.vllm": 828,
     "mtpbench.lossless": 727,
     "mtpbench.matrix": 502,
-    "mtpbench.checkpoint": 414,
     "mtpbench.lossless:summary": 90,
     "mtpbench.metrics.row:summarize": 90,
     "mtpbench.sweep.load:rows_from_points": 88,
