@@ -180,6 +180,10 @@ class Guarded:
         """The server is up: the guard returns as soon as the server exits."""
         return self.guard.poll() is None
 
+    def pids(self) -> set[int]:
+        """The processes of the server's group; empty once the group is gone (its id may be another's)."""
+        return process_group_pids(self.pgid) if self.pgid and not self.group_gone else set()
+
     def stop(self) -> None:
         """Close the pipe; the guard stops the group. If the guard itself hangs, kill everything."""
         if self.guard.stdin and not self.guard.stdin.closed:

@@ -424,9 +424,9 @@ def test_window_counts_the_servers_finished_requests(fake_vllm):
 def test_counters_that_never_settle_are_a_note_not_silence(fake_vllm, monkeypatch):
     """/metrics that never counts the window's requests: the wait gives up with a note, and the negative
     'foreign' count is reported as incomplete counters, not clamped to 0."""
-    from mtpbench.backends import vllm_server
+    from mtpbench.backends.vllm_server import counters
 
-    monkeypatch.setattr(vllm_server, "COUNTER_SETTLE_S", 0.3)
+    monkeypatch.setattr(counters, "COUNTER_SETTLE_S", 0.3)
     url, handler = fake_vllm
     handler.metrics = staticmethod(lambda: _metrics_text(5, 50))  # stuck: our 2 requests never counted
     batch, notes = _one_window(url)
@@ -438,10 +438,11 @@ def test_counters_that_never_settle_are_a_note_not_silence(fake_vllm, monkeypatc
 
 def test_a_warm_up_whose_counts_never_settle_is_noted(fake_vllm, monkeypatch):
     from mtpbench.backends import vllm_server
+    from mtpbench.backends.vllm_server import counters
     from mtpbench.config import SweepConfig
     from mtpbench.prompts import Prompt
 
-    monkeypatch.setattr(vllm_server, "COUNTER_SETTLE_S", 0.3)
+    monkeypatch.setattr(counters, "COUNTER_SETTLE_S", 0.3)
     url, handler = fake_vllm
     handler.metrics = staticmethod(lambda: _metrics_text(5, 50))
     backend = vllm_server.VllmServerBackend()
