@@ -2,7 +2,7 @@
 with ``--force-spec-step-idx``}, one verdict per cell.
 
 Each architecture gets its synthetic checkpoint (``mtpbench.synth``, cached) and one engine in a worker
-process (``mtpbench.backends.vllm``), which loads it under ``mtpbench.load_check``, traces a short
+process (``VllmBackend.inspect``), which loads it under ``mtpbench.load_check``, traces a short
 generation as the installed vLLM drafts, then again with ``spec_step_idx`` forced to the draft step.
 An architecture that fails to build or start becomes cells that say why; the matrix goes on.
 
@@ -167,17 +167,14 @@ def _cells_for(arch, k: int, L: int, data: dict | None, error: str, verdict: str
 
 def run_arch(arch, k: int | None, max_tokens: int, cpu: int | None, workers=None, runner: str | None = None) -> list[Cell]:
     """Build (or reuse), start, load-check and trace one architecture on one vLLM model runner (None: the
-    one vLLM picks here); failures become cells. ``workers``: a ``backends.vllm.Workers`` that can stop this
-    architecture's engines (Ctrl-C)."""
-    from dataclasses import asdict as as_dict
-
-    from mtpbench.backends.vllm import call_worker, engine_kwargs
+    one vLLM picks here), through ``VllmBackend.inspect``; failures become cells. ``workers``: a
+    ``procguard.Workers`` that can stop this architecture's engines (Ctrl-C)."""
+    from mtpbench.backends.vllm import VllmBackend
     from mtpbench.checkpoint import drafter_layers, mtp_layer_bytes, num_hidden_layers, num_mtp_layers, read_config
     from mtpbench.config import SweepConfig
     from mtpbench.prompts import prompt_set
-    from mtpbench.synth import cached
-
     from mtpbench.runners import resolve
+    from mtpbench.synth import cached
 
     runner = resolve(runner)
     L = arch.mtp_layers
@@ -192,25 +189,11 @@ def run_arch(arch, k: int | None, max_tokens: int, cpu: int | None, workers=None
     # the engine a `trace-layers --synthetic` run would start, with the same speculative config
     cfg = SweepConfig(model=str(model), backend="vllm", method=arch.method, dtype="bfloat16", max_model_len=512,
                       max_tokens=max_tokens, draft_model=str(mtp_dir) if arch.separate_draft else None,
-                      engine_args={**arch.engine_args, "enforce_eager": True})
-    spec = {"config": cfg.to_json(), "k": k, "engine_kwargs": engine_kwargs(cfg, str(model), k),
-            "trace_forces": [False, True], "load_check": True, "prompts": [as_dict(p) for p in prompts],
-            "runner": runner}
-    env = {}
-    if cpu is not None:  # engines in parallel: one core each
-        env["VLLM_CPU_OMP_THREADS_BIND"] = str(cpu)
+                      engine_args={**arch.engine_args, "enforce_eager": True}, runner=runner)
     try:
-        data = call_worker(spec, env=env, timeout=900, workers=workers)
+        data = VllmBackend().inspect(cfg, k, prompts, [d == "forced" for d in DRAFTING], cpu=cpu, workers=workers)
     except Exception as e:  # RuntimeError from the worker, or a result that cannot be read
         return _cells_for(arch, k, declared, None, f"{type(e).__name__}: {e}"[:2000], "did not start", runner=runner)
-    while len(data["traces"]) < len(DRAFTING):  # the engine crashed in a trace: the rest in a fresh one
-        try:
-            rest = call_worker({**spec, "trace_forces": spec["trace_forces"][len(data["traces"]):]}, env=env,
-                               timeout=900, workers=workers)["traces"]
-        except Exception as e:
-            rest = [{"records": [], "crash": f"a fresh engine for this trace did not start: {e}"[:2000],
-                     "crash_in_draft": False, "num_layers": data["traces"][0]["num_layers"], "num_drafts": 0}]
-        data["traces"] += rest
     data["layer_bytes"] = mtp_layer_bytes(mtp_dir, drafter=arch.separate_draft)
     hidden = num_hidden_layers(read_config(mtp_dir))
     return _cells_for(arch, k, declared, data, "", "", hidden, runner)
@@ -240,9 +223,9 @@ def run_matrix(names: list[str] | None, out: Path, k: int | None = None, jobs: i
     ``MatrixInterrupted``."""
     import threading
 
-    from mtpbench.backends.vllm import Workers
     from mtpbench.config import check_writable
     from mtpbench.environment import require_vllm
+    from mtpbench.procguard import Workers
     from mtpbench.runners import resolve
     from mtpbench.synth import archs
 
@@ -343,7 +326,7 @@ def _cpu_of(prov: dict | None) -> str | None:
     return (hw.get("cpu") or "unknown CPU") + (f" [{flags}]" if flags else "")
 
 
-# the engine's own note, which older cells kept only in their evidence (backends.vllm.engine_runner)
+# the engine's own note, which older cells kept only in their evidence (backends.vllm.inprocess.engine_runner)
 ASKED_IN_EVIDENCE = re.compile(r"asked for vLLM model runner (\w+), the engine ran")
 
 

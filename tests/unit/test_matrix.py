@@ -162,7 +162,7 @@ from pathlib import Path
 
 from mtpbench.backends.vllm import call_worker
 
-call_worker({"config": {}, "k": 2, "engine_kwargs": {"model": str(Path(sys.argv[1]) / "slow")}, "prompts": []})
+call_worker({"op": "run", "config": {}, "k": 2, "engine_kwargs": {"model": str(Path(sys.argv[1]) / "slow")}, "prompts": []})
 """
 
 

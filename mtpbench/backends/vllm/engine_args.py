@@ -1,0 +1,92 @@
+"""What a vLLM engine is started with: its ``LLM(...)`` keyword arguments for one grid point, the checkpoint
+directory it loads, and its process environment (the offline worker's and a launched server's)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from mtpbench.checkpoint import derived_checkpoint
+from mtpbench.config import SweepConfig
+from mtpbench.errors import MtpBenchError
+
+
+def check_num_speculative_tokens(k: int, n_predict: int) -> str | None:
+    """vLLM's rule (SpeculativeConfig): k <= n_predict, or k divisible by n_predict."""
+    if k > n_predict and k % n_predict:
+        return (f"num_speculative_tokens:{k} must be divisible by n_predict={n_predict} "
+                f"(vLLM allows k <= n_predict or k a multiple of it)")
+    return None
+
+
+def engine_kwargs(cfg: SweepConfig, model: str, k: int) -> dict:
+    kw = {"model": model, "dtype": cfg.dtype, "seed": cfg.seed, "disable_log_stats": False,
+          "tensor_parallel_size": cfg.tensor_parallel_size, "max_num_seqs": cfg.batch_size}
+    for name in ("pipeline_parallel_size", "data_parallel_size"):
+        if getattr(cfg, name) != 1:
+            kw[name] = getattr(cfg, name)
+    for name in ("max_model_len", "gpu_memory_utilization", "distributed_executor_backend"):
+        if getattr(cfg, name):
+            kw[name] = getattr(cfg, name)
+    if k > 0:
+        kw["speculative_config"] = {"method": cfg.method, "num_speculative_tokens": k}
+        if cfg.draft_model:
+            kw["speculative_config"]["model"] = str(cfg.mtp_dir)
+    kw.update(cfg.engine_args)
+    return kw
+
+
+def engine_model(cfg: SweepConfig, k: int, mtp_layers: int) -> str:
+    """The checkpoint directory an engine at k loads: the model's own, or one with ``mtp_layers`` MTP layers."""
+    model = str(cfg.model_dir)
+    if k > 0:
+        problem = check_num_speculative_tokens(k, mtp_layers)
+        if problem:
+            raise RuntimeError(problem)
+        if cfg.draft_model:
+            if mtp_layers != cfg.num_mtp_layers():
+                raise RuntimeError(f"--mtp-layers {mtp_layers}: a separate draft checkpoint runs whole "
+                                   f"({cfg.num_mtp_layers()} layers)")
+        else:
+            model = str(derived_checkpoint(cfg.model_dir, mtp_layers))
+    return model
+
+
+def worker_env(model_dir=None, runner: str | None = None) -> dict:
+    env = engine_env(model_dir, runner)
+    env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process: hooks can reach it
+    return env
+
+
+def engine_env(model_dir=None, runner: str | None = None) -> dict:
+    """The environment of a vLLM engine process (offline worker or launched server) for this model and
+    model runner (``mtpbench.runners``: nothing for the one vLLM picks here, else the variables and shim
+    the other needs)."""
+    from mtpbench.runners import runner_env
+
+    env = dict(os.environ)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the CPU build reserves ~21 GiB otherwise
+    if model_dir is not None and needs_torchvision_shim(model_dir):
+        shims = str(Path(__file__).resolve().parents[2] / "shims" / "torchvision")
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [shims, env.get("PYTHONPATH")]))
+    env.update(runner_env(runner, env))
+    return env
+
+
+def needs_torchvision_shim(model_dir) -> bool:
+    """vLLM's classes for some architectures (Qwen3.5, GLM-OCR, MiMo-V2-Omni: ``Arch.needs_torchvision_stub``)
+    import transformers' vision processors, which import torchvision; with no torchvision installed, a
+    text-only engine of those gets mtpbench's import shim (shims/torchvision). Never for other models:
+    transformers would take the shim for the real thing."""
+    import importlib.util
+
+    from mtpbench.checkpoint import read_config
+    from mtpbench.synth import archs
+
+    if importlib.util.find_spec("torchvision") is not None:
+        return False
+    try:
+        arch = (read_config(Path(model_dir)).get("architectures") or [""])[0]
+    except MtpBenchError:
+        return False
+    return arch in {a.target for a in archs().values() if a.needs_torchvision_stub}

