@@ -114,7 +114,7 @@ class CheckBackend(Protocol):
         row alone: the rounding that batch composition alone moves."""
 
     def greedy_divergences(self, ids: list[list[int]], k0: list[list[int]], spec: list[list[int]]) -> list:
-        """Per prompt, ``engine.Divergence`` at the first token where ``spec`` leaves ``k0``, or None."""
+        """Per prompt, ``scoring.Divergence`` at the first token where ``spec`` leaves ``k0``, or None."""
 
 
 def supports_check(name: str) -> bool:

@@ -90,8 +90,8 @@ def test_target_logprobs_agree_with_native_at_t1_and_t07(backends):
 def test_target_moments_agree_with_native(backends):
     """The one-sample test's inputs from the scoring engine's whole-vocabulary prompt logprobs: (log p, H, Var) at
     each token, as the native engine's at T = 1 and 0.7; a vocabulary too large is unavailable, not attempted."""
-    from mtpbench.backends.vllm import MOMENTS_MAX_VOCAB
     from mtpbench.errors import Unavailable
+    from mtpbench.scoring import MOMENTS_MAX_VOCAB
 
     nb, nc, vb, c, ids = backends
     conts = native_tokens(nb, nc, ids, temperature=1.0, seed=3)
@@ -100,14 +100,14 @@ def test_target_moments_agree_with_native(backends):
         assert [len(r) for r in ours] == [TOKENS, 0]
         for x, y in zip(ours[0], theirs[0]):
             assert x == pytest.approx(y, abs=LOGPROB_TOL * 10), (t, x, y)
-    import mtpbench.backends.vllm.backend as vllm_backend
+    import mtpbench.scoring as scoring
 
-    vllm_backend.MOMENTS_MAX_VOCAB = 1000  # the built-in model's 2048 tokens, as if it were a large vocabulary
+    scoring.MOMENTS_MAX_VOCAB = 1000  # the built-in model's 2048 tokens, as if it were a large vocabulary
     try:
         with pytest.raises(Unavailable, match="vocabulary of 2048 tokens"):
             vb.target_moments(ids, conts, 1.0)
     finally:
-        vllm_backend.MOMENTS_MAX_VOCAB = MOMENTS_MAX_VOCAB
+        scoring.MOMENTS_MAX_VOCAB = MOMENTS_MAX_VOCAB
 
 
 def test_greedy_divergences_match_native_on_a_perturbed_continuation(backends):

@@ -134,7 +134,7 @@ class NativeBackend:
 
     def greedy_divergences(self, ids: list[list[int]], k0: list[list[int]], spec: list[list[int]]):
         """Per prompt, the first token where ``spec`` leaves ``k0``, with the target's top-two logit margin
-        there (``engine.Divergence``), or None when they agree."""
+        there (``scoring.Divergence``), or None when they agree."""
         from mtpbench.engine import greedy_divergences
 
         return greedy_divergences(self.model, ids, k0, spec)

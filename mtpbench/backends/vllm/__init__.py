@@ -11,16 +11,15 @@
 The names below are what other parts of mtpbench (and its tests) take from the backend.
 """
 
-from mtpbench.backends.vllm.backend import MOMENTS_MAX_VOCAB, VllmBackend, moments_vocab
+from mtpbench.backends.vllm.backend import VllmBackend
 from mtpbench.backends.vllm.counters import counter_delta
 from mtpbench.backends.vllm.engine_args import (check_num_speculative_tokens, engine_env, engine_kwargs,
                                                 engine_model, worker_env)
 from mtpbench.backends.vllm.expand import EXPAND_FAULT, expand_kernel_fault, served_expand_fault
 from mtpbench.backends.vllm.inprocess import engine_models
 from mtpbench.backends.vllm.launch import call_worker
-from mtpbench.backends.vllm.scores import MOMENTS_CHUNK, law_moments
 
-__all__ = ["EXPAND_FAULT", "MOMENTS_CHUNK", "MOMENTS_MAX_VOCAB", "VllmBackend", "call_worker",
+__all__ = ["EXPAND_FAULT", "VllmBackend", "call_worker",
            "check_num_speculative_tokens", "counter_delta", "engine_env", "engine_kwargs", "engine_model",
-           "engine_models", "expand_kernel_fault", "law_moments", "moments_vocab", "served_expand_fault",
+           "engine_models", "expand_kernel_fault", "served_expand_fault",
            "worker_env"]

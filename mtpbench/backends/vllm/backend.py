@@ -25,6 +25,7 @@ from mtpbench.metrics import GridPoint, PointRun
 from mtpbench.procguard import Workers
 from mtpbench.prompts import Prompt
 from mtpbench.runners import default_runner, interpreted
+from mtpbench.scoring import Divergence, check_score_args, divergence_points, moments_vocab, needs_whole_vocab
 
 SCORING_OPS = ("score", "moments", "margins", "noise")  # teacher-forced k = 0 passes over prompt logprobs
 
@@ -126,12 +127,9 @@ class VllmBackend:
         logits (no temperature, whatever ``logprobs_mode``): at T = 1 they are the score as they are; at any
         other T the engine returns the whole vocabulary at each position (``max_logprobs=-1``) and the
         worker renormalizes lp / T, a vocabulary-sized pass per token."""
-        if temperature <= 0:
-            raise ValueError(f"temperature must be > 0 to score a sampled token, got {temperature}")
-        if len(ids) != len(continuations):
-            raise ValueError(f"{len(ids)} prompts but {len(continuations)} continuations")
+        check_score_args(ids, continuations, temperature)
         cfg = cfg or self.cfg
-        extra = {} if temperature == 1.0 else {"max_logprobs": -1}
+        extra = {"max_logprobs": -1} if needs_whole_vocab(temperature) else {}
         return self._lossless_worker(cfg, 0, "score", {"prompts": [list(p) for p in ids],
                                                        "continuations": [list(c) for c in continuations],
                                                        "temperature": temperature}, engine_extra=extra)["logprobs"]
@@ -142,11 +140,8 @@ class VllmBackend:
         ``temperature`` (check-lossless's one-sample test): one (log p, H, Var) per token, from the scoring
         engine's whole-vocabulary prompt logprobs (``max_logprobs=-1``). ``errors.Unavailable`` where the
         vocabulary is unknown or above MOMENTS_MAX_VOCAB (a vocabulary-sized row per scored token)."""
-        if temperature <= 0:
-            raise ValueError(f"temperature must be > 0 to score a sampled token, got {temperature}")
-        if len(ids) != len(continuations):
-            raise ValueError(f"{len(ids)} prompts but {len(continuations)} continuations")
-        moments_vocab(cfg or self.cfg)
+        check_score_args(ids, continuations, temperature)
+        moments_vocab((cfg or self.cfg).model_dir)
         data = self._lossless_worker(cfg or self.cfg, 0, "moments", {
             "prompts": [list(p) for p in ids], "continuations": [list(c) for c in continuations],
             "temperature": temperature}, engine_extra={"max_logprobs": -1})
@@ -166,13 +161,10 @@ class VllmBackend:
     def greedy_divergences(self, ids: list[list[int]], k0: list[list[int]], spec: list[list[int]],
                            cfg: SweepConfig | None = None) -> list:
         """Per prompt, the first token where ``spec`` leaves ``k0``, with the target's top-two margin there
-        (``engine.Divergence``), or None when they agree; from a k = 0 engine's prompt logprobs (top 2) over
+        (``scoring.Divergence``), or None when they agree; from a k = 0 engine's prompt logprobs (top 2) over
         the prompt and the shared prefix. The margin and gap are differences of raw log-probs, which equal
         those of the logits (log-softmax shifts a position's logits by one constant)."""
-        from mtpbench.engine import Divergence, first_divergence
-
-        at = [first_divergence(a, b) for a, b in zip(k0, spec)]
-        rows = [i for i, j in enumerate(at) if j is not None]
+        at, rows = divergence_points(k0, spec)
         out: list = [None] * len(ids)
         if not rows:
             return out
@@ -216,25 +208,3 @@ class VllmBackend:
             self.scoring_engine = {"runner": data["engine"].get("runner"), "runner_asked": runner,
                                    "startup_s": data.get("startup_s")}
         return data
-
-
-MOMENTS_MAX_VOCAB = 32768  # above: the one-sample test is unavailable (a row of this many floats per scored token)
-
-
-def moments_vocab(cfg: SweepConfig) -> int:
-    """The target's vocabulary size, from its checkpoint's config.json; ``errors.Unavailable`` when it cannot be
-    read or is above MOMENTS_MAX_VOCAB."""
-    from mtpbench.checkpoint import read_config
-    from mtpbench.errors import MtpBenchError, Unavailable
-
-    try:
-        c = read_config(cfg.model_dir)
-    except MtpBenchError as e:
-        raise Unavailable(f"the target's vocabulary size is unknown ({e})") from None
-    vocab = c.get("vocab_size") or (c.get("text_config") or {}).get("vocab_size")
-    if not isinstance(vocab, int):
-        raise Unavailable("the target's config.json gives no vocab_size")
-    if vocab > MOMENTS_MAX_VOCAB:
-        raise Unavailable(f"a vocabulary of {vocab} tokens: whole-vocabulary log-probs at every scored token would "
-                          f"be too large (at most {MOMENTS_MAX_VOCAB})")
-    return vocab

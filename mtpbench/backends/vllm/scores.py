@@ -5,11 +5,9 @@ arguments (``spec["args"]``) and returns the op's result."""
 
 from __future__ import annotations
 
-import math
-
 from mtpbench.backends.vllm.counters import counter_delta, read_spec_counters
+from mtpbench.scoring import MOMENTS_CHUNK, law_moments, max_abs_change, needs_whole_vocab, renormalized, top_two_margin
 
-MOMENTS_CHUNK = 32  # requests scored over the whole vocabulary at a time: a vocabulary-sized row per token
 # scores need no text: no detokenized logprob tokens, and flat containers (a few lists per request, not a dict
 # per position)
 QUIET = {"detokenize": False, "flat_logprobs": True}
@@ -46,7 +44,7 @@ def noise(llm, args: dict) -> dict:
 
     together = [scores(o, p, c) for o, p, c in zip(_generate(llm, seqs, params), prompts, conts)]
     alone = [scores(_generate(llm, [s], params)[0], p, c) for s, p, c in zip(seqs, prompts, conts)]
-    return {"noise": max((abs(a - b) for x, y in zip(together, alone) for a, b in zip(x, y)), default=0.0)}
+    return {"noise": max_abs_change(together, alone)}
 
 
 def moments(llm, args: dict) -> dict:
@@ -73,7 +71,7 @@ def score(llm, args: dict) -> dict:
     from vllm import SamplingParams
 
     t = args["temperature"]
-    full = t != 1.0  # the raw prompt logprobs are the law at T = 1 only: renormalize over the vocabulary
+    full = needs_whole_vocab(t)  # the raw prompt logprobs are the law at T = 1 only: renormalize over the vocabulary
     prompts, conts = args["prompts"], args["continuations"]
     rows = [i for i, c in enumerate(conts) if c]
     params = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=-1 if full else 0, **QUIET)
@@ -83,13 +81,7 @@ def score(llm, args: dict) -> dict:
         p, c = prompts[i], conts[i]
         for m, tok in enumerate(c):
             d = o.prompt_logprobs[len(p) + m]
-            if full:
-                xs = [v.logprob / t for v in d.values()]
-                top = max(xs)
-                lse = top + math.log(sum(math.exp(x - top) for x in xs))
-                logprobs[i].append(d[tok].logprob / t - lse)
-            else:
-                logprobs[i].append(d[tok].logprob)
+            logprobs[i].append(renormalized(d[tok].logprob, (v.logprob for v in d.values()), t))
     return {"logprobs": logprobs}
 
 
@@ -108,8 +100,7 @@ def margins(llm, args: dict) -> dict:
     for j, (p, pre, a, b) in enumerate(rows):
         at = len(p) + len(pre)
         d, e = outs[2 * j].prompt_logprobs[at], outs[2 * j + 1].prompt_logprobs[at]
-        top = sorted((v.logprob for v in d.values()), reverse=True)
-        out.append({"margin": top[0] - top[1], "logit_gap": d[a].logprob - e[b].logprob})
+        out.append({"margin": top_two_margin(v.logprob for v in d.values()), "logit_gap": d[a].logprob - e[b].logprob})
     return {"margins": out}
 
 
@@ -126,23 +117,6 @@ def position_logprobs(rows, j: int):
         ids, lps = np.fromiter(d.keys(), int, len(d)), np.fromiter((v.logprob for v in d.values()), float, len(d))
     ids, first = np.unique(ids, return_index=True)
     return ids, lps[first]
-
-
-def law_moments(ids, raw, tok: int, temperature: float, vocab: int | None = None) -> tuple[float, float, float]:
-    """(log p of ``tok``, the entropy H, the variance of log p) of the law softmax(raw / T) over the whole
-    vocabulary, given as token ids and raw log-probs (``position_logprobs``); ``vocab``: the size the ids must
-    cover (a missing token would make it not the whole law)."""
-    import numpy as np
-
-    if vocab is not None and ids.size < vocab:
-        raise RuntimeError(f"prompt logprobs cover {ids.size} of {vocab} tokens: not the whole vocabulary")
-    x = raw / temperature
-    top = x.max()
-    lp = x - top - np.log(np.exp(x - top).sum())
-    p = np.exp(lp)
-    h = float(-(p * lp).sum())
-    var = float((p * (lp + h) ** 2).sum())
-    return float(lp[np.searchsorted(ids, tok)]), h, var
 
 
 OPS = {"sample": sample, "score": score, "moments": moments, "noise": noise, "margins": margins}

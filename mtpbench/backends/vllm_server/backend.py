@@ -140,7 +140,7 @@ class VllmServerBackend:
     def target_logprobs(self, ids: list[list[int]], continuations: list[list[int]],
                         temperature: float) -> list[list[float]]:
         """Each continuation token's log-prob under the target at ``temperature``, teacher-forced on the
-        k = 0 server (the offline backend's maths, ``backends.vllm.lossless_op``): vLLM's prompt log-probs are
+        k = 0 server (the offline backend's maths, ``backends.vllm.scores``): vLLM's prompt log-probs are
         of the raw logits, the law at T = 1; at any other T the server returns the whole vocabulary at each
         position and the scores are renormalized, lp / T - logsumexp(lp / T)."""
         return check.target_logprobs(self.check_servers, ids, continuations, temperature)
@@ -151,7 +151,7 @@ class VllmServerBackend:
         """``target_logprobs`` with each position's entropy and variance of log p under the target's law at
         ``temperature`` (check-lossless's one-sample test), from the k = 0 server's whole-vocabulary prompt
         log-probs: a launched baseline runs with --max-logprobs -1; ``errors.Unavailable`` where an attached one
-        caps them, or where the vocabulary is too large (``backends.vllm.moments_vocab``)."""
+        caps them, or where the vocabulary is too large (``scoring.moments_vocab``)."""
         return check.target_moments(self.check_servers, ids, continuations, temperature)
 
     @check.check_call
@@ -163,7 +163,7 @@ class VllmServerBackend:
     @check.check_call
     def greedy_divergences(self, ids: list[list[int]], k0: list[list[int]], spec: list[list[int]]) -> list:
         """Per prompt, the first token where ``spec`` leaves ``k0`` with the target's top-two margin there
-        (``engine.Divergence``), or None; from the k = 0 server's prompt log-probs over the prompt and the
+        (``scoring.Divergence``), or None; from the k = 0 server's prompt log-probs over the prompt and the
         shared prefix (top 2 with the k0 token, and the spec token's own). Margin and gap are differences of
         raw log-probs, equal to those of the logits."""
         return check.greedy_divergences(self.check_servers, ids, k0, spec)

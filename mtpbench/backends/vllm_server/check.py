@@ -21,17 +21,18 @@ backend's, applied to the server's answers.
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from mtpbench.backends.vllm import MOMENTS_CHUNK, counter_delta, engine_model, law_moments, moments_vocab
+from mtpbench.backends.vllm import counter_delta, engine_model
 from mtpbench.backends.vllm_server.attach import attached_runner
 from mtpbench.backends.vllm_server.counters import read_metrics, settled_metrics
 from mtpbench.backends.vllm_server.http import LogprobsCapped, Server, complete
 from mtpbench.backends.vllm_server.launch import exited_server, launch, server_args, server_env
 from mtpbench.config import SweepConfig
 from mtpbench.errors import MtpBenchError, Unavailable
+from mtpbench.scoring import (MOMENTS_CHUNK, Divergence, check_score_args, divergence_points, law_moments,
+                              max_abs_change, moments_vocab, needs_whole_vocab, renormalized, top_two_margin)
 
 
 def encode(model_dir, prompts: list) -> list[list[int]]:
@@ -194,33 +195,19 @@ def prompt_logprobs(servers: CheckServers, ids: list[list[int]], continuations: 
     return out
 
 
-def check_score_args(ids: list, continuations: list, temperature: float) -> None:
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0 to score a sampled token, got {temperature}")
-    if len(ids) != len(continuations):
-        raise ValueError(f"{len(ids)} prompts but {len(continuations)} continuations")
-
-
-def renormalised(raw: dict, tok: int, temperature: float) -> float:
-    """log p(tok) at ``temperature`` from the raw log-probs of the whole vocabulary: lp / T - logsumexp(lp / T)."""
-    xs = [v / temperature for v in raw.values()]
-    top = max(xs)
-    return raw[tok] / temperature - top - math.log(sum(math.exp(x - top) for x in xs))
-
-
 def target_logprobs(servers: CheckServers, ids: list[list[int]], continuations: list[list[int]],
                     temperature: float) -> list[list[float]]:
     """``VllmServerBackend.target_logprobs``: at T = 1 the raw prompt log-probs, else renormalised over the
     whole vocabulary."""
     check_score_args(ids, continuations, temperature)
     rows = [i for i, c in enumerate(continuations) if c]
-    full = temperature != 1.0
+    full = needs_whole_vocab(temperature)
     lps = prompt_logprobs(servers, [ids[i] for i in rows], [continuations[i] for i in rows], -1 if full else 0,
                           servers.cfg.batch_size)
     out: list[list[float]] = [[] for _ in continuations]
     for i, per_token in zip(rows, lps):
         for tok, d in zip(continuations[i], per_token):
-            out[i].append(renormalised(d, tok, temperature) if full else d[tok])
+            out[i].append(renormalized(d[tok], d.values(), temperature))
     return out
 
 
@@ -230,7 +217,7 @@ def target_moments(servers: CheckServers, ids: list[list[int]], continuations: l
     import numpy as np
 
     check_score_args(ids, continuations, temperature)
-    moments_vocab(servers.cfg)
+    moments_vocab(servers.cfg.model_dir)
     rows = [i for i, c in enumerate(continuations) if c]
     out: list[list[tuple[float, float, float]]] = [[] for _ in continuations]
     # a vocabulary-sized dict per scored token: a chunk of requests at a time, each reduced to three numbers a
@@ -257,19 +244,14 @@ def logprob_noise(servers: CheckServers, ids: list[list[int]], continuations: li
     if not rows:
         return 0.0
     p, c = [ids[i] for i in rows], [continuations[i] for i in rows]
-    together = prompt_logprobs(servers, p, c, 0, len(rows))
-    alone = prompt_logprobs(servers, p, c, 0, 1)
-    return max((abs(x[t] - y[t]) for cs, xs, ys in zip(c, together, alone) for t, x, y in zip(cs, xs, ys)),
-               default=0.0)
+    together, alone = (prompt_logprobs(servers, p, c, 0, n) for n in (len(rows), 1))
+    return max_abs_change(*([[x[t] for t, x in zip(cs, xs)] for cs, xs in zip(c, lps)] for lps in (together, alone)))
 
 
 def greedy_divergences(servers: CheckServers, ids: list[list[int]], k0: list[list[int]],
                        spec: list[list[int]]) -> list:
     """``VllmServerBackend.greedy_divergences``: the first divergence of each pair, with its margin and gap."""
-    from mtpbench.engine import Divergence, first_divergence
-
-    at = [first_divergence(a, b) for a, b in zip(k0, spec)]
-    rows = [i for i, j in enumerate(at) if j is not None]
+    at, rows = divergence_points(k0, spec)
     out: list = [None] * len(ids)
     if not rows:
         return out
@@ -279,6 +261,5 @@ def greedy_divergences(servers: CheckServers, ids: list[list[int]], k0: list[lis
     with_spec = prompt_logprobs(servers, prompts, [[spec[i][at[i]]] for i in rows], 0, cfg.batch_size)
     for i, d, e in zip(rows, with_k0, with_spec):
         a, b = k0[i][at[i]], spec[i][at[i]]
-        top = sorted(d[0].values(), reverse=True)
-        out[i] = Divergence(at[i], top[0] - top[1], a, b, d[0][a] - e[0][b])
+        out[i] = Divergence(at[i], top_two_margin(d[0].values()), a, b, d[0][a] - e[0][b])
     return out
