@@ -218,7 +218,7 @@ def _engine(asked: str, ran: str, drafter: str, as_installed: list[int]) -> dict
 
 
 def _asked_v1_and_v2_but_v2_ran_v1():
-    from mtpbench.matrix import _cells_for
+    from mtpbench.matrix.cells import cells_for as _cells_for
     from mtpbench.synth.common import Arch
 
     arch = Arch("toy", "ToyMTP", "ToyForCausalLM", None, mtp_layers=2)

@@ -1,0 +1,164 @@
+"""``mtpbench trace-matrix``: every MTP architecture the installed vLLM can run here x {as vLLM drafts,
+with ``--force-spec-step-idx``}, one verdict per cell.
+
+Each architecture gets its synthetic checkpoint (``mtpbench.synth``, cached) and one engine in a worker
+process (``VllmBackend.inspect``), which loads it under ``mtpbench.load_check``, traces a short
+generation as the installed vLLM drafts, then again with ``spec_step_idx`` forced to the draft step.
+An architecture that fails to build or start becomes cells that say why; the matrix goes on.
+
+Every cell is checked against vLLM itself: vLLM's spec-decode counters must show drafts, each proposal
+must make k draft calls, and the layer that ran must be the one the model's own rule picks from what the
+predictor received (``spec_step_idx % L``, the default 0 when nothing was passed).
+
+Cells are filed under the model runner they were asked for (a column per runner asked); an engine that
+ran another one says so in the cell's note ("asked V2, ran V1") instead of taking that runner's cell.
+
+Output: ``matrix.csv``, ``matrix.json``, ``matrix.md`` and ``matrix.png``. On Ctrl-C the running engines'
+process groups are killed, queued architectures are not started, and the files are written with the
+architectures that finished; the others' cells say ``interrupted`` and the files say the matrix is partial.
+``mtpbench report DIR`` rebuilds the csv, md and png from ``matrix.json`` (``rebuild``).
+"""
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from mtpbench.errors import MtpBenchError
+from mtpbench.matrix.cells import DRAFTING, INTERRUPTED, Cell, cells_for
+from mtpbench.matrix.report import write_matrix
+
+
+class MatrixInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a matrix: the engines are stopped and the partial matrix is written."""
+
+    def __init__(self, finished: int, total: int):
+        super().__init__(f"interrupted after {finished} of {total} architectures")
+        self.finished, self.total = finished, total
+
+
+def run_arch(arch, k: int | None, max_tokens: int, cpu: int | None, workers=None, runner: str | None = None) -> list[Cell]:
+    """Build (or reuse), start, load-check and trace one architecture on one vLLM model runner (None: the
+    one vLLM picks here), through ``VllmBackend.inspect``; failures become cells. ``workers``: a
+    ``procguard.Workers`` that can stop this architecture's engines (Ctrl-C)."""
+    from mtpbench.backends.vllm import VllmBackend
+    from mtpbench.checkpoint import drafter_layers, mtp_layer_bytes, num_hidden_layers, num_mtp_layers, read_config
+    from mtpbench.config import SweepConfig
+    from mtpbench.prompts import prompt_set
+    from mtpbench.runners import resolve
+    from mtpbench.synth import cached
+
+    runner = resolve(runner)
+    L = arch.mtp_layers
+    k = k or 2 * L
+    try:
+        model = cached(arch)
+    except Exception as e:  # a builder that fails is a cell, not a failed command
+        return cells_for(arch, k, L, None, f"{type(e).__name__}: {e}"[:2000], "build failed", runner=runner)
+    mtp_dir = model / "draft" if arch.separate_draft else model
+    declared = drafter_layers(mtp_dir) if arch.separate_draft else num_mtp_layers(mtp_dir)
+    prompts = prompt_set("builtin", 1, model, "none").prompts
+    # the engine a `trace-layers --synthetic` run would start, with the same speculative config
+    cfg = SweepConfig(model=str(model), backend="vllm", method=arch.method, dtype="bfloat16", max_model_len=512,
+                      max_tokens=max_tokens, draft_model=str(mtp_dir) if arch.separate_draft else None,
+                      engine_args={**arch.engine_args, "enforce_eager": True}, runner=runner)
+    try:
+        data = VllmBackend().inspect(cfg, k, prompts, [d == "forced" for d in DRAFTING], cpu=cpu, workers=workers)
+    except Exception as e:  # RuntimeError from the worker, or a result that cannot be read
+        return cells_for(arch, k, declared, None, f"{type(e).__name__}: {e}"[:2000], "did not start", runner=runner)
+    data["layer_bytes"] = mtp_layer_bytes(mtp_dir, drafter=arch.separate_draft)
+    hidden = num_hidden_layers(read_config(mtp_dir))
+    return cells_for(arch, k, declared, data, "", "", hidden, runner)
+
+
+def usable_cpus() -> list[int]:
+    """The CPUs this process may run on (a container's cpuset, not the host's count)."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return list(range(os.cpu_count() or 1))
+
+
+def default_jobs() -> int:
+    """Engines side by side: one per usable core, as far as ~3 GiB of free memory each allows."""
+    try:
+        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        avail = 0
+    return max(1, min(len(usable_cpus()), int(avail // (3 << 30)) or 1))
+
+
+def run_matrix(names: list[str] | None, out: Path, k: int | None = None, jobs: int | None = None,
+               max_tokens: int = 12, on_cell=None, runners: list[str | None] = (None,)) -> list[Cell]:
+    """Every named architecture's cells on every runner (None: the one vLLM picks here), written to ``out``.
+    Ctrl-C stops the engines, writes the architectures that finished (the rest ``interrupted``) and raises
+    ``MatrixInterrupted``."""
+    import threading
+
+    from mtpbench.config import check_writable
+    from mtpbench.environment import require_vllm
+    from mtpbench.procguard import Workers
+    from mtpbench.runners import resolve
+    from mtpbench.synth import archs
+
+    version = require_vllm()
+    table = archs()
+    names = names or sorted(table)
+    unknown = [n for n in names if n not in table]
+    if unknown:
+        raise MtpBenchError(f"unknown architecture(s) {', '.join(unknown)}: choose from {', '.join(sorted(table))}")
+    if k is not None and k < 1:
+        raise MtpBenchError(f"--k must be >= 1, got {k}")
+    if jobs is not None and jobs < 1:
+        raise MtpBenchError(f"--jobs must be >= 1, got {jobs}")
+    if max_tokens < 1:
+        raise MtpBenchError(f"--max-tokens must be >= 1, got {max_tokens}")
+    runners = list(dict.fromkeys(resolve(r) for r in runners))  # decided here, before any engine has a shim
+    jobs = jobs or default_jobs()
+    out = Path(out)
+    check_writable(out)
+    t0 = time.perf_counter()
+    free = usable_cpus()
+    lock = threading.Lock()
+    workers = Workers()
+    # the slowest first (V2 on a CPU runs Triton's interpreter), so the pool does not end on a long one
+    tasks = sorted(((n, r) for n in names for r in runners), key=lambda t: (t[1] != "v2", names.index(t[0])))
+
+    def failed(name: str, runner: str, error: str, verdict: str) -> list[Cell]:
+        a = table[name]
+        return cells_for(a, k or 2 * a.mtp_layers, a.mtp_layers, None, error, verdict, runner=runner)
+
+    def one(name: str, runner: str) -> list[Cell]:
+        with lock:
+            cpu = free.pop(0) if jobs > 1 and free else None
+        try:
+            cells = run_arch(table[name], k, max_tokens, cpu, workers, runner)
+        except Exception as e:  # whatever else goes wrong with one architecture is its cells, not the matrix's
+            cells = failed(name, runner, f"{type(e).__name__}: {e}"[:2000], "did not start")
+        finally:
+            if cpu is not None:
+                with lock:
+                    free.append(cpu)
+        if on_cell and not workers.stopped:  # after Ctrl-C, a stopped engine's cells are not results
+            for c in cells:
+                on_cell(c)
+        return cells
+
+    pool = ThreadPoolExecutor(max_workers=jobs)
+    futures = {t: pool.submit(one, *t) for t in tasks}
+    order = [(n, r) for n in names for r in runners]  # the files list architectures in the order asked
+    try:
+        results = {t: f.result() for t, f in futures.items()}
+    except KeyboardInterrupt:
+        # what finished before the signal counts; then no engine runs on and nothing queued starts
+        done = {t: f.result() for t, f in futures.items() if f.done() and not f.cancelled()}
+        workers.stop()
+        pool.shutdown(wait=False, cancel_futures=True)
+        cells = [c for t in order for c in done.get(t) or failed(*t, "", INTERRUPTED)]
+        write_matrix(out, cells, version, time.perf_counter() - t0, jobs, interrupted=True)
+        raise MatrixInterrupted(sum(all((n, r) in done for r in runners) for n in names), len(names)) from None
+    pool.shutdown()
+    cells = [c for t in order for c in results[t]]
+    write_matrix(out, cells, version, time.perf_counter() - t0, jobs)
+    return cells
