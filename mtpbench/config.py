@@ -12,7 +12,7 @@ import tomllib
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
-from mtpbench.backends.registry import REGISTRY, info
+from mtpbench.backend_info import REGISTRY, info
 from mtpbench.checkpoint import no_mtp_layers, resolve_model_dir
 from mtpbench.errors import MtpBenchError
 

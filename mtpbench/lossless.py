@@ -43,7 +43,7 @@ from typing import Protocol
 import numpy as np
 
 from mtpbench import stats
-from mtpbench.backends.registry import REGISTRY, info
+from mtpbench.backend_info import REGISTRY, info
 from mtpbench.config import SweepConfig, validate, with_runner
 from mtpbench.errors import MtpBenchError, Unavailable
 

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mtpbench.backends.registry import info
+from mtpbench.backend_info import info
 from mtpbench.errors import MtpBenchError
 
 BUILTIN_MODEL_DIR = Path(__file__).parent / "assets" / "tiny"

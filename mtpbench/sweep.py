@@ -22,7 +22,8 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Callable
 
-from mtpbench.backends import get_backend, info
+from mtpbench.backend_info import info
+from mtpbench.backends import get_backend
 from mtpbench.config import SweepConfig, execution, validate, with_runner
 from mtpbench.environment import environment, provenance
 from mtpbench.errors import MtpBenchError

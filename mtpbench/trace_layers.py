@@ -7,6 +7,7 @@ Orchestration above the backends: it starts the backend, has it run a traced gen
 
 from __future__ import annotations
 
+from mtpbench.backend_info import info
 from mtpbench.errors import MtpBenchError
 from mtpbench.trace.records import CallRecord
 from mtpbench.trace.report import STEP_HEADERS, heatmap, model_label, provenance_versions, step_table, trace_csv
@@ -25,7 +26,7 @@ def run_trace(cfg, k: int, mode: str = "reuse", backend=None) -> dict:
     import json
     from pathlib import Path
 
-    from mtpbench.backends import get_backend, info
+    from mtpbench.backends import get_backend
     from mtpbench.config import validate, with_runner
     from mtpbench.runners import label
     from mtpbench.prompts import prompt_set

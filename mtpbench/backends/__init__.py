@@ -9,7 +9,7 @@ it, or attaches to a running server. ``import mtpbench`` never imports a heavy e
 Everything orchestration reads of a backend beyond ``Backend`` is declared on ``BackendBase``, which every
 backend inherits, with the default a backend that lacks it gives: nothing outside ``backends/`` probes a
 backend with getattr/hasattr. What is known by name alone (served? a vLLM engine? planted rules?) is in
-``registry.info(name)``; check-lossless's methods are ``lossless.CheckBackend``.
+``backend_info.info(name)``; check-lossless's methods are ``lossless.CheckBackend``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Callable, Protocol
 
-from mtpbench.backends.registry import REGISTRY, BackendInfo, info
+from mtpbench.backend_info import REGISTRY, BackendInfo, info
 from mtpbench.errors import MtpBenchError
 
 if TYPE_CHECKING:

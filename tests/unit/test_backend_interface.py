@@ -1,7 +1,7 @@
 """One declared backend interface, kept by a test: outside ``mtpbench/backends/`` nothing asks a backend what it
 has (``getattr``/``hasattr`` on a backend: what it offers is declared in ``backends.BackendBase``), and outside
 ``backends/`` and the CLI nothing branches on a backend's name (``cfg.backend == "vllm"``: the static facts are in
-``backends.info(name)``), so a new backend is one registry entry plus one class. Read with ``ast``; nothing is
+``backend_info.info(name)``), so a new backend is one registry entry plus one class. Read with ``ast``; nothing is
 imported.
 """
 
@@ -71,7 +71,7 @@ def test_no_getattr_or_hasattr_on_a_backend_outside_backends():
 
 def test_no_branch_on_a_backend_name_outside_backends_and_the_cli():
     found = violations(PACKAGE)["names"]
-    assert not found, f"ask backends.info(name) for the fact instead of comparing names: {found}"
+    assert not found, f"ask backend_info.info(name) for the fact instead of comparing names: {found}"
 
 
 def test_the_checks_find_planted_probes_and_name_branches(tmp_path):

@@ -2,7 +2,9 @@
 
 Config validation, the sweep's grid, trace-layers, check-lossless and the prompt set ask ``info(name)`` for a
 backend's static facts instead of comparing its name, so a new backend (SGLang, TensorRT-LLM) is one entry here
-plus one class that inherits ``backends.BackendBase``. Nothing here imports an engine.
+plus one class that inherits ``backends.BackendBase``. Nothing here imports an engine, nor the ``backends``
+package (which re-exports these): config and prompts read it, and synth, which imports them, must not load
+a backend.
 """
 
 from __future__ import annotations
