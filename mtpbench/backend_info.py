@@ -28,6 +28,9 @@ class BackendInfo:
     drafting_mode: str | None = None
     # --repeats when none is given; None: SweepConfig's
     default_repeats: int | None = None
+    # one engine in mtpbench's process serves every point, so the sweep times repeats round robin over the
+    # points, asking run_point for one repeat at a time
+    interleaves_repeats: bool = False
     # the native engine's planted lossy rules (engine.Faults): check-lossless's --planted-lossy, --planted-subtle
     planted_faults: bool = False
 
@@ -44,7 +47,7 @@ REGISTRY: dict[str, BackendInfo] = {b.name: b for b in (
     # tokens/s, TTFT and TPOT an interval (3 already give the speedup one); a vLLM point keeps 1 (each repeat is
     # a whole timed run of an engine started for that point: ask for them)
     BackendInfo("native", "mtpbench.backends.native:NativeBackend", vllm=False, served=False, default_repeats=6,
-                planted_faults=True),
+                interleaves_repeats=True, planted_faults=True),
     BackendInfo("vllm", "mtpbench.backends.vllm:VllmBackend", vllm=True, served=False, drafting_mode="vllm"),
     BackendInfo("vllm-server", "mtpbench.backends.vllm_server:VllmServerBackend", vllm=True, served=True,
                 drafting_mode="vllm"),

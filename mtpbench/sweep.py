@@ -84,7 +84,7 @@ def run_sweep(cfg: SweepConfig, on_point: Callable[[int, int, str], None] | None
                            {"point": point.to_json(cfg.backend), "fingerprint": fp, "error": too_long})
             elif not done_before(cfg, out / f"{point.name}.json", fp):
                 todo.append((point, prompts))
-        if backend.interleaves_repeats and cfg.repeats > 1:
+        if info(cfg.backend).interleaves_repeats and cfg.repeats > 1:
             run_rounds(cfg, backend, todo, out, fp, on_point)
         else:
             for i, (point, prompts) in enumerate(todo):

@@ -46,8 +46,6 @@ class BackendBase:
 
     name: str
 
-    # the sweep times repeats round robin over the points itself, asking run_point for one repeat at a time
-    interleaves_repeats: bool = False
     # the dtype the target ran in, in the engine's own word: set by start or by the engines a call started
     # (check-lossless's numerical floor, a greedy sweep's margins); None: not reported
     dtype_name: str | None = None

@@ -44,8 +44,6 @@ def resolve_device(name: str) -> torch.device:
 
 class NativeBackend(BackendBase):
     name = "native"
-    # one engine in this process serves every point, so a sweep can time its repeats round robin
-    interleaves_repeats = True
 
     def __init__(self):
         self.model = self.tokenizer = None
