@@ -12,6 +12,7 @@ import tomllib
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
+from mtpbench.backend_info import REGISTRY, info
 from mtpbench.builtin import resolve_model_dir
 from mtpbench.checkpoint import no_mtp_layers
 from mtpbench.errors import MtpBenchError
@@ -140,12 +141,12 @@ def execution(config: dict) -> dict:
     ``runner``, the vLLM model runner each engine was asked for (None: the native engine, or an attached
     server's, which cannot be observed). vLLM compiles the model and replays graphs
     unless told not to; ``--force-spec-step-idx`` runs every point eagerly, k = 0 included."""
-    backend, args = config.get("backend"), config.get("engine_args") or {}
-    if backend == "native":
+    backend, args = REGISTRY.get(config.get("backend")), config.get("engine_args") or {}  # None: not known here
+    if backend and not backend.vllm:
         graphs = "eager"  # plain PyTorch modules, never compiled
     elif config.get("server"):
         graphs = None
-    elif args.get("enforce_eager") or (backend == "vllm" and config.get("force_spec_step_idx")):
+    elif args.get("enforce_eager") or (backend and backend.offline_vllm and config.get("force_spec_step_idx")):
         graphs = "eager"
     else:
         graphs = "compiled"
@@ -235,12 +236,6 @@ def load_profile(name_or_path: str) -> tuple[Path, dict]:
     return path, out
 
 
-# --repeats when none is given: the native engine times its repeats round robin in this process, and 6 is
-# the fewest that give tokens/s, TTFT and TPOT an interval (3 already give the speedup one); a vLLM point
-# keeps 1 (each repeat is a whole timed run of an engine started for that point: ask for them)
-DEFAULT_REPEATS = {"native": 6}
-
-
 def resolve(cli: dict, profile: str | None = None, defaults: dict | None = None) -> SweepConfig:
     """CLI values that are not None win over the profile, which wins over the defaults (``SweepConfig``'s,
     updated by the command's own ``defaults``)."""
@@ -256,8 +251,10 @@ def resolve(cli: dict, profile: str | None = None, defaults: dict | None = None)
     if unknown:
         raise MtpBenchError(f"unknown option(s): {', '.join(sorted(unknown))}")
     cfg = replace(cfg, **given)
-    if "repeats" not in given and "repeats" not in (defaults or {}) and not (profile and "repeats" in values):
-        cfg = replace(cfg, repeats=DEFAULT_REPEATS.get(cfg.backend, cfg.repeats))
+    own = REGISTRY.get(cfg.backend)  # its --repeats when none is given (an unknown name is refused later)
+    if "repeats" not in given and "repeats" not in (defaults or {}) and not (profile and "repeats" in values) \
+            and own and own.default_repeats:
+        cfg = replace(cfg, repeats=own.default_repeats)
     return cfg
 
 
@@ -291,7 +288,7 @@ def validate(cfg: SweepConfig, checkpoint_layers: int | None) -> None:
             if cfg.draft_model and L != checkpoint_layers:
                 raise MtpBenchError(f"--mtp-layers {L}: a separate draft checkpoint runs whole "
                                     f"({checkpoint_layers} layers)")
-    if cfg.backend == "vllm" and cfg.force_spec_step_idx and cfg.tensor_parallel_size > 1:
+    if info(cfg.backend).offline_vllm and cfg.force_spec_step_idx and cfg.tensor_parallel_size > 1:
         raise MtpBenchError("--force-spec-step-idx needs the vLLM engine in one process: "
                             f"use tensor_parallel_size 1 (got {cfg.tensor_parallel_size})")
     check_draft_model(cfg)
@@ -306,7 +303,7 @@ def validate(cfg: SweepConfig, checkpoint_layers: int | None) -> None:
 
 def check_draft_model(cfg: SweepConfig) -> None:
     if cfg.draft_model:
-        if cfg.backend == "native":
+        if not info(cfg.backend).vllm:
             raise MtpBenchError("--draft-model is a vLLM speculative_config model: use --backend vllm or vllm-server")
         if not (resolve_model_dir(cfg.draft_model) / "config.json").is_file():
             raise MtpBenchError(f"--draft-model {cfg.draft_model}: no config.json there")
@@ -319,7 +316,7 @@ def check_runner_option(cfg: SweepConfig) -> None:
     if cfg.runner is None:
         return
     check_runner(cfg.runner)
-    if cfg.backend == "native":
+    if not info(cfg.backend).vllm:
         raise MtpBenchError("--runner picks vLLM's model runner: use --backend vllm or vllm-server")
     if cfg.server:
         raise MtpBenchError("--runner cannot choose the model runner of an attached --server (it is the "
@@ -331,7 +328,7 @@ def with_runner(cfg: SweepConfig) -> SweepConfig:
     by itself (decided before any shim is loaded); unchanged for the native backend and an attached server."""
     from mtpbench.runners import resolve
 
-    if cfg.backend == "native" or cfg.server:
+    if not info(cfg.backend).vllm or cfg.server:
         return cfg
     return replace(cfg, runner=resolve(cfg.runner))
 
@@ -344,11 +341,11 @@ def validate_serving(cfg: SweepConfig) -> None:
     if cfg.distributed_executor_backend not in (None, *EXECUTOR_BACKENDS):
         raise MtpBenchError(f"unknown --distributed-executor-backend {cfg.distributed_executor_backend!r} "
                             f"(choose from {', '.join(EXECUTOR_BACKENDS)})")
-    if cfg.backend == "vllm" and cfg.data_parallel_size > 1 and cfg.distributed_executor_backend != "external_launcher":
+    backend = info(cfg.backend)
+    if backend.offline_vllm and cfg.data_parallel_size > 1 and cfg.distributed_executor_backend != "external_launcher":
         raise MtpBenchError(f"vllm.LLM does not run data parallel in one process (data_parallel_size "
                             f"{cfg.data_parallel_size}): serve it with --backend vllm-server")
-    served = cfg.backend == "vllm-server"
-    if not served:
+    if not backend.served:
         loads = [name for name, default in (("--server", None), ("--concurrency", (1,)),
                                             ("--request-rate", (math.inf,)), ("--api", "completions"))
                  if getattr(cfg, name[2:].replace("-", "_")) != default]

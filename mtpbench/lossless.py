@@ -43,10 +43,10 @@ from typing import Protocol
 import numpy as np
 
 from mtpbench import stats
+from mtpbench.backend_info import REGISTRY, info
 from mtpbench.config import SweepConfig, validate, with_runner
 from mtpbench.errors import MtpBenchError, Unavailable
 
-BACKENDS = ("native", "vllm", "vllm-server")
 PROTOCOL = ("encode", "sample_arm", "target_logprobs", "logprob_noise", "greedy_divergences")
 # the default N, measured on the built-in model at k = 2, temperature 1, --threads 1 (docs/check-lossless.md): the
 # planted lossy rule shifts the mean target log-prob by +0.101 +- 0.007 nats/token (10 checks); the standard error of
@@ -119,12 +119,9 @@ class CheckBackend(Protocol):
 
 def supports_check(name: str) -> bool:
     """Does the backend registered as ``name`` implement ``CheckBackend`` (imports its module, not its engine)?"""
-    import importlib
+    from mtpbench.backends import implements
 
-    from mtpbench.backends import REGISTRY
-
-    module, cls = REGISTRY[name].split(":")
-    return all(callable(getattr(getattr(importlib.import_module(module), cls), m, None)) for m in PROTOCOL)
+    return implements(name, PROTOCOL)
 
 
 @dataclass(frozen=True)
@@ -161,16 +158,17 @@ class CheckConfig:
 def check_config(cfg: CheckConfig) -> None:
     """Everything that can be refused before a model is loaded or a file is written."""
     e = cfg.engine
-    if e.backend not in BACKENDS:
-        raise MtpBenchError(f"unknown backend {e.backend!r} (check-lossless runs: {', '.join(BACKENDS)})")
-    if cfg.planted_lossy and e.backend != "native":
+    if e.backend not in REGISTRY:
+        raise MtpBenchError(f"unknown backend {e.backend!r} (check-lossless runs: {', '.join(REGISTRY)})")
+    backend = info(e.backend)
+    if cfg.planted_lossy and not backend.planted_faults:
         raise MtpBenchError("--planted-lossy is the native engine's planted rule: use --backend native (on vLLM, "
                             "its own lossy control is --speculative-config with rejection_sample_method synthetic)")
-    if cfg.planted_subtle and e.backend != "native":
+    if cfg.planted_subtle and not backend.planted_faults:
         raise MtpBenchError("--planted-subtle is the native engine's planted rule: use --backend native")
     if not cfg.max_mde > 0:  # also NaN
         raise MtpBenchError(f"--max-detectable-shift must be > 0 nats/token, got {cfg.max_mde}")
-    if cfg.speculative_overrides is not None and e.backend == "native":
+    if cfg.speculative_overrides is not None and not backend.vllm:
         raise MtpBenchError("--speculative-config is merged into vLLM's speculative_config: use --backend vllm "
                             "or vllm-server")
     if cfg.baseline_server and not e.server:
@@ -197,7 +195,7 @@ def check_config(cfg: CheckConfig) -> None:
         raise MtpBenchError(f"--samples-per-prompt must be >= 1, got {cfg.samples_per_prompt}")
     if e.context_tokens:
         raise MtpBenchError("--context-tokens is a sweep dimension: check-lossless runs without held-out text")
-    if cfg.greedy and e.backend == "vllm-server" and e.dtype == "auto":
+    if cfg.greedy and backend.served and e.dtype == "auto":
         raise MtpBenchError("--dtype auto: a server does not report the dtype it runs, and greedy's numerical "
                             "threshold hangs on it: give --dtype (the server's)")
     validate(e, None if e.server else e.num_mtp_layers())  # an attached server's model is remote
@@ -237,18 +235,15 @@ def generate(backend, cfg: CheckConfig, ids: list[list[int]], k: int, seed: int,
     arm's draws came from: ``seed``, unless the backend says otherwise (``last_seed``: ``{"seed": int or None
     (unknown), "note": why}``; a server's requests carry no seed)."""
     e = cfg.engine
-    for name in ("last_counters", "last_engine", "last_seed"):
-        if hasattr(backend, name):
-            setattr(backend, name, None)
+    backend.last_counters = backend.last_engine = backend.last_seed = None
     per = backend.sample_arm(e, ids, k, seed, n, e.temperature, e.max_tokens,
                              speculative_overrides=cfg.speculative_overrides if k > 0 else None,
                              batch_size=batch_size)
-    ran = getattr(backend, "last_seed", None) or {"seed": seed, "note": None}
+    ran = backend.last_seed or {"seed": seed, "note": None}
     if log is not None:
         log.append({"k": k, "seed": ran["seed"], "seed_note": ran["note"], "n": n,
                     "batch_size": batch_size or e.batch_size,
-                    "acceptance": acceptance(getattr(backend, "last_counters", None)),
-                    "engine": getattr(backend, "last_engine", None)})
+                    "acceptance": acceptance(backend.last_counters), "engine": backend.last_engine})
     return [c[: e.max_tokens] for cs in per for c in cs]
 
 
@@ -342,7 +337,7 @@ def threshold_dtype(backend, e: SweepConfig) -> str:
     (``backend.dtype_name``, set by ``start`` or by the arms' engines)."""
     if e.dtype != "auto":
         return e.dtype
-    name = getattr(backend, "dtype_name", None)
+    name = backend.dtype_name
     if name is None:
         raise MtpBenchError("--dtype auto: the engine did not report the dtype it ran; give --dtype")
     return str(name).removeprefix("torch.")
@@ -420,8 +415,8 @@ def score_arms(backend, prompts: list[list[int]], continuations: list[list[int]]
     """(log-probs, moments, note): every continuation's target log-probs; where the backend has
     ``target_moments``, per token (log p, H, Var) of the target's law as well, else None and the note says why
     the one-sample test is unavailable."""
-    fn = getattr(backend, "target_moments", None)
-    if not callable(fn):
+    fn = backend.target_moments
+    if fn is None:
         note = "the backend gives no target entropies"
     else:
         try:
@@ -507,20 +502,16 @@ def run_check(cfg: CheckConfig) -> dict:
     pset = run_prompts(e)
     t0 = time.perf_counter()
     backend = get_backend(e.backend)
-    if e.backend == "vllm-server":
-        backend.baseline_server = cfg.baseline_server
+    backend.baseline_server = cfg.baseline_server  # None but for an attached --server (check_config)
     engine = backend.start(e)
     if e.server and not e.k:  # the attached server's own k (start refuses a --server that does not draft)
         e = replace(e, k=(backend.grid_k(),))
         cfg = replace(cfg, engine=e)
-    if e.backend == "native":
-        import torch
-
-        engine["torch_threads"] = torch.get_num_threads()  # native speed hangs on it (docs/check-lossless.md)
-    if cfg.planted_lossy:  # only the native engine has Faults (check_config)
-        backend.faults = replace(backend.faults, accept_draft_argmax=True)
+    engine.update(backend.check_facts())
+    if cfg.planted_lossy:  # only a backend with planted rules gets here (check_config)
+        backend.plant_faults(accept_draft_argmax=True)
     if cfg.planted_subtle:
-        backend.faults = replace(backend.faults, ratio_temperature_factor=SUBTLE_FACTOR)
+        backend.plant_faults(ratio_temperature_factor=SUBTLE_FACTOR)
     try:
         ids = backend.encode(pset.prompts)
         pids = [p.id for p in pset.prompts]
@@ -530,9 +521,9 @@ def run_check(cfg: CheckConfig) -> dict:
     # the drafting arm's facts beside the engine's: what ran (runner, drafter class) and how much it accepted
     engine["drafting_arm"] = result["arms"]["spec" if cfg.greedy else "on"]
     nothing_drafted(result, engine["drafting_arm"])
-    if getattr(backend, "scoring_engine", None):  # vLLM: which runner scored (VllmBackend._lossless_worker)
+    if backend.scoring_engine:  # vLLM: which runner scored (VllmBackend._lossless_worker)
         engine["scoring_engine"] = backend.scoring_engine
-    engine.setdefault("dtype", getattr(backend, "dtype_name", None))  # vLLM's: what its engines reported
+    engine.setdefault("dtype", backend.dtype_name)  # vLLM's: what its engines reported
     if result["verdict"] == stats.INCONCLUSIVE:  # the reason in a word: the summary's headline
         result["inconclusive_reason"] = (result.get("why") or "").split(":")[0] or None
     record = {"kind": "greedy" if cfg.greedy else "sampling", "verdict": result["verdict"],

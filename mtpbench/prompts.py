@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mtpbench.backend_info import info
 from mtpbench.errors import MtpBenchError
 
 BUILTIN_MODEL_DIR = Path(__file__).parent / "assets" / "tiny"
@@ -264,7 +265,7 @@ def run_prompts(cfg, context_tokens: int = 0) -> PromptSet:
     """A run's prompts as its config (a ``config.SweepConfig``) asks for them (a sweep's, a check's), with ``context_tokens`` of held-out text first, through the model's chat template
     unless the server applies its own (--api chat) or its files are not here (an attached server)."""
     local = None if cfg.server else cfg.model_dir
-    if cfg.backend == "vllm-server" and cfg.api == "chat":
+    if info(cfg.backend).served and cfg.api == "chat":
         pset = prompt_set(cfg.prompts, cfg.num_prompts, local, "none", context_tokens)
         pset.notes.append("the server applies its chat template (--api chat)")
     elif cfg.server:

@@ -7,6 +7,7 @@ Orchestration above the backends: it starts the backend, has it run a traced gen
 
 from __future__ import annotations
 
+from mtpbench.backend_info import info
 from mtpbench.errors import MtpBenchError
 from mtpbench.trace.records import CallRecord
 from mtpbench.trace.report import STEP_HEADERS, heatmap, model_label, provenance_versions, step_table, trace_csv
@@ -39,18 +40,18 @@ def run_trace(cfg, k: int, mode: str = "reuse", backend=None) -> dict:
     validate(cfg, n_layers)
     cfg = with_runner(cfg)
     L = max(cfg.mtp_layers) if cfg.mtp_layers else n_layers
-    if cfg.backend == "vllm-server":
+    facts = info(cfg.backend)
+    if facts.served:
         raise MtpBenchError("trace-layers wraps the draft model in mtpbench's own process: use --backend vllm "
                             "(a served engine's modules are out of reach)")
-    if cfg.backend == "vllm" and cfg.tensor_parallel_size > 1:
+    if facts.offline_vllm and cfg.tensor_parallel_size > 1:
         raise MtpBenchError("tracing needs the vLLM engine in one process: use tensor_parallel_size 1 "
                             f"(got {cfg.tensor_parallel_size})")
     prompts = prompt_set(cfg.prompts, cfg.num_prompts, cfg.model_dir, cfg.chat_template).prompts
     if backend is None:
         backend = get_backend(cfg.backend)
         backend.start(cfg)
-    if cfg.backend == "vllm":
-        mode = "vllm"
+    mode = facts.drafting_mode or mode
     try:
         data = backend.trace_point(cfg, mode, k, L, prompts)
     except (RuntimeError, OSError) as e:  # the engine did not start (a crash while drafting is a verdict)
@@ -80,7 +81,7 @@ def run_trace(cfg, k: int, mode: str = "reuse", backend=None) -> dict:
                "unused_layers": v.unused_layers, "unused_layer_bytes": v.unused_layer_bytes,
                "checkpoint_mtp_layers": L, "dropped_at_load": list(range(data["num_layers"], L)),
                "runner": data.get("runner"), "drafter": data.get("drafter"),
-               "execution": EAGER_NOTE if cfg.backend == "vllm" else "eager (PyTorch modules)",
+               "execution": EAGER_NOTE if facts.vllm else "eager (PyTorch modules)",
                "notes": data.get("notes") or [],
                "crash": data["crash"], "per_step": [dict(zip(STEP_HEADERS, row)) for row in
                                                     step_table(records, data["num_layers"])],
@@ -90,7 +91,7 @@ def run_trace(cfg, k: int, mode: str = "reuse", backend=None) -> dict:
     from mtpbench import __version__
 
     engine = (f"vLLM {provenance_versions(summary)} {label(summary['runner'], summary['drafter'])}"
-              if cfg.backend == "vllm" else f"mtpbench {__version__} native")
+              if facts.vllm else f"mtpbench {__version__} native")
     heatmap(out / "layers.png", records, data["num_layers"], k,
             f"{model_label(cfg.model_dir)} on {engine} ({mode}, k={k}): {v.verdict}")
     return json.loads((out / "trace.json").read_text())

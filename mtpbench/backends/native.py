@@ -12,6 +12,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
+from mtpbench.backends import BackendBase
 from mtpbench.config import SweepConfig
 from mtpbench.engine import Faults, Generation
 from mtpbench.errors import MtpBenchError
@@ -42,10 +43,8 @@ def resolve_device(name: str) -> torch.device:
         raise MtpBenchError(f"unknown device {name!r}") from None
 
 
-class NativeBackend:
+class NativeBackend(BackendBase):
     name = "native"
-    # one engine in this process serves every point, so a sweep can time its repeats round robin
-    interleaves_repeats = True
 
     def __init__(self):
         self.model = self.tokenizer = None
@@ -78,6 +77,12 @@ class NativeBackend:
                           force_spec_step_idx=cfg.force_spec_step_idx)
 
     # ---- check-lossless (lossless.CheckBackend) -----------------------------------------------------------
+
+    def check_facts(self) -> dict:
+        return {"torch_threads": torch.get_num_threads()}  # native speed hangs on it (docs/check-lossless.md)
+
+    def plant_faults(self, **switches) -> None:
+        self.faults = replace(self.faults, **switches)
 
     def sample_arm(self, cfg: SweepConfig, ids: list[list[int]], k: int, seed: int, n: int, temperature: float,
                    max_tokens: int, speculative_overrides: dict | None = None,

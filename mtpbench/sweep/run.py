@@ -22,6 +22,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Callable
 
+from mtpbench.backend_info import info
 from mtpbench.backends import get_backend
 from mtpbench.config import SweepConfig, execution, fingerprint, validate, with_runner
 from mtpbench.environment import environment, provenance
@@ -37,13 +38,13 @@ def grid(cfg: SweepConfig, checkpoint_layers: int | None, attached_k: int | None
     """The sweep's points in run order. Served runs vary the load innermost, so one server start
     serves every load of its (k, L); an attached server's k is its own."""
     # vLLM's drafting is whatever the engine does (trace-layers tells which), not a mode we choose
-    modes = ("vllm",) if cfg.backend in ("vllm", "vllm-server") else cfg.mode
+    backend = info(cfg.backend)
+    modes = (backend.drafting_mode,) if backend.drafting_mode else cfg.mode
     if cfg.server:
         ks, layers = (attached_k,), (cfg.mtp_layers[0] if cfg.mtp_layers else None,)
     else:
         ks, layers = tuple(cfg.k), cfg.mtp_layers or (checkpoint_layers,)
-    loads = [(c, r) for c in cfg.concurrency for r in cfg.request_rate] if cfg.backend == "vllm-server" \
-        else [(None, None)]
+    loads = [(c, r) for c in cfg.concurrency for r in cfg.request_rate] if backend.served else [(None, None)]
     contexts = sorted(set(cfg.context_tokens)) or [None]
     points = [GridPoint("plain", 0, 0, c, r, x) for x in contexts for c, r in loads] if 0 in ks else []
     for k in sorted(set(ks) - {0}):
@@ -85,7 +86,7 @@ def run_sweep(cfg: SweepConfig, on_point: Callable[[int, int, str], None] | None
                            {"point": point.to_json(cfg.backend), "fingerprint": fp, "error": too_long})
             elif not done_before(cfg, out / f"{point.name}.json", fp):
                 todo.append((point, prompts))
-        if getattr(backend, "interleaves_repeats", False) and cfg.repeats > 1:
+        if info(cfg.backend).interleaves_repeats and cfg.repeats > 1:
             run_rounds(cfg, backend, todo, out, fp, on_point)
         else:
             for i, (point, prompts) in enumerate(todo):
@@ -108,7 +109,7 @@ def context_window(cfg: SweepConfig) -> tuple[int, str] | None:
     """The positions the engine can hold and where that limit comes from (None: unknown here)."""
     if cfg.server:
         return None  # an attached server's model and tokenizer are not here to count with
-    if cfg.max_model_len and cfg.backend != "native":
+    if cfg.max_model_len and info(cfg.backend).vllm:
         return cfg.max_model_len, "max_model_len"
     from mtpbench.checkpoint import read_config
 
@@ -230,7 +231,7 @@ def greedy_dtype(cfg: SweepConfig, backend, engine: dict) -> str | None:
     """The dtype the target ran in: the engine's own word (``backend.dtype_name``: the vLLM backend reads it from
     the k = 0 engine that measured the margins), else the one asked for; None for an ``auto`` that no engine
     resolved (vLLM's may cast a float32 checkpoint to a 16-bit type)."""
-    for name in (getattr(backend, "dtype_name", None), engine.get("dtype"), cfg.dtype):
+    for name in (backend.dtype_name, engine.get("dtype"), cfg.dtype):
         if name and name != "auto":
             return name
     return None
@@ -271,9 +272,9 @@ def save_greedy_divergences(cfg: SweepConfig, backend, engine: dict, points: lis
     if not todo:
         return
     why = None
-    if not hasattr(backend, "greedy_divergences"):
+    if backend.greedy_divergences is None:
         why = f"the {cfg.backend} backend has no k = 0 pass to read the target's logits from"
-    elif cfg.backend == "vllm-server" and cfg.api == "chat":
+    elif info(cfg.backend).served and cfg.api == "chat":
         why = "--api chat: the server applied its own chat template, so the token ids the margins need are not known"
     if why:
         for p, d, _ in todo:

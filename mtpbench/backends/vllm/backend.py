@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, replace
 
+from mtpbench.backends import BackendBase
 from mtpbench.backends.vllm.engine_args import engine_kwargs, engine_model
 from mtpbench.backends.vllm.launch import call_worker
 from mtpbench.checkpoint import mtp_layer_bytes
@@ -30,7 +31,7 @@ from mtpbench.scoring import Divergence, check_score_args, divergence_points, mo
 SCORING_OPS = ("score", "moments", "margins", "noise")  # teacher-forced k = 0 passes over prompt logprobs
 
 
-class VllmBackend:
+class VllmBackend(BackendBase):
     name = "vllm"
 
     def start(self, cfg: SweepConfig) -> dict:
@@ -203,7 +204,7 @@ class VllmBackend:
             runner = default_runner()
         data = call_worker({"op": op, "config": cfg.to_json(), "k": k, "engine_kwargs": kwargs, "runner": runner,
                             "prompts": [], "args": args})
-        self.dtype_name = data["engine"].get("dtype") or getattr(self, "dtype_name", None)
+        self.dtype_name = data["engine"].get("dtype") or self.dtype_name
         if op in ("score", "moments"):
             self.scoring_engine = {"runner": data["engine"].get("runner"), "runner_asked": runner,
                                    "startup_s": data.get("startup_s")}

@@ -27,6 +27,7 @@ from mtpbench.backends.vllm_server.launch import exited_server, launch, port_tak
 from mtpbench.checkpoint import derived_checkpoint, mtp_layer_bytes
 from mtpbench.config import SweepConfig
 from mtpbench.environment import require_vllm
+from mtpbench.backends import BackendBase
 from mtpbench.errors import MtpBenchError
 from mtpbench.metrics import BatchRecord, GridPoint, PointRun, RequestRecord
 from mtpbench.prompts import Prompt
@@ -34,9 +35,8 @@ from mtpbench.prompts import Prompt
 WARMUP_TOKENS = 16
 
 
-class VllmServerBackend:
+class VllmServerBackend(BackendBase):
     name = "vllm-server"
-    baseline_server: str | None = None  # check-lossless: an attached --server's twin without drafting
 
     def __init__(self):
         self.server: Server | None = None
