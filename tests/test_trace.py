@@ -15,7 +15,7 @@ from mtpbench.errors import MtpBenchError
 from mtpbench.trace.hooks import LayerTracer, discover
 from mtpbench.trace.records import ABSENT, CallRecord
 from mtpbench.trace.verdict import judge, loaded_vs_checkpoint
-from mtpbench.trace_layers import run_trace
+from mtpbench.trace.run import run_trace
 
 runner = CliRunner()
 

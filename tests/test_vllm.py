@@ -103,7 +103,7 @@ def test_vllm_sweep_with_failing_point(tmp_path):
 
 def test_trace_vllm_shows_layer0_reuse(tmp_path):
     """k = 2L on a 2-layer checkpoint: vLLM's proposer runs layer 0 at every step."""
-    from mtpbench.trace_layers import run_trace
+    from mtpbench.trace.run import run_trace
 
     c = cfg(mtp_layers=(2,), num_prompts=2, max_tokens=24, out=str(tmp_path / "t"))
     s = run_trace(c, 4)
@@ -116,7 +116,7 @@ def test_trace_vllm_shows_layer0_reuse(tmp_path):
 
 
 def test_trace_vllm_forced_index_crashes_mimo(tmp_path):
-    from mtpbench.trace_layers import run_trace
+    from mtpbench.trace.run import run_trace
 
     c = cfg(mtp_layers=(2,), num_prompts=1, max_tokens=16, out=str(tmp_path / "f"), force_spec_step_idx=True)
     s = run_trace(c, 4)

@@ -145,7 +145,7 @@ class NativeBackend(BackendBase):
         return greedy_divergences(self.model, ids, k0, spec)
 
     def trace_point(self, cfg: SweepConfig, mode: str, k: int, mtp_layers: int, prompts: list[Prompt]) -> dict:
-        """One traced generation over the prompts (one batch at a time); see mtpbench.trace_layers."""
+        """One traced generation over the prompts (one batch at a time); see mtpbench.trace.run."""
         from mtpbench.trace.hooks import LayerTracer
 
         records, crash, in_draft = [], None, False

@@ -38,7 +38,7 @@ def trace_layers(
 ) -> None:
     """Record which MTP layer ran at every draft step, and say whether drafting is right."""
     from mtpbench.config import resolve
-    from mtpbench.trace_layers import run_trace
+    from mtpbench.trace.run import run_trace
 
     if expect not in EXPECTED:
         fail(f"--expect takes multi-module or layer-0-reuse, got {expect!r}")

@@ -167,7 +167,7 @@ def greedy_numerical(saved: dict | None, differ: list[tuple[str, list[int], list
     point file (``greedy_divergences``), and the row's note; the count is None where any of them is unknown.
     The class is taken again from the saved gap, not from the saved class: sweeps before issue 23 classed by
     the top-two margin, which says nothing about the token the k > 0 run emitted."""
-    from mtpbench.lossless import NUMERICAL, classify
+    from mtpbench.lossless.verdict import NUMERICAL, classify
 
     if not differ:
         return None, None

@@ -245,7 +245,7 @@ def save_greedy_divergences(cfg: SweepConfig, backend, engine: dict, points: lis
     the whole sweep), classified by the gap against the dtype's rounding floor (``lossless.classify``,
     ``lossless.dtype_floor``; a sweep has no A/A control), saved into the point file as
     ``greedy_divergences``. Records still true of a resumed sweep's tokens are kept, not measured again."""
-    from mtpbench.lossless import classify, dtype_floor
+    from mtpbench.lossless.verdict import classify, dtype_floor
 
     def load(point: GridPoint) -> dict | None:
         path = out / f"{point.name}.json"

@@ -16,5 +16,5 @@ Where things live:
 - ``hooks.py``: the forward wrapping on live modules (``discover``, ``LayerTracer``, ``force_spec_step_idx``).
 - ``verdict.py``: ``judge`` and the other pure functions on records; imports no torch.
 - ``report.py``: the per-step table, ``trace.csv`` and the ``layers.png`` heatmap.
-The run itself (``run_trace``) is orchestration and sits above the backends, in ``mtpbench/trace_layers.py``.
+- ``run.py``: ``run_trace``, the orchestration (one traced generation on a backend, the files written).
 """

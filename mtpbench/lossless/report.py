@@ -1,0 +1,164 @@
+"""check-lossless's outputs from its record: the one-screen summary (lossless.md, what the CLI prints), lossless.png
+and lossless.json."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from mtpbench.errors import MtpBenchError
+from mtpbench.lossless.verdict import DIVERGENT_CLASS, NUMERICAL, _gap
+
+
+def _f(x, fmt: str = ".3g") -> str:
+    return "unknown" if x is None else format(x, fmt)
+
+
+def summary(record: dict) -> str:
+    """The one-screen summary (lossless.md, printed by the CLI)."""
+    c = record["config"]
+    reason = record.get("inconclusive_reason")
+    head = (f"# check-lossless: {record['verdict']}" + (f" ({reason})" if reason else "") + "\n\n"
+            f"{c['model']} on {c['backend']} ({record['engine'].get('dtype')}), k = {c['k']} ({c['mode'][0]}) "
+            f"against k = 0, temperature {c['temperature']:g}, {record['num_prompts']} prompts x "
+            f"{c['max_tokens']} tokens, seed {c['seed']}"
+            + (", PLANTED LOSSY CONTROL (--planted-lossy)" if c["planted_lossy"] else "")
+            + (", PLANTED LOSSY CONTROL (--planted-subtle)" if c.get("planted_subtle") else "")
+            + "\n")
+    arm = record["engine"].get("drafting_arm") or {}
+    ran, acc = arm.get("engine") or {}, arm.get("acceptance")
+    facts = []
+    if ran.get("runner"):
+        from mtpbench.runners import label
+
+        facts.append(f"drafted by vLLM's {label(ran['runner'], ran.get('drafter'))}")
+    if acc is None:  # never dropped silently: a check of a drafting arm that may not have drafted
+        facts.append("spec-decode counters unknown (the backend reported none)")
+    elif not acc.get("num_drafts"):
+        facts.append(f"num_drafts {acc.get('num_drafts')}: NOTHING WAS DRAFTED")
+    else:
+        facts.append(f"num_drafts {acc['num_drafts']}, accepted {_f(acc.get('num_accepted_tokens'), 'd')} of "
+                     f"{_f(acc.get('num_draft_tokens'), 'd')} draft tokens (acceptance length "
+                     f"{_f(acc.get('acceptance_length'))})")
+    if c.get("speculative_overrides"):
+        import json
+
+        facts.append(f"speculative_config overrides {json.dumps(c['speculative_overrides'])}")
+    if facts:
+        head += "drafting arm: " + "; ".join(facts) + "\n"
+    if ran.get("sampler_fault") not in (None, "unknown") and c["temperature"] > 0:  # the probe of its own sampler
+        head += f"known fault of this vLLM build: {ran['sampler_fault']}\n"
+    if record["kind"] == "greedy" and record.get("why"):  # e.g. nothing drafted
+        head += f"why: {record['why']}\n"
+    for note in record["engine"].get("notes") or []:  # e.g. TLS verification off (--insecure)
+        head += f"note: {note}\n"
+    if record["kind"] == "greedy":
+        lines = [f"- identical to k = 0: {record['identical_share']:.1%} of prompts; divergent "
+                 f"{record['num_divergent']}, numerical {record['num_numerical']}"
+                 + (f", {record['num_length_differences']} of other length (the same tokens, one run stopped sooner)"
+                    if record.get("num_length_differences") else ""),
+                 f"- numerical threshold: |logit gap| (the target's logit of the k = 0 token minus that of the "
+                 f"token the other run emitted) <= {record['numerical_threshold']:.3g} (set by "
+                 f"{record['numerical_threshold_source']}; dtype floor {record['dtype_floor']:.3g})",
+                 f"- A/A control (k = 0 at batch sizes {record['aa_batch_sizes'][0]} and "
+                 f"{record['aa_batch_sizes'][1]}): identical {record['aa_identical_share']:.1%}"
+                 + (f" (divergences within rounding {record['num_aa_numerical']}, beyond it "
+                    f"{record['num_aa_beyond_bound']})" if "num_aa_numerical" in record else "")
+                 + f", teacher-forced log-prob noise {record['aa_logprob_noise']:.3g}"]
+        if record.get("why"):
+            lines.insert(0, f"- why: {record['why']}")
+        for p in record["per_prompt"]:
+            for arm, d in (("spec", p["divergence"]), ("A/A", p.get("aa_divergence"))):
+                if d:
+                    lines.append(f"  - {p['prompt_id']}: token {d['position']}, k0 {d['k0_token']} vs {arm} "
+                                 f"{d['spec_token']}, logit gap {_gap(d)} (top-two margin {d['margin']:.3g}) -> "
+                                 f"{d.get('class') or 'unclassified'}")
+        return head + "\n" + "\n".join(lines) + "\n"
+    t, aa = record["test"], record["aa_test"]
+    lines = [f"- {record['samples_per_prompt']} continuations of each prompt per arm (off, on, off again), "
+             "independent seeds; every token scored by a teacher-forced k = 0 pass",
+             f"- why: {record['why']}"]
+    if t:
+        lines += [f"- off vs on: p = {t['p_value']:.3g} (scores {t['p_value_scores']:.3g}, tokens "
+                  f"{t['p_value_tokens']:.3g}); mean target log-prob {t['mean_logprob_a']:.4g} -> "
+                  f"{t['mean_logprob_b']:.4g} nats/token, shift {t['logprob_diff']:+.3g} (95 % CI "
+                  f"{_f(t['logprob_diff_ci_low'])} .. {_f(t['logprob_diff_ci_high'])}); smallest detectable "
+                  f"shift {_f(t['mde_logprob'])}"]
+    if aa:
+        lines.append(f"- A/A control (off vs off): p = {aa['p_value']:.3g} (alarm below {record['alpha_aa']:g}), "
+                     f"shift {aa['logprob_diff']:+.3g}")
+    one = record.get("score_tests")
+    if one:
+        def z(name):
+            t = one.get(name)
+            return "none" if t is None else f"z = {_f(t['z'], '+.3g')} (p = {t['p_value']:.3g})"
+
+        lines.append(f"- one-sample test against the target's law (sum(log p + H) / sqrt(sum Var)): on {z('on')}, "
+                     f"mean excess {_f((one.get('on') or {}).get('mean_excess_logprob'), '+.3g')} nats/token; "
+                     f"control without drafting: off {z('off')}, off again {z('off_aa')} (alarm below p = "
+                     f"{record['alpha_aa'] / 2:g} each)")
+    elif record.get("score_tests_unavailable"):
+        lines.append(f"- one-sample test unavailable ({record['score_tests_unavailable']}): the verdict rests on "
+                     "the two-sample test alone")
+    if "detectable_shift" in record:
+        lines.append(f"- smallest detectable shift (80 % power): {_f(record['detectable_shift'])} nats/token; "
+                     f"lossless needs it <= {record['max_detectable_shift']:g} (--max-detectable-shift)")
+    return head + "\n" + "\n".join(lines) + "\n"
+
+
+def plot(record: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    try:
+        pp = record["per_prompt"]
+        x = np.arange(len(pp))
+        if record["kind"] == "greedy":
+            gaps = [abs(p["divergence"]["logit_gap"]) if p["divergence"] and p["divergence"]["logit_gap"] is not None
+                    else np.nan for p in pp]
+            colors = [{DIVERGENT_CLASS: "tab:red", NUMERICAL: "tab:orange"}.get((p["divergence"] or {}).get("class"),
+                                                                                 "tab:gray") for p in pp]
+            ax.bar(x, np.nan_to_num(gaps, nan=0.0), color=colors)
+            for i, p in enumerate(pp):
+                if not p["divergence"]:
+                    ax.text(i, 0, "=", ha="center", va="bottom", fontsize=8, color="tab:green")
+            ax.axhline(record["numerical_threshold"], color="gray", ls="--", lw=1, label="numerical threshold")
+            ax.set_ylabel("|logit gap| k = 0 token vs drafted run's")
+            ax.legend(fontsize=7)
+            ax.set_title(f"greedy k = {record['config']['k']} vs k = 0: {record['verdict']} "
+                         f"(identical {record['identical_share']:.0%}; '=' identical)", fontsize=9)
+        else:
+            for off, (name, color) in enumerate((("off", "tab:blue"), ("on", "tab:red"), ("off_aa", "tab:gray"))):
+                ys = [p[f"mean_logprob_{name}"] for p in pp]
+                ax.plot(x + (off - 1) * 0.2, [np.nan if y is None else y for y in ys], "o", color=color,
+                        label={"off": "k = 0", "on": f"k = {record['config']['k']}", "off_aa": "k = 0 (A/A)"}[name])
+            ax.set_ylabel("mean target log-prob / token")
+            ax.legend(fontsize=7)
+            t = record["test"]
+            p = "" if not t else f", p = {t['p_value']:.3g}"
+            ax.set_title(f"sampling T = {record['config']['temperature']:g}: {record['verdict']}{p}", fontsize=9)
+        ax.set_xticks(x)
+        ax.set_xticklabels([str(p["prompt_id"]) for p in pp], rotation=60, fontsize=6)
+        fig.tight_layout()
+        tmp = path.with_name(path.name + ".tmp.png")
+        fig.savefig(tmp, dpi=110)
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+
+
+def write_outputs(out: Path, record: dict) -> None:
+    from mtpbench.files import write_json, write_text
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise MtpBenchError(f"output directory is not writable: {out} ({err.strerror})") from None
+    write_json(out / "lossless.json", record)
+    write_text(out / "lossless.md", summary(record))
+    plot(record, out / "lossless.png")

@@ -1,0 +1,277 @@
+"""``mtpbench check-lossless``: does MTP drafting change what the model says?
+
+Runs the same prompts with drafting off (k = 0) and on (k = K) and tests the promise of speculative decoding:
+* greedy (temperature 0): the same tokens. The share of prompts whose k = K tokens equal k = 0's; at each
+  first divergence, from a teacher-forced k = 0 pass, the target's logit of the k = 0 token minus that of the
+  token the drafting run emitted (the logit gap). A gap within what rounding and batch composition can flip is
+  ``numerical``, any other ``divergent`` (``numerical_threshold``; the top-two margin is recorded beside it). An
+  A/A control (k = 0 at two batch sizes) that diverges beyond that bound makes the check ``inconclusive``.
+* sampling (temperature > 0): the same law. Three arms with independent seeds (off, on, and off again as the
+  A/A control), ``samples_per_prompt`` continuations of each prompt per arm, every sampled token scored by
+  the target under its own prefix (teacher-forced k = 0, never the drafting run's own numbers); the
+  permutation test of ``stats.lossless_test`` off against on and off against off, and where the backend gives
+  the target's entropies (``target_moments``) the one-sample test of each arm against the target's law
+  (``stats.score_test``; the off arms are its control); ``stats.lossless_verdict``, which calls lossless only
+  when a shift of ``max_mde`` nats/token would have been seen (else inconclusive: underpowered).
+* either: a drafting arm that drafted nothing (``num_drafts`` 0) is inconclusive (``nothing_drafted``), and
+  ``exit_code`` is --fail-if-lossy's: 1 lossy or divergent, 3 inconclusive.
+
+Output directory::
+
+    lossless.json   config, provenance, engine facts, per-prompt details, tests (p-values, effect, MDE), verdict
+    lossless.md     the one-screen summary the CLI prints
+    lossless.png    greedy: each divergence's |logit gap| against the threshold; sampling: per-prompt mean score per arm
+
+Every backend runs it through one small protocol (``CheckBackend``, token ids everywhere): ``encode``,
+``sample_arm``, ``target_logprobs``, ``logprob_noise`` and ``greedy_divergences``, and optionally
+``target_moments`` (per token log p, H and Var of the target's law; ``errors.Unavailable`` where it cannot).
+``planted_lossy`` switches on the native engine's planted lossy acceptance rule
+(``engine.Faults.accept_draft_argmax``), ``planted_subtle`` a subtler one (``ratio_temperature_factor``):
+known-positive controls, never a way to decode. On vLLM, ``speculative_overrides`` (``--speculative-config``)
+are merged into the drafting arm's ``speculative_config``: vLLM's own lossy control is
+``{"rejection_sample_method": "synthetic", "synthetic_acceptance_rates": [...]}``.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import numpy as np
+
+from mtpbench import stats
+from mtpbench.config import SweepConfig, with_runner
+from mtpbench.errors import MtpBenchError, Unavailable
+from mtpbench.lossless.config import SUBTLE_FACTOR, CheckConfig, check_config
+from mtpbench.lossless.report import write_outputs
+from mtpbench.lossless.verdict import (
+    DIVERGENT,
+    DIVERGENT_CLASS,
+    INCONCLUSIVE,
+    NUMERICAL,
+    SAMPLING_LOSSLESS,
+    _divergence,
+    aa_problem,
+    dtype_floor,
+    greedy_verdict,
+    greedy_why,
+    nothing_drafted,
+    numerical_threshold,
+)
+
+
+def arm_seeds(seed: int, n: int = 3) -> list[int]:
+    """Independent seeds for the arms (off, on, off again), not seed, seed + 1, ...: so the checks of
+    consecutive --seed values share no arm."""
+    return [int(s) for s in np.random.SeedSequence(seed).generate_state(n)]
+
+
+def generate(backend, cfg: CheckConfig, ids: list[list[int]], k: int, seed: int, n: int = 1,
+             batch_size: int | None = None, log: list | None = None) -> list[list[int]]:
+    """One arm: ``n`` continuations of each prompt, flat (prompt 0's n first), cut to max_tokens; the
+    drafting arm (k > 0) carries the check's speculative overrides. Keeps the arm's counters and engine
+    facts into ``log`` where the backend reports them (``last_counters``, ``last_engine``), and the seed the
+    arm's draws came from: ``seed``, unless the backend says otherwise (``last_seed``: ``{"seed": int or None
+    (unknown), "note": why}``; a server's requests carry no seed)."""
+    e = cfg.engine
+    backend.last_counters = backend.last_engine = backend.last_seed = None
+    per = backend.sample_arm(e, ids, k, seed, n, e.temperature, e.max_tokens,
+                             speculative_overrides=cfg.speculative_overrides if k > 0 else None,
+                             batch_size=batch_size)
+    ran = backend.last_seed or {"seed": seed, "note": None}
+    if log is not None:
+        log.append({"k": k, "seed": ran["seed"], "seed_note": ran["note"], "n": n,
+                    "batch_size": batch_size or e.batch_size,
+                    "acceptance": acceptance(backend.last_counters), "engine": backend.last_engine})
+    return [c[: e.max_tokens] for cs in per for c in cs]
+
+
+def acceptance(counters: dict | None) -> dict | None:
+    """vLLM's spec-decode words for an arm's counters (None: the backend did not report them)."""
+    if not counters or counters.get("num_drafts") is None:
+        return None
+    d, t, a = counters["num_drafts"], counters.get("num_draft_tokens"), counters.get("num_accepted_tokens")
+    return {**counters, "acceptance_length": None if not d or a is None else 1 + a / d,
+            "acceptance_rate": None if not t or a is None else a / t}
+
+
+def threshold_dtype(backend, e: SweepConfig) -> str:
+    """The dtype whose rounding sets the floor: the one asked for, else the one the engine reports it ran
+    (``backend.dtype_name``, set by ``start`` or by the arms' engines)."""
+    if e.dtype != "auto":
+        return e.dtype
+    name = backend.dtype_name
+    if name is None:
+        raise MtpBenchError("--dtype auto: the engine did not report the dtype it ran; give --dtype")
+    return str(name).removeprefix("torch.")
+
+
+def run_greedy(backend, cfg: CheckConfig, ids: list[list[int]], prompt_ids: list[str]) -> dict:
+    e = cfg.engine
+    bs = e.batch_size
+    other = 1 if bs > 1 else len(ids)  # the A/A control: k = 0 at another batch composition
+    log: list = []
+    k0 = generate(backend, cfg, ids, 0, e.seed, batch_size=bs, log=log)
+    spec = generate(backend, cfg, ids, cfg.k, e.seed, batch_size=bs, log=log)
+    aa = generate(backend, cfg, ids, 0, e.seed, batch_size=other, log=log)
+    aa_div = backend.greedy_divergences(ids, k0, aa)
+    # rounding noise of the target's own numbers: the same teacher-forced pass, all rows together and one by one
+    noise = backend.logprob_noise(ids, k0)
+    dtype = threshold_dtype(backend, e)
+    threshold, source = numerical_threshold(dtype, noise)
+    div = [_divergence(d, threshold) for d in backend.greedy_divergences(ids, k0, spec)]
+    aa_rows = [_divergence(d, threshold) for d in aa_div]  # judged against the same bound, never raising it
+    identical = [d is None and len(a) == len(b) for d, a, b in zip(div, k0, spec)]
+    # one run stopped sooner than the other, the tokens they share equal: a difference with no token to judge
+    length_only = sum(d is None and len(a) != len(b) for d, a, b in zip(div, k0, spec))
+    per_prompt = [{"prompt_id": pid, "identical": same, "k0_tokens": a, "spec_tokens": b, "divergence": d,
+                   "aa_identical": ad is None and len(a) == len(c), "aa_tokens": c, "aa_divergence": ad}
+                  for pid, same, a, b, c, d, ad in zip(prompt_ids, identical, k0, spec, aa, div, aa_rows)]
+    aa_why = aa_problem([(pid, ad, len(a) != len(c)) for pid, ad, a, c in zip(prompt_ids, aa_rows, k0, aa)],
+                        threshold, [bs, other])
+    if aa_why:
+        verdict, why = INCONCLUSIVE, aa_why
+    elif length_only:
+        verdict, why = DIVERGENT, (f"{length_only} prompt(s) of other length: the same tokens as far as they go, "
+                                   "one run stopped sooner")
+    else:
+        verdict, why = greedy_verdict(div), greedy_why(list(zip(prompt_ids, div)), threshold)
+    return {
+        "verdict": verdict, "why": why, "num_length_differences": length_only,
+        "identical_share": sum(identical) / len(identical),
+        "num_prompts": len(ids),
+        "num_divergent": sum(d is not None and d["class"] == DIVERGENT_CLASS for d in div),
+        "num_numerical": sum(d is not None and d["class"] == NUMERICAL for d in div),
+        "numerical_threshold": threshold, "numerical_threshold_source": source,
+        "dtype_floor": dtype_floor(dtype), "threshold_dtype": dtype,
+        "aa_batch_sizes": [bs, other],
+        "aa_identical_share": sum(p["aa_identical"] for p in per_prompt) / len(per_prompt),
+        "num_aa_numerical": sum(d is not None and d["class"] == NUMERICAL for d in aa_rows),
+        "num_aa_beyond_bound": sum(d is not None and d["class"] != NUMERICAL for d in aa_rows),
+        "aa_logprob_noise": noise, "arms": dict(zip(("k0", "spec", "k0_aa"), log)),
+        "per_prompt": per_prompt,
+    }
+
+
+def _scored(tokens: list[list[int]], lps: list[list[float]]) -> list[list[tuple]]:
+    return [list(zip(range(len(t)), t, lp)) for t, lp in zip(tokens, lps)]
+
+
+def score_arms(backend, prompts: list[list[int]], continuations: list[list[int]], temperature: float):
+    """(log-probs, moments, note): every continuation's target log-probs; where the backend has
+    ``target_moments``, per token (log p, H, Var) of the target's law as well, else None and the note says why
+    the one-sample test is unavailable."""
+    fn = backend.target_moments
+    if fn is None:
+        note = "the backend gives no target entropies"
+    else:
+        try:
+            moments = fn(prompts, continuations, temperature)
+            return [[m[0] for m in ms] for ms in moments], moments, None
+        except Unavailable as err:
+            note = str(err)
+    return backend.target_logprobs(prompts, continuations, temperature), None, note
+
+
+def run_sampling(backend, cfg: CheckConfig, ids: list[list[int]], prompt_ids: list[str]) -> dict:
+    e, n = cfg.engine, cfg.per_prompt
+    rows = [p for p in ids for _ in range(n)]
+    strata = [i for i in range(len(ids)) for _ in range(n)]
+    seeds = dict(zip(("off", "on", "off_aa"), arm_seeds(e.seed)))
+    names, log, drawn = ("off", "on", "off_aa"), {}, {}
+    # drawn A/A first: on two attached servers of one engine seed (vLLM's default, 0; requests carry none), the
+    # drafting server's first draws line up with the baseline's first, the A/A arm's, never the tested off arm's
+    for name, k in (("off_aa", 0), ("off", 0), ("on", cfg.k)):
+        arm_log: list = []
+        toks = generate(backend, cfg, ids, k, seeds[name], n=n, log=arm_log)
+        log[name] = arm_log[0]
+        drawn[name] = [i for i, t in enumerate(toks) if t], toks  # an empty continuation has nothing to score
+    # one teacher-forced pass scores all three arms (on vLLM: one scoring engine, not three); with the target's
+    # entropies where the backend gives them (the one-sample test), else the log-probs alone
+    lps, moments, one_note = score_arms(backend, [rows[i] for name in names for i in drawn[name][0]],
+                                        [drawn[name][1][i] for name in names for i in drawn[name][0]], e.temperature)
+    lps, per_arm = iter(lps), iter(moments or [])
+    arms, moments = {}, ({} if moments else None)
+    for name in names:
+        keep, toks = drawn[name]
+        arms[name] = {"continuations": _scored([toks[i] for i in keep], [next(lps) for _ in keep]),
+                      "prompts": [strata[i] for i in keep]}
+        if moments is not None:
+            moments[name] = [next(per_arm) for _ in keep]
+    perm_seed = np.random.SeedSequence([e.seed, 1]).generate_state(1)[0]
+    # with the one-sample test beside it, the two-sample test runs at alpha / 2 (stats.lossless_verdict)
+    alpha_ab = stats.ALPHA / 2 if moments else stats.ALPHA
+    ab = stats.lossless_test(arms["off"]["continuations"], arms["on"]["continuations"],
+                             arms["off"]["prompts"], arms["on"]["prompts"], seed=int(perm_seed), alpha=alpha_ab)
+    aa = stats.lossless_test(arms["off"]["continuations"], arms["off_aa"]["continuations"],
+                             arms["off"]["prompts"], arms["off_aa"]["prompts"], seed=int(perm_seed) + 1)
+    one = {name: stats.score_test(*zip(*[m for ms in moments[name] for m in ms]), alpha=alpha_ab)
+           if any(moments[name]) else None for name in names} if moments else None
+    verdict, why = stats.lossless_verdict(ab, aa, max_mde=cfg.max_mde, score_on=one and one["on"],
+                                          score_off=() if one is None else (one["off"], one["off_aa"]))
+    per_prompt = []
+    for i, pid in enumerate(prompt_ids):
+        entry = {"prompt_id": pid}
+        for name, arm in arms.items():
+            means = [float(np.mean([max(lp, stats.LOGPROB_FLOOR) for _, _, lp in c]))
+                     for c, p in zip(arm["continuations"], arm["prompts"]) if p == i]
+            entry[f"mean_logprob_{name}"] = float(np.mean(means)) if means else None
+            entry[f"num_continuations_{name}"] = len(means)
+            entry[f"tokens_{name}"] = [[t for _, t, _ in c] for c, p in zip(arm["continuations"], arm["prompts"])
+                                       if p == i]
+        per_prompt.append(entry)
+    return {
+        "verdict": SAMPLING_LOSSLESS if verdict == stats.LOSSLESS else verdict, "why": why,
+        "test": None if ab is None else asdict(ab), "aa_test": None if aa is None else asdict(aa),
+        "score_tests": None if one is None else {name: t and asdict(t) for name, t in one.items()},
+        "score_tests_unavailable": one_note,
+        "detectable_shift": None if ab is None else stats.detectable_shift(ab),
+        "max_detectable_shift": cfg.max_mde,
+        "alpha": stats.ALPHA, "alpha_two_sample": alpha_ab, "alpha_aa": stats.ALPHA_AA, "arm_seeds": seeds,
+        "arms": {name: log[name] for name in names},
+        "num_prompts": len(ids), "samples_per_prompt": n, "per_prompt": per_prompt,
+    }
+
+
+def run_check(cfg: CheckConfig) -> dict:
+    """Run the check and write lossless.json, lossless.md and lossless.png into ``cfg.engine.out``; returns
+    the saved record. Bad input raises MtpBenchError before anything is loaded or written."""
+    from mtpbench.backends import get_backend
+    from mtpbench.environment import provenance
+    from mtpbench.prompts import run_prompts
+
+    check_config(cfg)
+    e = with_runner(cfg.engine)  # the runner each vLLM engine is asked for, recorded
+    cfg = replace(cfg, engine=e)
+    pset = run_prompts(e)
+    t0 = time.perf_counter()
+    backend = get_backend(e.backend)
+    backend.baseline_server = cfg.baseline_server  # None but for an attached --server (check_config)
+    engine = backend.start(e)
+    if e.server and not e.k:  # the attached server's own k (start refuses a --server that does not draft)
+        e = replace(e, k=(backend.grid_k(),))
+        cfg = replace(cfg, engine=e)
+    engine.update(backend.check_facts())
+    if cfg.planted_lossy:  # only a backend with planted rules gets here (check_config)
+        backend.plant_faults(accept_draft_argmax=True)
+    if cfg.planted_subtle:
+        backend.plant_faults(ratio_temperature_factor=SUBTLE_FACTOR)
+    try:
+        ids = backend.encode(pset.prompts)
+        pids = [p.id for p in pset.prompts]
+        result = run_greedy(backend, cfg, ids, pids) if cfg.greedy else run_sampling(backend, cfg, ids, pids)
+    finally:
+        backend.close()
+    # the drafting arm's facts beside the engine's: what ran (runner, drafter class) and how much it accepted
+    engine["drafting_arm"] = result["arms"]["spec" if cfg.greedy else "on"]
+    nothing_drafted(result, engine["drafting_arm"])
+    if backend.scoring_engine:  # vLLM: which runner scored (VllmBackend._lossless_worker)
+        engine["scoring_engine"] = backend.scoring_engine
+    engine.setdefault("dtype", backend.dtype_name)  # vLLM's: what its engines reported
+    if result["verdict"] == stats.INCONCLUSIVE:  # the reason in a word: the summary's headline
+        result["inconclusive_reason"] = (result.get("why") or "").split(":")[0] or None
+    record = {"kind": "greedy" if cfg.greedy else "sampling", "verdict": result["verdict"],
+              "config": cfg.to_json(), "provenance": provenance(), "engine": engine, "prompts": pset.describe(),
+              "wall_s": round(time.perf_counter() - t0, 3), **{k: v for k, v in result.items() if k != "verdict"}}
+    write_outputs(Path(e.out), record)
+    return record
