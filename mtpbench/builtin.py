@@ -13,7 +13,7 @@ from pathlib import Path
 
 from mtpbench.checkpoint import read_config
 from mtpbench.errors import MtpBenchError
-from mtpbench.prompts import BUILTIN_MODEL_DIR
+from mtpbench.paths import BUILTIN_MODEL_DIR, GLM_MTP_DIR, cache_dir
 
 
 def resolve_model_dir(model: str) -> Path:
@@ -57,7 +57,6 @@ GLM_ARCH = "Glm4MoeForCausalLM"
 GLM_FORMAT_VERSION = 3  # bump when glm_tensors, glm_config or the shipped MTP tensors change what is written
 GLM_MOE_INTERMEDIATE = 32  # routed expert width; the shared expert is GLM_MOE_INTERMEDIATE * n_shared_experts
 GLM_ROUTED_EXPERTS = 2  # vLLM's CPU grouped top-k takes the top 2 of each group
-GLM_MTP_DIR = Path(__file__).parent / "assets" / "glm_mtp"  # mtp.safetensors + finetune.json
 BLOCK_PARTS = ("input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.o_proj.weight",
                *(f"self_attn.{p}_proj.{w}" for p in "qkv" for w in ("weight", "bias")))
 
@@ -246,7 +245,7 @@ def builtin_glm_dir(cache: Path | None = None) -> Path:
     stamp = "|".join(f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}"
                      for d in (BUILTIN_MODEL_DIR, GLM_MTP_DIR) for p in sorted(d.iterdir()))
     key = hashlib.sha256(f"{GLM_FORMAT_VERSION}|{BUILTIN_MODEL_DIR.resolve()}|{stamp}".encode()).hexdigest()[:16]
-    cache = cache or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mtpbench"
+    cache = cache or cache_dir()
     out = cache / f"builtin-glm-{key}"
     if (out / "config.json").exists():
         return out

@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 from mtpbench.errors import MtpBenchError
+from mtpbench.paths import cache_dir
 
 
 def read_config(model_dir: Path) -> dict:
@@ -136,7 +137,7 @@ def derived_checkpoint(model_dir: Path, layers: int, cache: Path | None = None) 
         return model_dir
     stamp = "|".join(f"{p.name}:{p.stat().st_mtime_ns}:{p.stat().st_size}" for p in sorted(model_dir.iterdir()))
     key = hashlib.sha256(f"{model_dir}|{layers}|{stamp}".encode()).hexdigest()[:16]
-    cache = cache or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mtpbench" / "derived"
+    cache = cache or cache_dir("derived")
     out = cache / f"{model_dir.name}-mtp{layers}-{key}"
     if (out / "config.json").exists():
         return out

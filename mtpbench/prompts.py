@@ -15,10 +15,8 @@ from pathlib import Path
 
 from mtpbench.backend_info import info
 from mtpbench.errors import MtpBenchError
+from mtpbench.paths import BUILTIN_MODEL_DIR, DATA_DIR, SPEC_BENCH  # noqa: F401 (the prompt sets' homes)
 
-BUILTIN_MODEL_DIR = Path(__file__).parent / "assets" / "tiny"
-DATA_DIR = Path(__file__).parent / "data"
-SPEC_BENCH = DATA_DIR / "spec_bench_question.jsonl"
 MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 NAMED_SETS = ("builtin", "spec-bench", "mt-bench")
 BUILTIN_DEFAULT_PROMPTS = 8  # the built-in set's default size; every other set defaults to all of it

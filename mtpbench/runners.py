@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import functools
 import os
-from pathlib import Path
 
 from mtpbench.errors import MtpBenchError
+from mtpbench.paths import SHIMS_DIR
 
 RUNNERS = ("v1", "v2")
 UNKNOWN = "unknown"  # an attached server: its runner cannot be observed from outside
-SHIM_DIR = Path(__file__).resolve().parent / "shims" / "triton_cpu"
+SHIM_DIR = SHIMS_DIR.resolve() / "triton_cpu"
 V2_MODULE = "vllm.v1.worker.gpu.model_runner"  # Model Runner V2 (the CPU one subclasses it)
 INTERPRETED_NOTE = ("Model Runner V2 on a CPU runs every Triton kernel in Triton's interpreter: timings "
                     "measure the interpreter, so they are left null")

@@ -278,7 +278,7 @@ def mtp_file_bytes(tensors: dict) -> bytes:
 
 def ship_glm_mtp(out_dir: Path | None = None, log=print) -> dict:
     """Re-make mtpbench/assets/glm_mtp from the built-in model (how the shipped files were made)."""
-    from mtpbench.builtin import GLM_MTP_DIR
+    from mtpbench.paths import GLM_MTP_DIR
     from mtpbench.prompts import BUILTIN_MODEL_DIR
 
     out_dir = Path(out_dir or GLM_MTP_DIR)

@@ -2,27 +2,17 @@
 
 from __future__ import annotations
 
-import csv
-import io
 from dataclasses import fields
 from pathlib import Path
 
 from mtpbench.compare.pair import TABLE, CompareRow
-from mtpbench.errors import MtpBenchError
+from mtpbench.files import csv_text, make_out_dir
 from mtpbench.files import write_json, write_text
 
 
 def write(out: Path, result: dict, rows: list[CompareRow]) -> None:
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise MtpBenchError(f"output directory is not writable: {out} ({e.strerror})") from None
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=[f.name for f in fields(CompareRow)], lineterminator="\n")
-    w.writeheader()
-    for r in rows:
-        w.writerow(r.to_csv())
-    write_text(out / "compare.csv", buf.getvalue())
+    make_out_dir(out)
+    write_text(out / "compare.csv", csv_text([f.name for f in fields(CompareRow)], (r.to_csv() for r in rows)))
     write_json(out / "compare.json", result)
     write_text(out / "compare.md", markdown(result))
     plot(out / "compare.png", rows, result)

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 
-from mtpbench.errors import MtpBenchError
 from mtpbench.lossless.verdict import DIVERGENT_CLASS, NUMERICAL, _gap
 
 
@@ -153,12 +152,9 @@ def plot(record: dict, path: Path) -> None:
 
 
 def write_outputs(out: Path, record: dict) -> None:
-    from mtpbench.files import write_json, write_text
+    from mtpbench.files import make_out_dir, write_json, write_text
 
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise MtpBenchError(f"output directory is not writable: {out} ({err.strerror})") from None
+    make_out_dir(out)
     write_json(out / "lossless.json", record)
     write_text(out / "lossless.md", summary(record))
     plot(record, out / "lossless.png")

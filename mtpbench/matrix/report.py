@@ -13,19 +13,12 @@ from mtpbench.matrix.cells import DRAFTING, INTERRUPTED, Cell, load_cells, runne
 def write_matrix(out: Path, cells: list[Cell], version: str, wall_s: float, jobs: int,
                  interrupted: bool = False, saved_provenance: dict | None = None) -> None:
     """The four files; ``saved_provenance``: a rebuild's, kept as the matrix recorded it."""
-    import csv
-    import io
 
     from mtpbench.environment import provenance
-    from mtpbench.files import write_json, write_text
+    from mtpbench.files import blank_none, csv_text, write_json, write_text
 
     out.mkdir(parents=True, exist_ok=True)
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=[f.name for f in fields(Cell)], lineterminator="\n")
-    w.writeheader()
-    for c in cells:
-        w.writerow({k: ("" if v is None else v) for k, v in asdict(c).items()})
-    write_text(out / "matrix.csv", buf.getvalue())
+    write_text(out / "matrix.csv", csv_text([f.name for f in fields(Cell)], (blank_none(c) for c in cells)))
     prov = saved_provenance if saved_provenance is not None else provenance()
     write_json(out / "matrix.json", {"vllm": version, "wall_s": round(wall_s, 1), "jobs": jobs,
                                      "interrupted": interrupted, "cells": [asdict(c) for c in cells],

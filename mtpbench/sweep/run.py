@@ -27,6 +27,7 @@ from mtpbench.backends import get_backend
 from mtpbench.config import SweepConfig, execution, fingerprint, validate, with_runner
 from mtpbench.environment import environment, provenance
 from mtpbench.errors import MtpBenchError
+from mtpbench.files import make_out_dir
 from mtpbench.files import write_json
 from mtpbench.metrics import GridPoint, PointResult, check_requests_against_counters
 from mtpbench.prompts import run_prompts
@@ -66,10 +67,7 @@ def run_sweep(cfg: SweepConfig, on_point: Callable[[int, int, str], None] | None
     engine["engine_start_s"] = round(time.perf_counter() - t0, 3)
     try:
         points = grid(cfg, n_layers, engine.get("k"))
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise MtpBenchError(f"output directory is not writable: {out} ({e.strerror})") from None
+        make_out_dir(out)
         prov = provenance()
         prompts_info = pset.describe()  # as in the set, without context
         fp = {**fingerprint(cfg.to_json(), prov["versions"]), "prompts_sha256": prompts_info["sha256"]}

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import csv
-import io
 
+from mtpbench import files
 from mtpbench.metrics import GridPoint, PointResult
 
 TABLE_COLUMNS = [
@@ -23,12 +22,7 @@ TELEMETRY_COLUMNS = [("energy_j_per_token", "J/tok"), ("avg_power_w", "W"), ("pe
 
 
 def csv_text(rows: list[PointResult]) -> str:
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=PointResult.columns(), lineterminator="\n")
-    w.writeheader()
-    for r in rows:
-        w.writerow(r.to_csv())
-    return buf.getvalue()
+    return files.csv_text(PointResult.columns(), (r.to_csv() for r in rows))
 
 
 def table(rows: list[PointResult]) -> str:

@@ -23,6 +23,7 @@ from pathlib import Path
 from mtpbench.checkpoint import drafter_layers, num_mtp_layers
 from mtpbench.config import check_writable
 from mtpbench.errors import MtpBenchError
+from mtpbench.paths import cache_dir
 from mtpbench.synth.common import Arch
 
 FAMILIES = ("common",)  # modules under mtpbench/synth that hold no architectures
@@ -133,7 +134,7 @@ def cached(arch: str | Arch, mtp_layers: int | None = None) -> Path:
     source, so a changed builder rebuilds."""
     arch = get_arch(arch) if isinstance(arch, str) else arch
     n = arch.mtp_layers if mtp_layers is None else mtp_layers
-    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mtpbench" / "synth"
+    root = cache_dir("synth")
     out = root / f"{arch.name}-mtp{n}-{_source_hash()}"
     with _BUILD_LOCK:
         if (out / "config.json").exists():

@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import csv
-import io
 from collections import Counter
-from dataclasses import asdict, fields
+from dataclasses import fields
 
+from mtpbench.files import blank_none, csv_text
 from mtpbench.trace.records import CallRecord
 
 
 def trace_csv(records: list[CallRecord]) -> str:
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=[f.name for f in fields(CallRecord)], lineterminator="\n")
-    w.writeheader()
-    for r in records:
-        w.writerow({k: ("" if v is None else v) for k, v in asdict(r).items()})
-    return buf.getvalue()
+    return csv_text([f.name for f in fields(CallRecord)], (blank_none(r) for r in records))
 
 
 def step_table(records: list[CallRecord], num_layers: int) -> list[list]:

@@ -9,6 +9,7 @@ from pathlib import Path
 from mtpbench.checkpoint import derived_checkpoint
 from mtpbench.config import SweepConfig
 from mtpbench.errors import MtpBenchError
+from mtpbench.paths import SHIMS_DIR
 
 
 def check_num_speculative_tokens(k: int, n_predict: int) -> str | None:
@@ -67,7 +68,7 @@ def engine_env(model_dir=None, runner: str | None = None) -> dict:
     env = dict(os.environ)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the CPU build reserves ~21 GiB otherwise
     if model_dir is not None and needs_torchvision_shim(model_dir):
-        shims = str(Path(__file__).resolve().parents[2] / "shims" / "torchvision")
+        shims = str(SHIMS_DIR.resolve() / "torchvision")
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [shims, env.get("PYTHONPATH")]))
     env.update(runner_env(runner, env))
     return env
