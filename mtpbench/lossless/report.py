@@ -17,6 +17,12 @@ def _f(x, fmt: str = ".3g") -> str:
 
 def summary(record: dict) -> str:
     """The one-screen summary (lossless.md, printed by the CLI)."""
+    lines = _greedy_lines(record) if record["kind"] == "greedy" else _sampling_lines(record)
+    return _header(record) + "\n" + "\n".join(lines) + "\n"
+
+
+def _header(record: dict) -> str:
+    """The verdict, what was checked, and the drafting arm's facts."""
     c = record["config"]
     reason = record.get("inconclusive_reason")
     head = (f"# check-lossless: {record['verdict']}" + (f" ({reason})" if reason else "") + "\n\n"
@@ -53,28 +59,34 @@ def summary(record: dict) -> str:
         head += f"why: {record['why']}\n"
     for note in record["engine"].get("notes") or []:  # e.g. TLS verification off (--insecure)
         head += f"note: {note}\n"
-    if record["kind"] == "greedy":
-        lines = [f"- identical to k = 0: {record['identical_share']:.1%} of prompts; divergent "
-                 f"{record['num_divergent']}, numerical {record['num_numerical']}"
-                 + (f", {record['num_length_differences']} of other length (the same tokens, one run stopped sooner)"
-                    if record.get("num_length_differences") else ""),
-                 f"- numerical threshold: |logit gap| (the target's logit of the k = 0 token minus that of the "
-                 f"token the other run emitted) <= {record['numerical_threshold']:.3g} (set by "
-                 f"{record['numerical_threshold_source']}; dtype floor {record['dtype_floor']:.3g})",
-                 f"- A/A control (k = 0 at batch sizes {record['aa_batch_sizes'][0]} and "
-                 f"{record['aa_batch_sizes'][1]}): identical {record['aa_identical_share']:.1%}"
-                 + (f" (divergences within rounding {record['num_aa_numerical']}, beyond it "
-                    f"{record['num_aa_beyond_bound']})" if "num_aa_numerical" in record else "")
-                 + f", teacher-forced log-prob noise {record['aa_logprob_noise']:.3g}"]
-        if record.get("why"):
-            lines.insert(0, f"- why: {record['why']}")
-        for p in record["per_prompt"]:
-            for arm, d in (("spec", p["divergence"]), ("A/A", p.get("aa_divergence"))):
-                if d:
-                    lines.append(f"  - {p['prompt_id']}: token {d['position']}, k0 {d['k0_token']} vs {arm} "
-                                 f"{d['spec_token']}, logit gap {_gap(d)} (top-two margin {d['margin']:.3g}) -> "
-                                 f"{d.get('class') or 'unclassified'}")
-        return head + "\n" + "\n".join(lines) + "\n"
+    return head
+
+
+def _greedy_lines(record: dict) -> list[str]:
+    lines = [f"- identical to k = 0: {record['identical_share']:.1%} of prompts; divergent "
+             f"{record['num_divergent']}, numerical {record['num_numerical']}"
+             + (f", {record['num_length_differences']} of other length (the same tokens, one run stopped sooner)"
+                if record.get("num_length_differences") else ""),
+             f"- numerical threshold: |logit gap| (the target's logit of the k = 0 token minus that of the "
+             f"token the other run emitted) <= {record['numerical_threshold']:.3g} (set by "
+             f"{record['numerical_threshold_source']}; dtype floor {record['dtype_floor']:.3g})",
+             f"- A/A control (k = 0 at batch sizes {record['aa_batch_sizes'][0]} and "
+             f"{record['aa_batch_sizes'][1]}): identical {record['aa_identical_share']:.1%}"
+             + (f" (divergences within rounding {record['num_aa_numerical']}, beyond it "
+                f"{record['num_aa_beyond_bound']})" if "num_aa_numerical" in record else "")
+             + f", teacher-forced log-prob noise {record['aa_logprob_noise']:.3g}"]
+    if record.get("why"):
+        lines.insert(0, f"- why: {record['why']}")
+    for p in record["per_prompt"]:
+        for arm, d in (("spec", p["divergence"]), ("A/A", p.get("aa_divergence"))):
+            if d:
+                lines.append(f"  - {p['prompt_id']}: token {d['position']}, k0 {d['k0_token']} vs {arm} "
+                             f"{d['spec_token']}, logit gap {_gap(d)} (top-two margin {d['margin']:.3g}) -> "
+                             f"{d.get('class') or 'unclassified'}")
+    return lines
+
+
+def _sampling_lines(record: dict) -> list[str]:
     t, aa = record["test"], record["aa_test"]
     lines = [f"- {record['samples_per_prompt']} continuations of each prompt per arm (off, on, off again), "
              "independent seeds; every token scored by a teacher-forced k = 0 pass",
@@ -104,7 +116,7 @@ def summary(record: dict) -> str:
     if "detectable_shift" in record:
         lines.append(f"- smallest detectable shift (80 % power): {_f(record['detectable_shift'])} nats/token; "
                      f"lossless needs it <= {record['max_detectable_shift']:g} (--max-detectable-shift)")
-    return head + "\n" + "\n".join(lines) + "\n"
+    return lines
 
 
 def plot(record: dict, path: Path) -> None:
