@@ -243,30 +243,9 @@ def save_greedy_divergences(cfg: SweepConfig, backend, engine: dict, points: lis
     the whole sweep), classified by the gap against the dtype's rounding floor (``lossless.classify``,
     ``lossless.dtype_floor``; a sweep has no A/A control), saved into the point file as
     ``greedy_divergences``. Records still true of a resumed sweep's tokens are kept, not measured again."""
-    from mtpbench.lossless.verdict import classify, dtype_floor
+    from mtpbench.lossless.verdict import dtype_floor
 
-    def load(point: GridPoint) -> dict | None:
-        path = out / f"{point.name}.json"
-        if not path.exists():
-            return None  # failed
-        d = json.loads(path.read_text())
-        return d if d.get("fingerprint") == fp else None
-
-    def where(p: GridPoint) -> tuple:
-        return p.concurrency, p.request_rate, p.context_tokens
-
-    base = {where(p): d for p in points if p.k == 0 and (d := load(p))}
-    todo = []  # (point, its file, the differing prompts: prompt id, k = 0 tokens, k > 0 tokens)
-    for p in points:
-        d = load(p) if p.k > 0 and where(p) in base else None
-        if d is None:
-            continue
-        k0 = {r.get("prompt_id"): r["output_token_ids"] for r in base[where(p)]["requests"] if r.get("prompt_id")}
-        differ = [(r["prompt_id"], k0[r["prompt_id"]], r["output_token_ids"]) for r in d["requests"]
-                  if r.get("prompt_id") in k0 and r["output_token_ids"] != k0[r["prompt_id"]]]
-        saved = {r["prompt_id"]: r for r in (d.get("greedy_divergences") or {}).get("records") or []}
-        if differ and not all(pid in saved and divergence_holds(saved[pid], a, b) for pid, a, b in differ):
-            todo.append((p, d, differ))
+    todo = _divergences_to_measure(points, out, fp)
     if not todo:
         return
     why = None
@@ -290,13 +269,7 @@ def save_greedy_divergences(cfg: SweepConfig, backend, engine: dict, points: lis
         found, why = None, f"the k = 0 pass for the margins failed ({type(e).__name__}: {e})"[:500]
     dtype = greedy_dtype(cfg, backend, engine)
     threshold = dtype_floor(dtype) if dtype else None
-    records: dict[str, list] = {}
-    for (p, pid, _, _), div in zip(rows, found or []):
-        rec = {"prompt_id": pid, "position": None, "margin": None, "k0_token": None, "spec_token": None,
-               "logit_gap": None, "class": None}
-        if div is not None:  # None: the tokens differ in length only
-            rec.update(asdict(div), **{"class": classify(div.logit_gap, threshold)})
-        records.setdefault(p.name, []).append(rec)
+    records = _divergence_records(rows, found or [], threshold)
     for p, d, _ in todo:
         if found is None:
             entry = {"unavailable": why}
@@ -307,3 +280,46 @@ def save_greedy_divergences(cfg: SweepConfig, backend, engine: dict, points: lis
                 entry["unclassified"] = ("the engine's dtype is unknown (--dtype auto): logit gaps saved, not "
                                          "classified")
         write_json(out / f"{p.name}.json", {**d, "greedy_divergences": entry})
+
+
+def _divergences_to_measure(points: list[GridPoint], out: Path, fp: dict) -> list[tuple]:
+    """(point, its file, the differing prompts: prompt id, k = 0 tokens, k > 0 tokens) for every k > 0 point
+    whose tokens left its k = 0 point's and has no saved record still true of them."""
+
+    def load(point: GridPoint) -> dict | None:
+        path = out / f"{point.name}.json"
+        if not path.exists():
+            return None  # failed
+        d = json.loads(path.read_text())
+        return d if d.get("fingerprint") == fp else None
+
+    def where(p: GridPoint) -> tuple:
+        return p.concurrency, p.request_rate, p.context_tokens
+
+    base = {where(p): d for p in points if p.k == 0 and (d := load(p))}
+    todo = []
+    for p in points:
+        d = load(p) if p.k > 0 and where(p) in base else None
+        if d is None:
+            continue
+        k0 = {r.get("prompt_id"): r["output_token_ids"] for r in base[where(p)]["requests"] if r.get("prompt_id")}
+        differ = [(r["prompt_id"], k0[r["prompt_id"]], r["output_token_ids"]) for r in d["requests"]
+                  if r.get("prompt_id") in k0 and r["output_token_ids"] != k0[r["prompt_id"]]]
+        saved = {r["prompt_id"]: r for r in (d.get("greedy_divergences") or {}).get("records") or []}
+        if differ and not all(pid in saved and divergence_holds(saved[pid], a, b) for pid, a, b in differ):
+            todo.append((p, d, differ))
+    return todo
+
+
+def _divergence_records(rows: list[tuple], found: list, threshold: float | None) -> dict[str, list]:
+    """Per point name, one record per differing prompt: where and by how much it diverged, and its class."""
+    from mtpbench.lossless.verdict import classify
+
+    records: dict[str, list] = {}
+    for (p, pid, _, _), div in zip(rows, found):
+        rec = {"prompt_id": pid, "position": None, "margin": None, "k0_token": None, "spec_token": None,
+               "logit_gap": None, "class": None}
+        if div is not None:  # None: the tokens differ in length only
+            rec.update(asdict(div), **{"class": classify(div.logit_gap, threshold)})
+        records.setdefault(p.name, []).append(rec)
+    return records

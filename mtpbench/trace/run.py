@@ -27,26 +27,11 @@ def run_trace(cfg, k: int, mode: str = "reuse", backend=None) -> dict:
     from pathlib import Path
 
     from mtpbench.backends import get_backend
-    from mtpbench.config import validate, with_runner
-    from mtpbench.runners import label
-    from mtpbench.prompts import prompt_set
     from mtpbench.checkpoint import mtp_layer_bytes
-    from mtpbench.files import write_json, write_text
-    from mtpbench.environment import provenance
+    from mtpbench.prompts import prompt_set
 
-    n_layers = cfg.num_mtp_layers()
-    if k < 1:
-        raise MtpBenchError(f"--k must be >= 1 to trace drafting, got {k}")
-    validate(cfg, n_layers)
-    cfg = with_runner(cfg)
-    L = max(cfg.mtp_layers) if cfg.mtp_layers else n_layers
+    cfg, L = _traceable(cfg, k)
     facts = info(cfg.backend)
-    if facts.served:
-        raise MtpBenchError("trace-layers wraps the draft model in mtpbench's own process: use --backend vllm "
-                            "(a served engine's modules are out of reach)")
-    if facts.offline_vllm and cfg.tensor_parallel_size > 1:
-        raise MtpBenchError("tracing needs the vLLM engine in one process: use tensor_parallel_size 1 "
-                            f"(got {cfg.tensor_parallel_size})")
     prompts = prompt_set(cfg.prompts, cfg.num_prompts, cfg.model_dir, cfg.chat_template).prompts
     if backend is None:
         backend = get_backend(cfg.backend)
@@ -64,34 +49,66 @@ def run_trace(cfg, k: int, mode: str = "reuse", backend=None) -> dict:
     layer_bytes = (all_bytes + [0] * data["num_layers"])[: data["num_layers"]]
     v = judge(records, data["num_layers"], k, layer_bytes, data["crash"], data.get("crash_in_draft", True))
     # the layers asked of the engine (the derived checkpoint's L) against those it holds
-    dropped = loaded_vs_checkpoint(L, data["num_layers"], all_bytes)
-    v.evidence += dropped
-    drafts = data["num_drafts"]
+    v.evidence += loaded_vs_checkpoint(L, data["num_layers"], all_bytes)
+    out = Path(cfg.out)
+    _write(out, cfg, _summary(cfg, k, mode, L, data, v), records)
+    return json.loads((out / "trace.json").read_text())
+
+
+def _traceable(cfg, k: int):
+    """The config with its runner, and the MTP layer count to trace; one line where tracing cannot run."""
+    from mtpbench.config import validate, with_runner
+
+    n_layers = cfg.num_mtp_layers()
+    if k < 1:
+        raise MtpBenchError(f"--k must be >= 1 to trace drafting, got {k}")
+    validate(cfg, n_layers)
+    cfg = with_runner(cfg)
+    facts = info(cfg.backend)
+    if facts.served:
+        raise MtpBenchError("trace-layers wraps the draft model in mtpbench's own process: use --backend vllm "
+                            "(a served engine's modules are out of reach)")
+    if facts.offline_vllm and cfg.tensor_parallel_size > 1:
+        raise MtpBenchError("tracing needs the vLLM engine in one process: use tensor_parallel_size 1 "
+                            f"(got {cfg.tensor_parallel_size})")
+    return cfg, max(cfg.mtp_layers) if cfg.mtp_layers else n_layers
+
+
+def _summary(cfg, k: int, mode: str, L: int, data: dict, v) -> dict:
+    """trace.json's content."""
+    from mtpbench.environment import provenance
+
+    records, drafts = data["records"], data["num_drafts"]
     steps = layer_per_step(records)
     attribution = [{"position": i, "layer": steps.get(i), "num_accepted_tokens": n,
                     "acceptance_rate": round(n / drafts, 4) if drafts and n is not None else None}
                    for i, n in enumerate(data["num_accepted_tokens_per_pos"])]
-    out = Path(cfg.out)
+    return {"verdict": v.verdict, "evidence": v.evidence, "backend": cfg.backend, "mode": mode, "k": k,
+            "num_mtp_layers": data["num_layers"], "structure": data["structure"],
+            "force_spec_step_idx": cfg.force_spec_step_idx, "num_draft_calls": len(records),
+            "num_proposals": len({(r.batch, r.proposal) for r in records}),
+            "unused_layers": v.unused_layers, "unused_layer_bytes": v.unused_layer_bytes,
+            "checkpoint_mtp_layers": L, "dropped_at_load": list(range(data["num_layers"], L)),
+            "runner": data.get("runner"), "drafter": data.get("drafter"),
+            "execution": EAGER_NOTE if info(cfg.backend).vllm else "eager (PyTorch modules)",
+            "notes": data.get("notes") or [],
+            "crash": data["crash"], "per_step": [dict(zip(STEP_HEADERS, row)) for row in
+                                                 step_table(records, data["num_layers"])],
+            "acceptance_by_layer": attribution, "num_drafts": drafts,
+            "config": cfg.to_json(), "provenance": provenance()}
+
+
+def _write(out, cfg, summary: dict, records: list[CallRecord]) -> None:
+    """trace.csv, trace.json and the layers.png heatmap."""
+    from mtpbench import __version__
+    from mtpbench.files import write_json, write_text
+    from mtpbench.runners import label
+
     out.mkdir(parents=True, exist_ok=True)
     write_text(out / "trace.csv", trace_csv(records))
-    summary = {"verdict": v.verdict, "evidence": v.evidence, "backend": cfg.backend, "mode": mode, "k": k,
-               "num_mtp_layers": data["num_layers"], "structure": data["structure"],
-               "force_spec_step_idx": cfg.force_spec_step_idx, "num_draft_calls": len(records),
-               "num_proposals": len({(r.batch, r.proposal) for r in records}),
-               "unused_layers": v.unused_layers, "unused_layer_bytes": v.unused_layer_bytes,
-               "checkpoint_mtp_layers": L, "dropped_at_load": list(range(data["num_layers"], L)),
-               "runner": data.get("runner"), "drafter": data.get("drafter"),
-               "execution": EAGER_NOTE if facts.vllm else "eager (PyTorch modules)",
-               "notes": data.get("notes") or [],
-               "crash": data["crash"], "per_step": [dict(zip(STEP_HEADERS, row)) for row in
-                                                    step_table(records, data["num_layers"])],
-               "acceptance_by_layer": attribution, "num_drafts": drafts,
-               "config": cfg.to_json(), "provenance": provenance()}
     write_json(out / "trace.json", summary)
-    from mtpbench import __version__
-
+    k, n, mode = summary["k"], summary["num_mtp_layers"], summary["mode"]
     engine = (f"vLLM {provenance_versions(summary)} {label(summary['runner'], summary['drafter'])}"
-              if facts.vllm else f"mtpbench {__version__} native")
-    heatmap(out / "layers.png", records, data["num_layers"], k,
-            f"{model_label(cfg.model_dir)} on {engine} ({mode}, k={k}): {v.verdict}")
-    return json.loads((out / "trace.json").read_text())
+              if info(cfg.backend).vllm else f"mtpbench {__version__} native")
+    heatmap(out / "layers.png", records, n, k, f"{model_label(cfg.model_dir)} on {engine} ({mode}, k={k}): "
+            f"{summary['verdict']}")

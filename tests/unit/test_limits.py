@@ -21,12 +21,10 @@ EXCEPTIONS: dict[str, str] = {}
 DEBT: dict[str, int] = {
     "mtpbench.metrics.row:summarize": 90,
     "mtpbench.sweep.load:rows_from_points": 88,
-    "mtpbench.trace.run:run_trace": 77,
     "mtpbench.sweep.plots:plots": 76,
     "mtpbench.engine:__iter__": 75,
     "mtpbench.matrix.run:run_matrix": 73,
     "mtpbench.trace.verdict:_judge_observed": 73,
-    "mtpbench.sweep.run:save_greedy_divergences": 72,
     "mtpbench.train:make_model": 71,
 }
 
