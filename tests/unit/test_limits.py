@@ -21,7 +21,6 @@ EXCEPTIONS: dict[str, str] = {}
 DEBT: dict[str, int] = {
     "mtpbench.lossless": 727,
     "mtpbench.lossless:summary": 90,
-    "mtpbench.sweep.load:rows_from_points": 88,
     "mtpbench.trace_layers:run_trace": 77,
     "mtpbench.sweep.plots:plots": 76,
     "mtpbench.engine:__iter__": 75,
