@@ -22,7 +22,6 @@ DEBT: dict[str, int] = {
     "mtpbench.lossless": 727,
     "mtpbench.lossless:summary": 90,
     "mtpbench.trace_layers:run_trace": 77,
-    "mtpbench.sweep.plots:plots": 76,
     "mtpbench.engine:__iter__": 75,
     "mtpbench.matrix.run:run_matrix": 73,
     "mtpbench.trace.verdict:_judge_observed": 73,
