@@ -23,7 +23,6 @@ DEBT: dict[str, int] = {
     "mtpbench.lossless:summary": 90,
     "mtpbench.trace_layers:run_trace": 77,
     "mtpbench.engine:__iter__": 75,
-    "mtpbench.trace.verdict:_judge_observed": 73,
     "mtpbench.sweep.run:save_greedy_divergences": 72,
     "mtpbench.train:make_model": 71,
 }
