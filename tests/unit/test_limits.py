@@ -22,7 +22,6 @@ DEBT: dict[str, int] = {
     "mtpbench.lossless": 727,
     "mtpbench.lossless:summary": 90,
     "mtpbench.trace_layers:run_trace": 77,
-    "mtpbench.engine:__iter__": 75,
     "mtpbench.sweep.run:save_greedy_divergences": 72,
     "mtpbench.train:make_model": 71,
 }
