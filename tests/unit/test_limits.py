@@ -23,7 +23,6 @@ DEBT: dict[str, int] = {
     "mtpbench.lossless:summary": 90,
     "mtpbench.trace_layers:run_trace": 77,
     "mtpbench.sweep.run:save_greedy_divergences": 72,
-    "mtpbench.train:make_model": 71,
 }
 
 
