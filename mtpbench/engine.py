@@ -32,13 +32,7 @@ import torch
 
 from mtpbench.config import MODES
 from mtpbench.model import KVCache, MiMoModel
-from mtpbench.scoring import (  # noqa: F401
-    Divergence,
-    check_score_args,
-    divergence_points,
-    first_divergence,
-    top_two_margin,
-)
+from mtpbench.scoring import Divergence, check_score_args, divergence_points, first_divergence, top_two_margin  # noqa: F401
 
 
 @dataclass
@@ -127,30 +121,15 @@ class Generation:
 
     @torch.inference_mode()
     def __iter__(self):
-        a, B, k, dev = self.model.args, len(self.prompts), self.k, self.dev
+        B, k, dev = len(self.prompts), self.k, self.dev
         rows = torch.arange(B, device=dev)
-        P = torch.tensor([len(p) for p in self.prompts], device=dev)
-        X = torch.zeros(B, self.maxlen, dtype=torch.long, device=dev)
-        for b, p in enumerate(self.prompts):
-            X[b, : len(p)] = torch.tensor(p, device=dev)
-        tcache = self._caches(a.num_hidden_layers)
-        Ht = torch.zeros(B, self.maxlen, a.hidden_size, device=dev, dtype=self.dtype)
-
-        # prefill; padded positions write junk that is overwritten before it is ever attended to
-        T0 = int(P.max())
-        pos = torch.arange(T0, device=dev).expand(B, T0)
-        h = self.target(X[:, :T0], pos, tcache)
-        Ht[:, :T0] = h
-        x, _ = self._pick(self.target.compute_logits(h[rows, P - 1]))
-        X[rows, P] = x
-        n = P + 1
-        first = [[t] for t in x.tolist()]
+        X, Ht, tcache, n, first = self._prefill(rows)
         self._emit(first)
         yield first
 
         dcache = self._caches(self.drafter.model.num_mtp_layers) if k else []
         # each active layer's output by slot: what the next layer (or step) reads at slot - 1
-        layer_out = (torch.zeros(self.L, B, self.maxlen, a.hidden_size, device=dev, dtype=self.dtype)
+        layer_out = (torch.zeros(self.L, B, self.maxlen, self.model.args.hidden_size, device=dev, dtype=self.dtype)
                      if k else None)
         committed = torch.zeros(B, dtype=torch.long, device=dev)  # drafter slots < this are final
         while True:
@@ -158,48 +137,73 @@ class Generation:
             if not bool(active.any()):
                 return
             if k == 0:
-                t0 = self._clock()
-                q = (n - 1)[:, None]
-                h = self.target(X[rows[:, None], q], q, tcache)
-                x, _ = self._pick(self.target.compute_logits(h[:, 0]))
-                self.target_time_s += self._clock() - t0
-                self.num_target_calls += 1
-                X[rows, n] = torch.where(active, x, X[rows, n])
-                n = n + active.long()
-                new = [[t] if act else [] for t, act in zip(x.tolist(), active.tolist())]
-                self._emit(new)
-                yield new
-                continue
-
-            drafts, qprobs = self._draft(X, Ht, layer_out, dcache, n, committed)
-            committed = n - 1
-            t0 = self._clock()
-            # verify: x[n-1], d_1..d_k at positions n-1 .. n-1+k
-            vpos = (n - 1)[:, None] + torch.arange(k + 1, device=dev)
-            h = self.target(X[rows[:, None], vpos], vpos, tcache)
-            Ht[rows[:, None], vpos] = h
-            logits = self.target.compute_logits(h)
-            accepted, bonus = self._verify(logits, drafts, qprobs)
-            self.target_time_s += self._clock() - t0
-            self.num_target_calls += 1
-            new = []
-            for b in range(B):
-                if not active[b]:
-                    new.append([])
-                    continue
-                nb, ab = int(n[b]), int(accepted[b])
-                X[b, nb + ab] = bonus[b]
-                c = self.counts[b]
-                c.num_drafts += 1
-                c.num_draft_tokens += k
-                c.num_accepted_tokens += ab
-                for i in range(ab):
-                    c.num_accepted_tokens_per_pos[i] += 1
-                c.steps.append((nb, ab))
-                new.append(X[b, nb: nb + ab + 1].tolist())
-                n[b] = nb + ab + 1
+                n, new = self._decode_step(X, tcache, n, active, rows)
+            else:
+                drafts, qprobs = self._draft(X, Ht, layer_out, dcache, n, committed)
+                committed = n - 1
+                new = self._verify_round(X, Ht, tcache, n, active, drafts, qprobs, rows)
             self._emit(new)
             yield new
+
+    def _prefill(self, rows: torch.Tensor):
+        """The prompts' target pass: the token buffer X, the target's hidden states Ht and KV caches, each row's
+        known-token count n, and each row's first token."""
+        a, B, dev = self.model.args, len(self.prompts), self.dev
+        P = torch.tensor([len(p) for p in self.prompts], device=dev)
+        X = torch.zeros(B, self.maxlen, dtype=torch.long, device=dev)
+        for b, p in enumerate(self.prompts):
+            X[b, : len(p)] = torch.tensor(p, device=dev)
+        tcache = self._caches(a.num_hidden_layers)
+        Ht = torch.zeros(B, self.maxlen, a.hidden_size, device=dev, dtype=self.dtype)
+        # padded positions write junk that is overwritten before it is ever attended to
+        T0 = int(P.max())
+        h = self.target(X[:, :T0], torch.arange(T0, device=dev).expand(B, T0), tcache)
+        Ht[:, :T0] = h
+        x, _ = self._pick(self.target.compute_logits(h[rows, P - 1]))
+        X[rows, P] = x
+        return X, Ht, tcache, P + 1, [[t] for t in x.tolist()]
+
+    def _decode_step(self, X, tcache, n, active, rows):
+        """k = 0: one target decode step; returns the new n and each row's new token (none for finished rows)."""
+        t0 = self._clock()
+        q = (n - 1)[:, None]
+        h = self.target(X[rows[:, None], q], q, tcache)
+        x, _ = self._pick(self.target.compute_logits(h[:, 0]))
+        self.target_time_s += self._clock() - t0
+        self.num_target_calls += 1
+        X[rows, n] = torch.where(active, x, X[rows, n])
+        return n + active.long(), [[t] if act else [] for t, act in zip(x.tolist(), active.tolist())]
+
+    def _verify_round(self, X, Ht, tcache, n, active, drafts, qprobs, rows) -> list[list[int]]:
+        """The target's forward over x[n-1] and the k drafts, then per active row: the accepted drafts and the
+        bonus token written to X, its counters, n advanced (in place). Returns each row's new tokens."""
+        k = self.k
+        t0 = self._clock()
+        # verify: x[n-1], d_1..d_k at positions n-1 .. n-1+k
+        vpos = (n - 1)[:, None] + torch.arange(k + 1, device=self.dev)
+        h = self.target(X[rows[:, None], vpos], vpos, tcache)
+        Ht[rows[:, None], vpos] = h
+        logits = self.target.compute_logits(h)
+        accepted, bonus = verify(logits, drafts, qprobs, self.temperature, self.gen, self.faults)
+        self.target_time_s += self._clock() - t0
+        self.num_target_calls += 1
+        new = []
+        for b in range(len(self.prompts)):
+            if not active[b]:
+                new.append([])
+                continue
+            nb, ab = int(n[b]), int(accepted[b])
+            X[b, nb + ab] = bonus[b]
+            c = self.counts[b]
+            c.num_drafts += 1
+            c.num_draft_tokens += k
+            c.num_accepted_tokens += ab
+            for i in range(ab):
+                c.num_accepted_tokens_per_pos[i] += 1
+            c.steps.append((nb, ab))
+            new.append(X[b, nb: nb + ab + 1].tolist())
+            n[b] = nb + ab + 1
+        return new
 
     def _emit(self, new: list[list[int]]) -> None:
         for b, t in enumerate(new):
@@ -269,9 +273,6 @@ class Generation:
             final = (slots <= (n - 2)[:, None])[..., None]
             prev = torch.where(final, Ht[rows, slots], prev)
         return slots, tokens, prev
-
-    def _verify(self, logits, drafts, qprobs):
-        return verify(logits, drafts, qprobs, self.temperature, self.gen, self.faults)
 
 
 def verify(logits: torch.Tensor, drafts: torch.Tensor, qprobs: torch.Tensor | None, temperature: float,

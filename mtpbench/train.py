@@ -130,17 +130,42 @@ def make_model(out_dir: Path, steps: int = 900, batch: int = 16, seq_len: int = 
     texts = [t for t in (read_text(p) for p in train_files) if t]
     args: ModelArgs = PRESETS[preset]
     tok = train_tokenizer(texts, args.vocab_size)
-    eos_id = tok.token_to_id(EOS)
-    ids: list[int] = []
-    for enc in tok.encode_batch(texts):
-        ids.extend(enc.ids + [eos_id])
-    data = torch.tensor(ids, dtype=torch.long)
+    data = token_stream(tok, texts)
     log(f"corpus: {len(train_files)} files, {len(data)} tokens; tokenizer vocab {tok.get_vocab_size()}")
 
     m = MiMoModel(args)
     for p in m.parameters():
         if p.dim() >= 2:
             torch.nn.init.normal_(p, std=0.02)
+    history = _pretrain(m, data, steps, batch, seq_len, seed, lr, t0, log)
+    _write_checkpoint(out_dir, m, tok, held)
+    info = {"seed": seed, "steps": steps, "batch": batch, "seq_len": seq_len, "lr": lr, "preset": preset,
+            "corpus": {"source": "python stdlib sources", "python": sys.version.split()[0],
+                       "train_files": len(train_files), "heldout_files": len(held),
+                       "heldout_rule": f"md5(relative path) % {HELDOUT_BUCKETS} == 0",
+                       "train_tokens": len(data)},
+            "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "machine": platform.machine(),
+            "train_seconds": round(time.time() - t0, 1), "history": history}
+    (out_dir / "train_log.json").write_text(json.dumps(info, indent=2) + "\n")
+    if final.exists():
+        final.rmdir()  # empty, checked above
+    os.replace(out_dir, final)
+    return info
+
+
+def token_stream(tok, texts: list[str]) -> torch.Tensor:
+    """The texts' tokens in one stream, each text followed by EOS: what the model trains on."""
+    eos_id = tok.token_to_id(EOS)
+    ids: list[int] = []
+    for enc in tok.encode_batch(texts):
+        ids.extend(enc.ids + [eos_id])
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def _pretrain(m: MiMoModel, data: torch.Tensor, steps: int, batch: int, seq_len: int, seed: int, lr: float,
+              t0: float, log) -> list[dict]:
+    """Train the target and the MTP chain together on random windows of ``data`` (AdamW, linear warm-up then
+    cosine); returns the losses logged every 20 steps and at the last."""
     opt = torch.optim.AdamW(m.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
     g = torch.Generator().manual_seed(seed)
     history = []
@@ -161,29 +186,23 @@ def make_model(out_dir: Path, steps: int = 900, batch: int = 16, seq_len: int = 
                    "loss_mtp": [round(v.item(), 4) for v in mtp], "elapsed_s": round(time.time() - t0, 1)}
             history.append(row)
             log(json.dumps(row))
+    return history
 
+
+def _write_checkpoint(out_dir: Path, m: MiMoModel, tok, held: list[Path]) -> None:
+    """The weights, config, tokenizer files, generation config and the built-in prompts (from the held-out
+    files) in ``out_dir``."""
+    eos_id = tok.token_to_id(EOS)
     save_model(m, out_dir)
     tok.save(str(out_dir / "tokenizer.json"))
     (out_dir / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS, "bos_token": EOS,
-        "pad_token": EOS, "model_max_length": args.max_position_embeddings,
+        "pad_token": EOS, "model_max_length": m.args.max_position_embeddings,
         "clean_up_tokenization_spaces": False}, indent=2) + "\n")
     (out_dir / "generation_config.json").write_text(json.dumps(
         {"eos_token_id": eos_id, "bos_token_id": eos_id}, indent=2) + "\n")
     prompts = builtin_prompts(held)
     (out_dir / "prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in prompts))
-    info = {"seed": seed, "steps": steps, "batch": batch, "seq_len": seq_len, "lr": lr, "preset": preset,
-            "corpus": {"source": "python stdlib sources", "python": sys.version.split()[0],
-                       "train_files": len(train_files), "heldout_files": len(held),
-                       "heldout_rule": f"md5(relative path) % {HELDOUT_BUCKETS} == 0",
-                       "train_tokens": len(data)},
-            "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "machine": platform.machine(),
-            "train_seconds": round(time.time() - t0, 1), "history": history}
-    (out_dir / "train_log.json").write_text(json.dumps(info, indent=2) + "\n")
-    if final.exists():
-        final.rmdir()  # empty, checked above
-    os.replace(out_dir, final)
-    return info
 
 
 # builtin-glm's fine-tune (mtpbench/assets/glm_mtp): short, one core, deterministic
@@ -197,12 +216,7 @@ def corpus_ids(tokenizer_path: str) -> torch.Tensor:
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(tokenizer_path)
-    eos_id = tok.token_to_id(EOS)
-    texts = [t for t in (read_text(p) for p in stdlib_files()[0]) if t]
-    ids: list[int] = []
-    for enc in tok.encode_batch(texts):
-        ids.extend(enc.ids + [eos_id])
-    return torch.tensor(ids, dtype=torch.long)
+    return token_stream(tok, [t for t in (read_text(p) for p in stdlib_files()[0]) if t])
 
 
 def finetune_recipe(steps: int | None = None, **kw) -> dict:

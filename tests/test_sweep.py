@@ -201,8 +201,8 @@ def test_a_backend_without_a_k0_pass_leaves_the_numerical_count_unknown(tmp_path
 def test_an_engine_that_does_not_say_its_dtype_under_auto_saves_margins_unclassified(tmp_path, monkeypatch):
     """The vLLM backend's facts name no dtype, and its --dtype auto may cast a float32 checkpoint to 16 bits:
     the margins are saved, but no floor is guessed for them (count None, the note says why)."""
-    from mtpbench import sweep
     from mtpbench.backends.native import NativeBackend
+    from mtpbench.sweep import run as sweep
 
     class Quiet(NativeBackend):
         def start(self, cfg):

@@ -21,6 +21,7 @@ architectures that finished; the others' cells say ``interrupted`` and the files
 from __future__ import annotations
 
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -89,21 +90,8 @@ def default_jobs() -> int:
     return max(1, min(len(usable_cpus()), int(avail // (3 << 30)) or 1))
 
 
-def run_matrix(names: list[str] | None, out: Path, k: int | None = None, jobs: int | None = None,
-               max_tokens: int = 12, on_cell=None, runners: list[str | None] = (None,)) -> list[Cell]:
-    """Every named architecture's cells on every runner (None: the one vLLM picks here), written to ``out``.
-    Ctrl-C stops the engines, writes the architectures that finished (the rest ``interrupted``) and raises
-    ``MatrixInterrupted``."""
-    import threading
-
-    from mtpbench.config import check_writable
-    from mtpbench.environment import require_vllm
-    from mtpbench.procguard import Workers
-    from mtpbench.runners import resolve
-    from mtpbench.synth import archs
-
-    version = require_vllm()
-    table = archs()
+def _checked_names(names: list[str] | None, table: dict, k: int | None, jobs: int | None, max_tokens: int) -> list[str]:
+    """The architectures asked for (all by default), after checking every argument a user gave."""
     names = names or sorted(table)
     unknown = [n for n in names if n not in table]
     if unknown:
@@ -114,6 +102,28 @@ def run_matrix(names: list[str] | None, out: Path, k: int | None = None, jobs: i
         raise MtpBenchError(f"--jobs must be >= 1, got {jobs}")
     if max_tokens < 1:
         raise MtpBenchError(f"--max-tokens must be >= 1, got {max_tokens}")
+    return names
+
+
+def _failed(arch, k: int | None, runner: str | None, error: str, verdict: str) -> list[Cell]:
+    """The cells of an architecture that produced no trace (``verdict`` says why, ``error`` what was raised)."""
+    return cells_for(arch, k or 2 * arch.mtp_layers, arch.mtp_layers, None, error, verdict, runner=runner)
+
+
+def run_matrix(names: list[str] | None, out: Path, k: int | None = None, jobs: int | None = None,
+               max_tokens: int = 12, on_cell=None, runners: list[str | None] = (None,)) -> list[Cell]:
+    """Every named architecture's cells on every runner (None: the one vLLM picks here), written to ``out``.
+    Ctrl-C stops the engines, writes the architectures that finished (the rest ``interrupted``) and raises
+    ``MatrixInterrupted``."""
+    from mtpbench.config import check_writable
+    from mtpbench.environment import require_vllm
+    from mtpbench.procguard import Workers
+    from mtpbench.runners import resolve
+    from mtpbench.synth import archs
+
+    version = require_vllm()
+    table = archs()
+    names = _checked_names(names, table, k, jobs, max_tokens)
     runners = list(dict.fromkeys(resolve(r) for r in runners))  # decided here, before any engine has a shim
     jobs = jobs or default_jobs()
     out = Path(out)
@@ -125,17 +135,13 @@ def run_matrix(names: list[str] | None, out: Path, k: int | None = None, jobs: i
     # the slowest first (V2 on a CPU runs Triton's interpreter), so the pool does not end on a long one
     tasks = sorted(((n, r) for n in names for r in runners), key=lambda t: (t[1] != "v2", names.index(t[0])))
 
-    def failed(name: str, runner: str, error: str, verdict: str) -> list[Cell]:
-        a = table[name]
-        return cells_for(a, k or 2 * a.mtp_layers, a.mtp_layers, None, error, verdict, runner=runner)
-
     def one(name: str, runner: str) -> list[Cell]:
         with lock:
             cpu = free.pop(0) if jobs > 1 and free else None
         try:
             cells = run_arch(table[name], k, max_tokens, cpu, workers, runner)
         except Exception as e:  # whatever else goes wrong with one architecture is its cells, not the matrix's
-            cells = failed(name, runner, f"{type(e).__name__}: {e}"[:2000], "did not start")
+            cells = _failed(table[name], k, runner, f"{type(e).__name__}: {e}"[:2000], "did not start")
         finally:
             if cpu is not None:
                 with lock:
@@ -155,7 +161,7 @@ def run_matrix(names: list[str] | None, out: Path, k: int | None = None, jobs: i
         done = {t: f.result() for t, f in futures.items() if f.done() and not f.cancelled()}
         workers.stop()
         pool.shutdown(wait=False, cancel_futures=True)
-        cells = [c for t in order for c in done.get(t) or failed(*t, "", INTERRUPTED)]
+        cells = [c for (n, r) in order for c in done.get((n, r)) or _failed(table[n], k, r, "", INTERRUPTED)]
         write_matrix(out, cells, version, time.perf_counter() - t0, jobs, interrupted=True)
         raise MatrixInterrupted(sum(all((n, r) in done for r in runners) for n in names), len(names)) from None
     pool.shutdown()

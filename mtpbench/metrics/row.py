@@ -232,42 +232,16 @@ def summarize(backend: str, point: GridPoint, category: str, requests: list[Requ
     # and then its requests' own counts stand in where the engine gave them
     per_request = bool(requests) and all(r.num_drafts is not None for r in requests)
     counted = batches or (requests if per_request else [])
-    drafts = sum(b.num_drafts for b in counted)
-    drafted = sum(b.num_draft_tokens for b in counted)
-    accepted = sum(b.num_accepted_tokens for b in counted)
-    per_pos = [position_count(counted, i) for i in range(k)]
+    acceptance, missing = _acceptance_fields(k, counted, batches, target_step_s)
+    if missing:
+        notes = [*notes, unknown_positions_note(missing, k)]
     wall = sum(b.wall_s for b in batches)
     out_tokens = sum(len(r.output_token_ids) for r in requests)
     rep = [repetition(r.output_token_ids) for r in requests]
     ngrams = sum(t for _, t in rep)
-    lat = latency_ms(requests)
-    q = {name: [_round(percentile(xs, p), 3) for p in (0.5, 0.9, 0.99)] for name, xs in lat.items()}
-
-    al = dar = alpha = tps = c = None
-    joint: list[float | None] = []
-    cond: list[float | None] = []
-    if k > 0 and drafts:
-        al = 1 + accepted / drafts
-        dar = accepted / drafted if drafted else None
-        joint = [None if p is None else p / drafts for p in per_pos]
-        cond = [joint[0]] + [per_pos[i] / per_pos[i - 1] if per_pos[i] is not None and per_pos[i - 1] else None
-                             for i in range(1, k)]
-        missing = [i for i, p in enumerate(per_pos) if p is None]
-        if missing:
-            notes = [*notes, unknown_positions_note(missing, k)]
-        if per_pos[-1] is not None:
-            rejections = drafts - per_pos[-1]  # drafts that stopped before accepting all k
-            alpha = accepted / (accepted + rejections) if accepted + rejections else None
-        if alpha is not None:
-            tps = float(k + 1) if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
-        draft_s, step_s = mean_call_s(batches, "draft"), target_step_s or mean_call_s(batches, "target")
-        if draft_s is not None and step_s:
-            c = draft_s / step_s
-    theo = tps / (k * c + 1) if (tps is not None and c is not None) else (1.0 if k == 0 else None)
-    tel = summarize_samples(telemetry) if telemetry else {}
-    if tel and telemetry.get("selection") == "all visible":
-        notes = [*notes, "GPU telemetry covers every GPU visible here (the engine's processes were not found on any)"]
-    energy = tel.get("energy_j")
+    energy, telemetry_note = _telemetry_fields(telemetry, out_tokens, repeats)
+    if telemetry_note:
+        notes = [*notes, telemetry_note]
     foreign = [b.foreign_requests for b in batches if b.foreign_requests is not None]
     cpu = [b.client_cpu_s for b in batches if b.client_cpu_s is not None]
     row = PointResult(
@@ -278,37 +252,90 @@ def summarize(backend: str, point: GridPoint, category: str, requests: list[Requ
         context_tokens_actual=_round(sum(r.context_tokens for r in requests) / len(requests), 1)
         if point.context_tokens is not None and requests else None,
         num_prompts=len(requests), num_output_tokens=out_tokens,
-        num_drafts=drafts, num_draft_tokens=drafted, num_accepted_tokens=accepted,
-        num_accepted_tokens_per_pos=tuple(per_pos),
-        acceptance_length=_round(al) if k else 1.0, draft_acceptance_rate=_round(dar),
-        acceptance_rate_per_pos=tuple(_round(x) for x in joint),
-        conditional_acceptance_per_pos=tuple(_round(x) for x in cond),
-        alpha=_round(alpha), draft_cost_ratio=_round(c),
-        theoretical_tokens_per_step=_round(tps) if k else 1.0, theoretical_speedup=_round(theo),
-        output_tokens_per_sec=_round(out_tokens / wall, 2) if wall > 0 else None,
-        request_throughput_per_sec=_round(len(requests) / wall) if wall > 0 else None,
-        ttft_ms_p50=q["ttft"][0], ttft_ms_p90=q["ttft"][1], ttft_ms_p99=q["ttft"][2],
-        tpot_ms_p50=q["tpot"][0], tpot_ms_p90=q["tpot"][1], tpot_ms_p99=q["tpot"][2],
-        itl_ms_p50=q["itl"][0], itl_ms_p90=q["itl"][1], itl_ms_p99=q["itl"][2],
+        **acceptance,
+        **_speed_fields(requests, wall, out_tokens),
         decode_time_s=_round(wall), startup_s=_round(startup_s, 3),
         output_repetition=_round(sum(r for r, _ in rep) / ngrams) if ngrams else None,
-        # the sampler spans every repeat (a served point: its first window only, ``timed_runs``), each of
-        # which generates the same tokens
-        energy_j_per_token=_round(energy / (out_tokens * (telemetry.get("timed_runs") or max(len(repeats), 1))), 6)
-        if energy is not None and out_tokens else None,
-        energy_method=tel.get("energy_method") if energy is not None and out_tokens else None,
-        avg_power_w=_round(tel.get("avg_power_w"), 2), peak_gpu_mem_bytes=tel.get("peak_gpu_mem_bytes"),
+        **energy,
         mtp_weight_bytes=mtp_weight_bytes,
         foreign_requests=sum(foreign) if foreign else None,
         client_cpu_ms_per_request=_round(sum(cpu) / len(requests) * 1e3, 3) if cpu and requests else None,
         notes="; ".join(notes) or None,
     )
+    joint = row.acceptance_rate_per_pos
     intervals = acceptance_intervals(requests, k)
     if intervals and None in joint:  # an interval where the engine's own count is unknown would stand alone
         for side in ("low", "high"):
             name = f"acceptance_rate_per_pos_ci_{side}"
             intervals[name] = tuple(None if v is None else x for v, x in zip(joint, intervals[name]))
     return replace(row, **intervals, **repeat_intervals(list(repeats)), **acceptance_by_position(requests))
+
+
+def _acceptance_fields(k: int, counted: list, batches: list[BatchRecord],
+                       target_step_s: float | None) -> tuple[dict, list[int]]:
+    """The row's draft counts and what follows from them: AL, the joint and conditional per-position rates,
+    alpha, the draft cost ratio c and the theoretical speedup; and the draft positions the engine gave no
+    count for."""
+    drafts = sum(b.num_drafts for b in counted)
+    drafted = sum(b.num_draft_tokens for b in counted)
+    accepted = sum(b.num_accepted_tokens for b in counted)
+    per_pos = [position_count(counted, i) for i in range(k)]
+    al = dar = alpha = tps = c = None
+    joint: list[float | None] = []
+    cond: list[float | None] = []
+    missing: list[int] = []
+    if k > 0 and drafts:
+        al = 1 + accepted / drafts
+        dar = accepted / drafted if drafted else None
+        joint = [None if p is None else p / drafts for p in per_pos]
+        cond = [joint[0]] + [per_pos[i] / per_pos[i - 1] if per_pos[i] is not None and per_pos[i - 1] else None
+                             for i in range(1, k)]
+        missing = [i for i, p in enumerate(per_pos) if p is None]
+        if per_pos[-1] is not None:
+            rejections = drafts - per_pos[-1]  # drafts that stopped before accepting all k
+            alpha = accepted / (accepted + rejections) if accepted + rejections else None
+        if alpha is not None:
+            tps = float(k + 1) if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+        draft_s, step_s = mean_call_s(batches, "draft"), target_step_s or mean_call_s(batches, "target")
+        if draft_s is not None and step_s:
+            c = draft_s / step_s
+    theo = tps / (k * c + 1) if (tps is not None and c is not None) else (1.0 if k == 0 else None)
+    return {"num_drafts": drafts, "num_draft_tokens": drafted, "num_accepted_tokens": accepted,
+            "num_accepted_tokens_per_pos": tuple(per_pos),
+            "acceptance_length": _round(al) if k else 1.0, "draft_acceptance_rate": _round(dar),
+            "acceptance_rate_per_pos": tuple(_round(x) for x in joint),
+            "conditional_acceptance_per_pos": tuple(_round(x) for x in cond),
+            "alpha": _round(alpha), "draft_cost_ratio": _round(c),
+            "theoretical_tokens_per_step": _round(tps) if k else 1.0, "theoretical_speedup": _round(theo)}, missing
+
+
+def _speed_fields(requests: list[RequestRecord], wall: float, out_tokens: int) -> dict:
+    """Throughput over the batches' wall time, and the p50/p90/p99 of TTFT, TPOT and ITL."""
+    lat = latency_ms(requests)
+    q = {name: [_round(percentile(xs, p), 3) for p in (0.5, 0.9, 0.99)] for name, xs in lat.items()}
+    return {"output_tokens_per_sec": _round(out_tokens / wall, 2) if wall > 0 else None,
+            "request_throughput_per_sec": _round(len(requests) / wall) if wall > 0 else None,
+            "ttft_ms_p50": q["ttft"][0], "ttft_ms_p90": q["ttft"][1], "ttft_ms_p99": q["ttft"][2],
+            "tpot_ms_p50": q["tpot"][0], "tpot_ms_p90": q["tpot"][1], "tpot_ms_p99": q["tpot"][2],
+            "itl_ms_p50": q["itl"][0], "itl_ms_p90": q["itl"][1], "itl_ms_p99": q["itl"][2]}
+
+
+def _telemetry_fields(telemetry: dict | None, out_tokens: int, repeats: list[dict]) -> tuple[dict, str | None]:
+    """Energy per token, power and peak memory of the measured window; and a note when the telemetry could
+    not be narrowed to the engine's GPUs."""
+    tel = summarize_samples(telemetry) if telemetry else {}
+    note = None
+    if tel and telemetry.get("selection") == "all visible":
+        note = "GPU telemetry covers every GPU visible here (the engine's processes were not found on any)"
+    energy = tel.get("energy_j")
+    return {
+        # the sampler spans every repeat (a served point: its first window only, ``timed_runs``), each of
+        # which generates the same tokens
+        "energy_j_per_token": _round(energy / (out_tokens * (telemetry.get("timed_runs") or max(len(repeats), 1))), 6)
+        if energy is not None and out_tokens else None,
+        "energy_method": tel.get("energy_method") if energy is not None and out_tokens else None,
+        "avg_power_w": _round(tel.get("avg_power_w"), 2), "peak_gpu_mem_bytes": tel.get("peak_gpu_mem_bytes"),
+    }, note
 
 
 def unknown_positions_note(missing: list[int], k: int) -> str:

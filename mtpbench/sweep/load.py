@@ -56,76 +56,95 @@ def read_json(path: Path):
 
 
 def rows_from_points(points: list[dict], failures: list[dict]) -> list[PointResult]:
+    loaded = [(d, PointRun.from_json(d)) for d in sorted(points, key=lambda d: sort_key(d["point"]))]
+    step_s = _target_step_s(loaded)
+    plain = _greedy_k0_tokens(loaded)
     rows: list[PointResult] = []
     tokps: dict[int, list] = {}  # each whole-point row's tokens/s per repeat, for the speedup's interval
     untimed: set[int] = set()  # rows whose clock measured Triton's interpreter (V2 on a CPU): timings null
-    loaded = [(d, PointRun.from_json(d)) for d in sorted(points, key=lambda d: sort_key(d["point"]))]
-    # the target's decode-step time at k = 0 of the same load and context, per category: the unit of the
-    # draft cost ratio c
-    step_s = {}
-
-    def where(d: dict) -> tuple:
-        p = d["point"]
-        return p.get("concurrency"), p.get("request_rate"), p.get("context_tokens")
-
-    for d, run in loaded:
-        batches = run.batches
-        if d["point"]["k"] == 0:
-            step_s[(where(d), "all")] = mean_call_s(batches, "target")
-            for b in batches:
-                step_s.setdefault((where(d), b.category),
-                                  mean_call_s([x for x in batches if x.category == b.category], "target"))
-    # greedy: each prompt's tokens at k = 0, per load and context, for the rows' greedy_match_k0
-    plain = {where(d): {r.prompt_id: r.output_token_ids for r in run.requests}
-             for d, run in loaded if d["point"]["k"] == 0 and (d.get("fingerprint") or {}).get("temperature") == 0
-             and all(r.prompt_id for r in run.requests)
-             and len({r.prompt_id for r in run.requests}) == len(run.requests)}  # ids that pair requests
-
-    def match_k0(d: dict, requests) -> dict:
-        base = plain.get(where(d)) if d["point"]["k"] > 0 else None
-        pairs = [r.output_token_ids == base[r.prompt_id] for r in requests if base and r.prompt_id in base]
-        if not pairs:
-            return {}
-        differ = [(r.prompt_id, base[r.prompt_id], r.output_token_ids) for r in requests
-                  if r.prompt_id in base and r.output_token_ids != base[r.prompt_id]]
-        count, note = greedy_numerical(d.get("greedy_divergences"), differ)
-        return {"greedy_match_k0": round(sum(pairs) / len(pairs), 4), "greedy_numerical": count, "note": note}
-
-    def with_greedy(row: PointResult, d: dict, requests) -> PointResult:
-        g = match_k0(d, requests)
-        note = g.pop("note", None)
-        return replace(row, **g, **({"notes": "; ".join(filter(None, [row.notes, note]))} if note else {}))
-
     for data, run in loaded:
-        requests, batches = run.requests, run.batches
-        point = GridPoint.from_json(data["point"])
-        backend = data["point"]["backend"]
-        cats = sorted({r.category for r in requests})
-        ran = {"runner": run.engine.get("runner"), "drafter": run.engine.get("drafter")}
-        rows.append(with_greedy(replace(summarize(backend, point, "all", requests, batches, data.get("startup_s"),
-                                                  step_s.get((where(data), "all")), run.telemetry,
-                                                  run.mtp_weight_bytes, run.notes, run.repeats), **ran),
-                                data, requests))
-        tokps[id(rows[-1])] = [r.get("output_tokens_per_sec") for r in run.repeats]
-        first = len(rows) - 1
-        if len(cats) > 1:
-            for c in cats:
-                bats = [b for b in batches if b.category == c]
-                # a served window mixes categories in flight: its counters and time cannot be split by
-                # category (acceptance then comes from the requests' own counts, where the server sent them)
-                note = [] if bats else ["tokens/s of a concurrent window is not split by category"]
-                mine = [r for r in requests if r.category == c]
-                rows.append(with_greedy(replace(summarize(backend, point, c, mine, bats, data.get("startup_s"),
-                                                          step_s.get((where(data), c)), notes=note), **ran),
-                                        data, mine))
+        mine = _point_rows(data, run, step_s, plain)
+        tokps[id(mine[0])] = [r.get("output_tokens_per_sec") for r in run.repeats]
         if run.engine.get("interpreted"):
-            untimed.update(id(r) for r in rows[first:])
+            untimed.update(id(r) for r in mine)
+        rows += mine
     for f in sorted(failures, key=lambda d: sort_key(d["point"])):
         p = GridPoint.from_json(f["point"])
         rows.append(PointResult(f["point"]["backend"], p.mode, p.k, p.mtp_layers, "all", "failed",
                                 runner=f.get("runner"), concurrency=p.concurrency, request_rate=f["point"].get("request_rate"),
                                 context_tokens=p.context_tokens, error=f["error"]))
+    return _with_speedups(rows, tokps, untimed)
 
+
+def _where(d: dict) -> tuple:
+    """A point file's load and context: what its k = 0 baseline shares with it."""
+    p = d["point"]
+    return p.get("concurrency"), p.get("request_rate"), p.get("context_tokens")
+
+
+def _target_step_s(loaded: list[tuple[dict, PointRun]]) -> dict:
+    """The target's decode-step time at k = 0 of the same load and context, per category: the unit of the
+    draft cost ratio c. Keys: (``_where``, category or "all")."""
+    step_s = {}
+    for d, run in loaded:
+        batches = run.batches
+        if d["point"]["k"] == 0:
+            step_s[(_where(d), "all")] = mean_call_s(batches, "target")
+            for b in batches:
+                step_s.setdefault((_where(d), b.category),
+                                  mean_call_s([x for x in batches if x.category == b.category], "target"))
+    return step_s
+
+
+def _greedy_k0_tokens(loaded: list[tuple[dict, PointRun]]) -> dict:
+    """Greedy sweeps: each prompt's tokens at k = 0, per load and context, for the rows' greedy_match_k0."""
+    return {_where(d): {r.prompt_id: r.output_token_ids for r in run.requests}
+            for d, run in loaded if d["point"]["k"] == 0 and (d.get("fingerprint") or {}).get("temperature") == 0
+            and all(r.prompt_id for r in run.requests)
+            and len({r.prompt_id for r in run.requests}) == len(run.requests)}  # ids that pair requests
+
+
+def _point_rows(data: dict, run: PointRun, step_s: dict, plain: dict) -> list[PointResult]:
+    """One point file's rows: the whole point first, then one per category where it has several."""
+    requests, batches = run.requests, run.batches
+    point = GridPoint.from_json(data["point"])
+    backend = data["point"]["backend"]
+    cats = sorted({r.category for r in requests})
+    ran = {"runner": run.engine.get("runner"), "drafter": run.engine.get("drafter")}
+    rows = [_with_greedy(replace(summarize(backend, point, "all", requests, batches, data.get("startup_s"),
+                                           step_s.get((_where(data), "all")), run.telemetry,
+                                           run.mtp_weight_bytes, run.notes, run.repeats), **ran),
+                         data, requests, plain)]
+    if len(cats) > 1:
+        for c in cats:
+            bats = [b for b in batches if b.category == c]
+            # a served window mixes categories in flight: its counters and time cannot be split by
+            # category (acceptance then comes from the requests' own counts, where the server sent them)
+            note = [] if bats else ["tokens/s of a concurrent window is not split by category"]
+            mine = [r for r in requests if r.category == c]
+            rows.append(_with_greedy(replace(summarize(backend, point, c, mine, bats, data.get("startup_s"),
+                                                       step_s.get((_where(data), c)), notes=note), **ran),
+                                     data, mine, plain))
+    return rows
+
+
+def _with_greedy(row: PointResult, d: dict, requests, plain: dict) -> PointResult:
+    """``row`` with the share of its prompts that kept the k = 0 tokens, and how many of the others left them
+    within rounding (greedy sweeps with a k = 0 point of the same load and context)."""
+    base = plain.get(_where(d)) if d["point"]["k"] > 0 else None
+    pairs = [r.output_token_ids == base[r.prompt_id] for r in requests if base and r.prompt_id in base]
+    if not pairs:
+        return row
+    differ = [(r.prompt_id, base[r.prompt_id], r.output_token_ids) for r in requests
+              if r.prompt_id in base and r.output_token_ids != base[r.prompt_id]]
+    count, note = greedy_numerical(d.get("greedy_divergences"), differ)
+    return replace(row, greedy_match_k0=round(sum(pairs) / len(pairs), 4), greedy_numerical=count,
+                   **({"notes": "; ".join(filter(None, [row.notes, note]))} if note else {}))
+
+
+def _with_speedups(rows: list[PointResult], tokps: dict[int, list], untimed: set[int]) -> list[PointResult]:
+    """Each row's speedup over the k = 0 row of its load, with the interval of the ratio of medians; the
+    timings of ``untimed`` rows left null."""
     def load(r: PointResult) -> tuple:
         return r.backend, r.category, r.concurrency, r.request_rate, r.context_tokens
 

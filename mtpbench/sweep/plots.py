@@ -60,22 +60,40 @@ def plots(out: Path, rows: list[PointResult]) -> list[Path]:
     lines = _lines(rows)
     if not lines:
         return []
-    paths = []
     order = sorted(lines, key=lambda key: tuple(-1 if x is None else x for x in key[1:]) + (key[0],))
+    paths = [acceptance_plot(out, rows, lines, order, plt), throughput_plot(out, rows, lines, order, plt),
+             per_position_plot(out, rows, lines, order, plt)]
+    if any(key[2] is not None for key in lines):
+        paths.append(serving_plot(out, rows, plt))
+    if any(r.position_bucket_start for r in rows if r.k > 0) or any(key[4] is not None for key in lines):
+        paths.append(context_plot(out, rows, plt))
+    return paths
 
+
+def _ks(lines: dict[tuple, list[PointResult]]) -> list[int]:
+    return sorted({r.k for pts in lines.values() for r in pts})
+
+
+def acceptance_plot(out: Path, rows: list[PointResult], lines: dict[tuple, list[PointResult]], order: list[tuple],
+                    plt) -> Path:
+    """AL vs k, one line per ``_lines`` key in ``order``, with the k + 1 upper bound."""
     fig, ax = plt.subplots(figsize=(6, 4))
     for key in order:
         pts = lines[key]
         ax.errorbar([r.k for r in pts], [r.acceptance_length for r in pts], yerr=_yerr(pts, "acceptance_length"),
                     marker="o", capsize=3, label=_line_label(*key))
-    ks = sorted({r.k for pts in lines.values() for r in pts})
+    ks = _ks(lines)
     ax.plot(ks, [k + 1 for k in ks], ":", color="grey", label="upper bound k+1")
     ax.set(xlabel="num_speculative_tokens k", ylabel="acceptance length",
            title="Acceptance length vs k (bars: 95 % CI over prompts)", xticks=ks)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
-    paths.append(_save(fig, out / "acceptance_length.png", plt, rows))
+    return _save(fig, out / "acceptance_length.png", plt, rows)
 
+
+def throughput_plot(out: Path, rows: list[PointResult], lines: dict[tuple, list[PointResult]], order: list[tuple],
+                    plt) -> Path:
+    """Tokens/s vs k, and the measured and theoretical speedup vs k; hollow markers where there is no interval."""
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
     bare = []
     for key in order:
@@ -92,13 +110,17 @@ def plots(out: Path, rows: list[PointResult]) -> list[Path]:
     a1.set(xlabel="k", ylabel="output tokens/sec", title="Throughput")
     a2.set(xlabel="k", ylabel="speedup vs k=0", title="Speedup (dashed: (1-a^(k+1))/((1-a)(kc+1)))")
     for a in (a1, a2):
-        a.set_xticks(ks)
+        a.set_xticks(_ks(lines))
         a.grid(alpha=0.3)
         a.legend(fontsize=7)
     if any(bare):
         fig.suptitle("hollow markers: " + NO_INTERVAL, fontsize=7)
-    paths.append(_save(fig, out / "throughput.png", plt, rows))
+    return _save(fig, out / "throughput.png", plt, rows)
 
+
+def per_position_plot(out: Path, rows: list[PointResult], lines: dict[tuple, list[PointResult]], order: list[tuple],
+                      plt) -> Path:
+    """The joint acceptance rate per draft position of each line's largest k, as grouped bars."""
     fig, ax = plt.subplots(figsize=(7, 4))
     tops = [max((r for r in lines[key] if r.k > 0), key=lambda r: r.k) for key in order]
     width = 0.8 / len(tops)
@@ -121,12 +143,7 @@ def plots(out: Path, rows: list[PointResult]) -> list[Path]:
            xticklabels=range(npos))
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3, axis="y")
-    paths.append(_save(fig, out / "per_position.png", plt, rows))
-    if any(key[2] is not None for key in lines):
-        paths.append(serving_plot(out, rows, plt))
-    if any(r.position_bucket_start for r in rows if r.k > 0) or any(key[4] is not None for key in lines):
-        paths.append(context_plot(out, rows, plt))
-    return paths
+    return _save(fig, out / "per_position.png", plt, rows)
 
 
 def context_plot(out: Path, rows: list[PointResult], plt) -> Path:

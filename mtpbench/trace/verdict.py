@@ -69,9 +69,6 @@ def _judge_observed(records: list[CallRecord], num_layers: int, k: int, layer_by
     unused = [j for j in scheduled if j not in ran and -1 not in ran]
     unused_bytes = sum(layer_bytes[j] for j in unused if j < len(layer_bytes))
     wrapper_seen = sorted({str(r.wrapper_spec_step_idx) for r in records})
-    never_reached = all(_is_zero_or_absent(r.wrapper_spec_step_idx) for r in records)
-
-    decisive = sorted({r.draft_step for r in records if r.draft_step % num_layers != 0})  # steps that tell
     multi = [r for r in records if r.executed_layer == -1]
     if multi:
         return Verdict("multi-layer calls", [
@@ -79,57 +76,73 @@ def _judge_observed(records: list[CallRecord], num_layers: int, k: int, layer_by
             f"{multi[0].layers_run} at step {multi[0].draft_step}): the drafter chains its layers inside one "
             "forward, so no step-to-layer schedule applies", f"layers run per step: {steps}"])
     if all(r.executed_layer == r.expected_layer for r in records):
-        if num_layers == 1:
-            return Verdict("inconclusive", [
-                f"with a single MTP layer every schedule runs layer 0: layer-0 reuse and multi-module coincide "
-                f"({steps})", f"spec_step_idx received by the wrapper: {', '.join(wrapper_seen)}"])
-        if not decisive:
-            why = ("k = 1 drafts one step" if k == 1 else
-                   f"only draft step(s) {sorted({r.draft_step for r in records})} were called (k = {k})")
-            return Verdict("inconclusive", [
-                f"{why}, and every schedule runs layer 0 there ({steps}): trace with k >= {num_layers} "
-                f"(k = {2 * num_layers} shows the wrap-around) to tell reuse from multi-module",
-                f"spec_step_idx received by the wrapper: {', '.join(wrapper_seen)}"])
-        if unused:
-            return Verdict("mismatch", [
-                f"the steps that were called ran layer s mod {num_layers} ({steps}), but layers {unused}, which "
-                f"k = {k} schedules, never ran: the proposer made fewer than k draft calls per proposal"],
-                unused, unused_bytes)
-        ev = [f"every draft step s ran layer s mod {num_layers}: {steps}",
-              f"spec_step_idx received by the wrapper: {', '.join(wrapper_seen)}"]
-        if k < num_layers:
-            ev.append(f"k = {k} < {num_layers} layers: layers {list(range(k, num_layers))} are not scheduled at "
-                      f"this k (k >= {num_layers} exercises them all)")
-        return Verdict("multi-module", ev, unused, unused_bytes)
+        return _as_scheduled(records, num_layers, k, steps, wrapper_seen, unused, unused_bytes)
     if all(r.executed_layer == 0 for r in records):
-        swallowed = [r for r in records if isinstance(r.wrapper_spec_step_idx, int) and r.wrapper_spec_step_idx > 0
-                     and _is_zero_or_absent(r.predictor_spec_step_idx)]
-        if swallowed:
-            r = swallowed[0]
-            return Verdict("swallowed", [
-                f"{len(swallowed)} call(s): the wrapper received spec_step_idx={r.wrapper_spec_step_idx} but the "
-                f"predictor ({r.predictor or 'the layers holder'}) received {r.predictor_spec_step_idx} (first at "
-                f"proposal {r.proposal}, step {r.draft_step}), so layer 0 ran", f"layers run per step: {steps}"],
-                unused, unused_bytes)
-        ignored = [r for r in records if isinstance(r.predictor_spec_step_idx, int)
-                   and r.predictor_spec_step_idx % num_layers != 0]
-        if ignored:
-            r = ignored[0]
-            return Verdict("mismatch", [
-                f"the predictor ({r.predictor or 'the layers holder'}) received spec_step_idx="
-                f"{r.predictor_spec_step_idx} at proposal {r.proposal}, step {r.draft_step}, but layer 0 ran: the "
-                f"model ignores the index it gets", f"layers run per step: {steps}"], unused, unused_bytes)
-        ev = [f"every draft step ran layer 0: {steps}",
-              f"spec_step_idx {'never reached the model' if never_reached else 'reached the predictor only as 0'} "
-              f"(wrapper received: {', '.join(wrapper_seen)})"]
-        if unused:
-            ev.append(f"layers a correct schedule at k = {k} would run but never ran: {unused}, holding "
-                      f"{unused_bytes} bytes of weights in the checkpoint")
-        return Verdict("layer-0 reuse", ev, unused, unused_bytes)
+        return _layer_zero_only(records, num_layers, k, steps, wrapper_seen, unused, unused_bytes)
     bad = next((r for r in records if r.executed_layer != r.expected_layer), records[0])
     return Verdict("mismatch", [
         f"proposal {bad.proposal}, step {bad.draft_step} ran layer {bad.executed_layer}, expected "
         f"{bad.expected_layer}", f"layers run per step: {steps}"], unused, unused_bytes)
+
+
+def _as_scheduled(records: list[CallRecord], num_layers: int, k: int, steps: str, wrapper_seen: list[str],
+                  unused: list[int], unused_bytes: int) -> Verdict:
+    """Every call ran the layer a correct schedule picks (step s runs layer s mod L): multi-module, unless the
+    steps called cannot tell it from reuse, or some scheduled layer never ran."""
+    decisive = sorted({r.draft_step for r in records if r.draft_step % num_layers != 0})  # steps that tell
+    if num_layers == 1:
+        return Verdict("inconclusive", [
+            f"with a single MTP layer every schedule runs layer 0: layer-0 reuse and multi-module coincide "
+            f"({steps})", f"spec_step_idx received by the wrapper: {', '.join(wrapper_seen)}"])
+    if not decisive:
+        why = ("k = 1 drafts one step" if k == 1 else
+               f"only draft step(s) {sorted({r.draft_step for r in records})} were called (k = {k})")
+        return Verdict("inconclusive", [
+            f"{why}, and every schedule runs layer 0 there ({steps}): trace with k >= {num_layers} "
+            f"(k = {2 * num_layers} shows the wrap-around) to tell reuse from multi-module",
+            f"spec_step_idx received by the wrapper: {', '.join(wrapper_seen)}"])
+    if unused:
+        return Verdict("mismatch", [
+            f"the steps that were called ran layer s mod {num_layers} ({steps}), but layers {unused}, which "
+            f"k = {k} schedules, never ran: the proposer made fewer than k draft calls per proposal"],
+            unused, unused_bytes)
+    ev = [f"every draft step s ran layer s mod {num_layers}: {steps}",
+          f"spec_step_idx received by the wrapper: {', '.join(wrapper_seen)}"]
+    if k < num_layers:
+        ev.append(f"k = {k} < {num_layers} layers: layers {list(range(k, num_layers))} are not scheduled at "
+                  f"this k (k >= {num_layers} exercises them all)")
+    return Verdict("multi-module", ev, unused, unused_bytes)
+
+
+def _layer_zero_only(records: list[CallRecord], num_layers: int, k: int, steps: str, wrapper_seen: list[str],
+                     unused: list[int], unused_bytes: int) -> Verdict:
+    """Every call ran layer 0 where the schedule wanted others: the index was swallowed on the way to the
+    predictor, ignored by the model, or never passed (layer-0 reuse)."""
+    swallowed = [r for r in records if isinstance(r.wrapper_spec_step_idx, int) and r.wrapper_spec_step_idx > 0
+                 and _is_zero_or_absent(r.predictor_spec_step_idx)]
+    if swallowed:
+        r = swallowed[0]
+        return Verdict("swallowed", [
+            f"{len(swallowed)} call(s): the wrapper received spec_step_idx={r.wrapper_spec_step_idx} but the "
+            f"predictor ({r.predictor or 'the layers holder'}) received {r.predictor_spec_step_idx} (first at "
+            f"proposal {r.proposal}, step {r.draft_step}), so layer 0 ran", f"layers run per step: {steps}"],
+            unused, unused_bytes)
+    ignored = [r for r in records if isinstance(r.predictor_spec_step_idx, int)
+               and r.predictor_spec_step_idx % num_layers != 0]
+    if ignored:
+        r = ignored[0]
+        return Verdict("mismatch", [
+            f"the predictor ({r.predictor or 'the layers holder'}) received spec_step_idx="
+            f"{r.predictor_spec_step_idx} at proposal {r.proposal}, step {r.draft_step}, but layer 0 ran: the "
+            f"model ignores the index it gets", f"layers run per step: {steps}"], unused, unused_bytes)
+    never_reached = all(_is_zero_or_absent(r.wrapper_spec_step_idx) for r in records)
+    ev = [f"every draft step ran layer 0: {steps}",
+          f"spec_step_idx {'never reached the model' if never_reached else 'reached the predictor only as 0'} "
+          f"(wrapper received: {', '.join(wrapper_seen)})"]
+    if unused:
+        ev.append(f"layers a correct schedule at k = {k} would run but never ran: {unused}, holding "
+                  f"{unused_bytes} bytes of weights in the checkpoint")
+    return Verdict("layer-0 reuse", ev, unused, unused_bytes)
 
 
 def loaded_vs_checkpoint(checkpoint_layers: int, loaded_layers: int, layer_bytes: list[int]) -> list[str]:
