@@ -162,6 +162,14 @@ def token_stream(tok, texts: list[str]) -> torch.Tensor:
     return torch.tensor(ids, dtype=torch.long)
 
 
+def log_step(log, step: int, main, mtp, t0: float) -> dict:
+    """One training log row (the main and each MTP layer's loss, elapsed seconds), logged as JSON."""
+    row = {"step": step, "loss_main": round(main.item(), 4), "loss_mtp": [round(v.item(), 4) for v in mtp],
+           "elapsed_s": round(time.time() - t0, 1)}
+    log(json.dumps(row))
+    return row
+
+
 def _pretrain(m: MiMoModel, data: torch.Tensor, steps: int, batch: int, seq_len: int, seed: int, lr: float,
               t0: float, log) -> list[dict]:
     """Train the target and the MTP chain together on random windows of ``data`` (AdamW, linear warm-up then
@@ -182,10 +190,7 @@ def _pretrain(m: MiMoModel, data: torch.Tensor, steps: int, batch: int, seq_len:
         torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
         opt.step()
         if step % 20 == 0 or step == steps - 1:
-            row = {"step": step, "loss_main": round(main.item(), 4),
-                   "loss_mtp": [round(v.item(), 4) for v in mtp], "elapsed_s": round(time.time() - t0, 1)}
-            history.append(row)
-            log(json.dumps(row))
+            history.append(log_step(log, step, main, mtp, t0))
     return history
 
 
@@ -270,10 +275,7 @@ def finetune_mtp(src: Path, steps: int | None = None, log=print) -> tuple[dict, 
             torch.nn.utils.clip_grad_norm_(mtp, 1.0)
             opt.step()
             if step % 20 == 0 or step == steps - 1:
-                row = {"step": step, "loss_main": round(main.item(), 4),
-                       "loss_mtp": [round(v.item(), 4) for v in losses], "elapsed_s": round(time.time() - t0, 1)}
-                history.append(row)
-                log(json.dumps(row))
+                history.append(log_step(log, step, main, losses, t0))
     finally:
         torch.set_num_threads(threads)
     tensors = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in m.state_dict().items()
