@@ -64,6 +64,9 @@ class BackendBase:
     greedy_divergences: Callable | None = None
     # trace-layers: (cfg, mode, k, mtp_layers, prompts) -> the tracer's records and counters
     trace_point: Callable | None = None
+    # trace-matrix: (cfg, k, prompts, forces, cpu=, workers=) -> one checkpoint loaded under load_check and traced
+    # once per entry of forces (as the engine drafts, and with spec_step_idx forced); vLLM's
+    inspect: Callable | None = None
 
     def grid_k(self) -> int | None:
         """An attached server's own k, after ``start`` (None: the backend runs the k it is given)."""

@@ -2,7 +2,7 @@
 with ``--force-spec-step-idx``}, one verdict per cell.
 
 Each architecture gets its synthetic checkpoint (``mtpbench.synth``, cached) and one engine in a worker
-process (``VllmBackend.inspect``), which loads it under ``mtpbench.load_check``, traces a short
+process (the vLLM backend's ``inspect``), which loads it under ``mtpbench.load_check``, traces a short
 generation as the installed vLLM drafts, then again with ``spec_step_idx`` forced to the draft step.
 An architecture that fails to build or start becomes cells that say why; the matrix goes on.
 
@@ -41,9 +41,9 @@ class MatrixInterrupted(KeyboardInterrupt):
 
 def run_arch(arch, k: int | None, max_tokens: int, cpu: int | None, workers=None, runner: str | None = None) -> list[Cell]:
     """Build (or reuse), start, load-check and trace one architecture on one vLLM model runner (None: the
-    one vLLM picks here), through ``VllmBackend.inspect``; failures become cells. ``workers``: a
+    one vLLM picks here), through the vLLM backend's ``inspect``; failures become cells. ``workers``: a
     ``procguard.Workers`` that can stop this architecture's engines (Ctrl-C)."""
-    from mtpbench.backends.vllm import VllmBackend
+    from mtpbench.backends import get_backend
     from mtpbench.checkpoint import drafter_layers, mtp_layer_bytes, num_hidden_layers, num_mtp_layers, read_config
     from mtpbench.config import SweepConfig
     from mtpbench.prompts import prompt_set
@@ -65,7 +65,7 @@ def run_arch(arch, k: int | None, max_tokens: int, cpu: int | None, workers=None
                       max_tokens=max_tokens, draft_model=str(mtp_dir) if arch.separate_draft else None,
                       engine_args={**arch.engine_args, "enforce_eager": True}, runner=runner)
     try:
-        data = VllmBackend().inspect(cfg, k, prompts, [d == "forced" for d in DRAFTING], cpu=cpu, workers=workers)
+        data = get_backend("vllm").inspect(cfg, k, prompts, [d == "forced" for d in DRAFTING], cpu=cpu, workers=workers)
     except Exception as e:  # RuntimeError from the worker, or a result that cannot be read
         return cells_for(arch, k, declared, None, f"{type(e).__name__}: {e}"[:2000], "did not start", runner=runner)
     data["layer_bytes"] = mtp_layer_bytes(mtp_dir, drafter=arch.separate_draft)
