@@ -73,6 +73,13 @@ class VllmServerBackend(BackendBase):
         # the dtype a launched server is started with; an attached server's cannot be read from outside
         return {**self.facts, "dtype": None if cfg.server else cfg.dtype}
 
+    def servers(self) -> check.CheckServers:
+        """check-lossless's servers: ``start``'s, or, on a backend not started for a check (a sweep asking for
+        greedy margins), the attached server alone or none, which refuse a k = 0 arm in one line."""
+        if self.check_servers is None:
+            self.check_servers = check.CheckServers(self.cfg, self.facts, self.server if self.cfg.server else None)
+        return self.check_servers
+
     def grid_k(self) -> int | None:
         """An attached server's k (None for a launched one, whose k the sweep chooses)."""
         return self.facts.get("k") if self.facts.get("attached") else None
@@ -131,7 +138,7 @@ class VllmServerBackend(BackendBase):
         request seed (``check``'s docstring): ``seed`` is a launched server's engine seed when this arm starts
         it. The drafting arm's spec-decode counters (/metrics deltas) are kept in ``last_counters``, the
         server's facts in ``last_engine``, the seed its draws came from in ``last_seed`` (``arm_seed``)."""
-        arm = check.sample_arm(self.check_servers, cfg, ids, k, seed, n, temperature, max_tokens,
+        arm = check.sample_arm(self.servers(), cfg, ids, k, seed, n, temperature, max_tokens,
                                speculative_overrides, batch_size)
         self.last_counters, self.last_engine, self.last_seed = arm.counters, arm.engine, arm.seed
         return arm.continuations
@@ -143,7 +150,7 @@ class VllmServerBackend(BackendBase):
         k = 0 server (the offline backend's maths, ``backends.vllm.scores``): vLLM's prompt log-probs are
         of the raw logits, the law at T = 1; at any other T the server returns the whole vocabulary at each
         position and the scores are renormalized, lp / T - logsumexp(lp / T)."""
-        return check.target_logprobs(self.check_servers, ids, continuations, temperature)
+        return check.target_logprobs(self.servers(), ids, continuations, temperature)
 
     @check.check_call
     def target_moments(self, ids: list[list[int]], continuations: list[list[int]],
@@ -152,13 +159,13 @@ class VllmServerBackend(BackendBase):
         ``temperature`` (check-lossless's one-sample test), from the k = 0 server's whole-vocabulary prompt
         log-probs: a launched baseline runs with --max-logprobs -1; ``errors.Unavailable`` where an attached one
         caps them, or where the vocabulary is too large (``scoring.moments_vocab``)."""
-        return check.target_moments(self.check_servers, ids, continuations, temperature)
+        return check.target_moments(self.servers(), ids, continuations, temperature)
 
     @check.check_call
     def logprob_noise(self, ids: list[list[int]], continuations: list[list[int]]) -> float:
         """The largest |change| of a teacher-forced T = 1 log-prob between every row sent at once and each row
         alone (one request in flight), on the same k = 0 server: only the batch composition differs."""
-        return check.logprob_noise(self.check_servers, ids, continuations)
+        return check.logprob_noise(self.servers(), ids, continuations)
 
     @check.check_call
     def greedy_divergences(self, ids: list[list[int]], k0: list[list[int]], spec: list[list[int]]) -> list:
@@ -166,7 +173,7 @@ class VllmServerBackend(BackendBase):
         (``scoring.Divergence``), or None; from the k = 0 server's prompt log-probs over the prompt and the
         shared prefix (top 2 with the k0 token, and the spec token's own). Margin and gap are differences of
         raw log-probs, equal to those of the logits."""
-        return check.greedy_divergences(self.check_servers, ids, k0, spec)
+        return check.greedy_divergences(self.servers(), ids, k0, spec)
 
     # -- launched servers -----------------------------------------------------------------------------
 
