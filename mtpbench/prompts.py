@@ -134,6 +134,12 @@ def load_tokenizer(model_dir):
         raise MtpBenchError(f"{path}: cannot load tokenizer ({str(e)[:200]})") from None
 
 
+def token_ids(tokenizer, prompts: list[Prompt]) -> list[list[int]]:
+    """Each prompt's token ids as every backend sends them: a prompt rendered through the chat template already
+    holds its special tokens, any other gets the tokenizer's."""
+    return [tokenizer.encode(p.text, add_special_tokens=not p.templated).ids for p in prompts]
+
+
 def with_context(prompts: list[Prompt], spec: str, n_tokens: int, tokenizer) -> list[Prompt]:
     """Each prompt preceded by ``n_tokens`` tokens of real text held out from the measurement: prompts of
     the same set that are not measured in this run, then (if those run short) measured ones, never the

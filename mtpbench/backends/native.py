@@ -17,7 +17,7 @@ from mtpbench.config import SweepConfig
 from mtpbench.engine import Faults, Generation
 from mtpbench.errors import MtpBenchError
 from mtpbench.metrics import BatchRecord, GridPoint, PointRun, RequestRecord
-from mtpbench.prompts import Prompt, batches, load_tokenizer  # noqa: F401 (load_tokenizer re-exported)
+from mtpbench.prompts import Prompt, batches, load_tokenizer, token_ids  # noqa: F401 (load_tokenizer re-exported)
 from mtpbench.scoring import max_abs_change
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -67,8 +67,7 @@ class NativeBackend(BackendBase):
                 "torch": torch.__version__, "startup_s": round(self.startup_s, 3)}
 
     def encode(self, prompts: list[Prompt]) -> list[list[int]]:
-        # a prompt rendered through the chat template already holds its special tokens
-        return [self.tokenizer.encode(p.text, add_special_tokens=not p.templated).ids for p in prompts]
+        return token_ids(self.tokenizer, prompts)
 
     def generation(self, cfg: SweepConfig, ids, k, mode, mtp_layers, max_tokens) -> Generation:
         torch.manual_seed(cfg.seed)

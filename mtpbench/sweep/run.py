@@ -121,10 +121,9 @@ def window_problem(cfg: SweepConfig, prompts, window) -> str | None:
     window, if it does not: said in one line, instead of an engine error or positions the model never saw."""
     if window is None:
         return None
-    from mtpbench.prompts import load_tokenizer
+    from mtpbench.prompts import load_tokenizer, token_ids
 
-    tok = load_tokenizer(cfg.model_dir)
-    longest = max(len(tok.encode(p.text, add_special_tokens=not p.templated).ids) for p in prompts)
+    longest = max(len(ids) for ids in token_ids(load_tokenizer(cfg.model_dir), prompts))
     need = longest + cfg.max_tokens + max(cfg.k, default=0)  # the verify step reaches k positions past the output
     limit, source = window
     if need > limit:

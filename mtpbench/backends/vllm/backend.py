@@ -93,10 +93,9 @@ class VllmBackend(BackendBase):
         """Token ids as the native backend encodes them (the checkpoint's tokenizer.json; a chat-templated
         prompt without added special tokens, as ``engine_prompts``): every arm and every score then works
         on the same ids, sent to vLLM as token prompts."""
-        from mtpbench.prompts import load_tokenizer
+        from mtpbench.prompts import load_tokenizer, token_ids
 
-        tok = load_tokenizer(self.cfg.model_dir)
-        return [tok.encode(p.text, add_special_tokens=not p.templated).ids for p in prompts]
+        return token_ids(load_tokenizer(self.cfg.model_dir), prompts)
 
     def sample_arm(self, cfg: SweepConfig, prompts: list, k: int, seed: int, n: int, temperature: float,
                    max_tokens: int, speculative_overrides: dict | None = None,

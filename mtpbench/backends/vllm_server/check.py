@@ -39,10 +39,9 @@ def encode(model_dir, prompts: list) -> list[list[int]]:
     """Token ids as the native backend encodes them (the checkpoint's tokenizer.json; a chat-templated
     prompt without added special tokens): every arm and every score then works on the same ids, sent to the
     server as token prompts."""
-    from mtpbench.prompts import load_tokenizer
+    from mtpbench.prompts import load_tokenizer, token_ids
 
-    tok = load_tokenizer(model_dir)
-    return [tok.encode(p.text, add_special_tokens=not p.templated).ids for p in prompts]
+    return token_ids(load_tokenizer(model_dir), prompts)
 
 
 def arm_seed(asked: int, k: int, facts: dict, started: bool) -> dict:
