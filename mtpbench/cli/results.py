@@ -12,11 +12,22 @@ from mtpbench.cli.common import fail, show
 from mtpbench.errors import MtpBenchError
 
 
-def report(out: Annotated[Path, typer.Argument(help="A sweep or trace-matrix output directory.")]) -> None:
+def report(out: Annotated[Path, typer.Argument(help="A sweep, tune or trace-matrix output directory.")]) -> None:
     """Rebuild the table, summary.csv/json and plots from a sweep's saved JSON files (a trace-matrix's
     matrix.csv/md/png from its matrix.json)."""
     from mtpbench.sweep.report import build
+    from mtpbench.tune.report import is_tune_dir
 
+    if is_tune_dir(out):
+        from mtpbench.cli.tune import show_result
+        from mtpbench.tune.report import build as build_tune
+
+        try:
+            result = build_tune(out)
+        except MtpBenchError as e:
+            fail(str(e))
+        show_result(result, str(out))
+        return
     if (out / "matrix.json").is_file() and not (out / "run.json").exists():
         from mtpbench.matrix import rebuild
 

@@ -3,8 +3,7 @@ hand-made costs (points built from a known cost model must give that model back)
 
 import pytest
 
-from mtpbench.tune.choose import (best_single_k, check_schedule, choose, decision, schedule,
-                                  speculative_config)
+from mtpbench.tune.choose import best_single_k, check_schedule, choose, decision, schedule, speculative_config
 from mtpbench.tune.model import Measured, Model, expected_tokens, held_out, joint_acceptance
 
 

@@ -1,0 +1,113 @@
+"""``mtpbench tune``: options to a TuneConfig, ``mtpbench.tune.run_tune`` under a progress bar, the decision."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Annotated, Optional
+
+import typer
+
+from mtpbench.cli.common import connection_options, engine_args, fail, ints, model_or_profile, strs
+from mtpbench.cli.options import Dtype, EngineArg, MaxModelLen, ModelOrProfile, Runner, Seed, ServerAccess, grouped
+from mtpbench.errors import MtpBenchError
+
+# a tune's own defaults (its sweeps otherwise take the sweep's): k 0-4, enough prompts for the largest batch,
+# short outputs, and the repeats a ratio of tokens/s needs for an interval
+DEFAULTS = {"k": (0, 1, 2, 3, 4), "num_prompts": 16, "max_tokens": 64, "repeats": 3}
+
+
+@grouped
+def tune(
+    model: ModelOrProfile = None,
+    backend: Annotated[Optional[str], typer.Option(help="native or vllm (over --batch-size), vllm-server (over --concurrency; launched, or attached with --server).")] = None,
+    k: Annotated[Optional[str], typer.Option("--k", help="num_speculative_tokens values to measure, with 0 (default: 0,1,2,3,4).")] = None,
+    batch_size: Annotated[Optional[str], typer.Option("--batch-size", help="Offline backends: the loads, batch sizes (default: 1,2,4,8,16).")] = None,
+    concurrency: Annotated[Optional[str], typer.Option(help="vllm-server: the loads, requests in flight (default: 1,2,4,8).")] = None,
+    mtp_layers: Annotated[Optional[int], typer.Option(help="MTP layers of the drafter (default: all the checkpoint has).")] = None,
+    mode: Annotated[Optional[str], typer.Option(help="native backend: the drafting mode to tune, reuse (as vLLM's V1 drafts) or chain (default: reuse).")] = None,
+    prompts: Annotated[Optional[str], typer.Option(help="builtin, spec-bench, mt-bench or a JSONL file.")] = None,
+    num_prompts: Annotated[Optional[int], typer.Option(help="Prompts per point (default: 16, at least the largest batch).")] = None,
+    max_tokens: Annotated[Optional[int], typer.Option(help="Output tokens per prompt (default: 64).")] = None,
+    repeats: Annotated[Optional[int], typer.Option(help="Timed runs per point, at least 3 (default: 3).")] = None,
+    seed: Seed = None,
+    dtype: Dtype = None,
+    max_model_len: MaxModelLen = None,
+    engine_arg: EngineArg = None,
+    runner: Runner = None,
+    server: Annotated[Optional[list[str]], typer.Option(help="An attached vLLM server (repeatable): one drafting and one of the same model without drafting (the k = 0 baseline).")] = None,
+    access: ServerAccess = ServerAccess(),
+    from_: Annotated[Optional[list[str]], typer.Option("--from", help="Read these sweep directories (or a tune's) instead of running sweeps (repeatable).")] = None,
+    validate: Annotated[bool, typer.Option("--validate", help="Run the schedule (vLLM's dynamic speculative decoding on vllm and vllm-server) beside the best fixed k of each load and the best single k.")] = False,
+    schedule: Annotated[Optional[str], typer.Option(help="With --validate: validate these ranges instead of the chosen ones, e.g. '[[1,2,3],[3,16,1]]'.")] = None,
+    profile: Annotated[Optional[str], typer.Option(help="Profile name or .toml path (its sweep settings).")] = None,
+    out: Annotated[str, typer.Option(help="Output directory.")] = "tune",
+) -> None:
+    """Choose the k to run at every load: measure k x load, choose with intervals, predict, write vLLM's schedule."""
+    from mtpbench.config import resolve
+    from mtpbench.tune.run import DEFAULT_LOADS, TuneConfig, run_tune
+
+    model, profile = model_or_profile(model, profile)
+    reach, header_values = connection_options(access)
+    servers = tuple(server or ())
+    try:
+        cfg = resolve(dict(model=model, backend="vllm-server" if servers else backend, k=ints(k, "--k"),
+                           mtp_layers=(mtp_layers,) if mtp_layers else None, mode=strs(mode), prompts=prompts,
+                           num_prompts=num_prompts, max_tokens=max_tokens, repeats=repeats, seed=seed, dtype=dtype,
+                           max_model_len=max_model_len, engine_args=engine_args(engine_arg), runner=runner,
+                           out=out, **reach), profile, defaults=DEFAULTS)
+        cfg = replace(cfg, header_values=header_values, mode=cfg.mode if mode or cfg.backend != "native"
+                      else ("reuse",))
+        tc = TuneConfig(cfg, out=out, sources=tuple(from_ or ()), servers=servers, mode=cfg.mode[0]
+                        if mode else None, validate=validate, schedule=parse_schedule(schedule))
+        loads = ints(concurrency if tc.unit == "concurrency" else batch_size, "--load")
+        other = batch_size if tc.unit == "concurrency" else concurrency
+        if other:
+            fail(f"--{'batch-size' if tc.unit == 'concurrency' else 'concurrency'} is the load of "
+                 f"{'offline' if tc.unit == 'concurrency' else 'served'} runs; {cfg.backend} takes "
+                 f"--{'concurrency' if tc.unit == 'concurrency' else 'batch-size'}")
+        tc = replace(tc, loads=loads or DEFAULT_LOADS[tc.unit])
+        from mtpbench.cli.sweep import progress_callback
+
+        on_point, stop_bar = progress_callback()
+        try:
+            result = run_tune(tc, on_point)
+        finally:
+            stop_bar()
+    except MtpBenchError as e:
+        fail(str(e))
+    show_result(result, out)
+
+
+def parse_schedule(text: Optional[str]) -> Optional[tuple]:
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        fail(f"--schedule takes a JSON list of [start, end, k] ranges: {err.msg} at character {err.pos}")
+    if not isinstance(value, list):
+        fail(f"--schedule takes a JSON list of [start, end, k] ranges, got {type(value).__name__}")
+    return tuple(tuple(r) if isinstance(r, list) else r for r in value)
+
+
+def show_result(result: dict, out: str) -> None:
+    from mtpbench.tune.markdown import measured_table, why_not
+
+    typer.echo("\n".join(measured_table(result)))
+    p = result["prediction"]
+    typer.echo(f"\nprediction: held-out error median {p['held_out_abs_error_median']:.1%}, worst "
+               f"{p['held_out_abs_error_max']:.1%}; predicted best k = measured best k at {p['best_k_agrees']} of "
+               f"{len(p['best_k'])} loads")
+    reason = why_not(result)
+    if reason:
+        typer.echo(reason)
+    spec = result["speculative_config"]
+    typer.echo(f"\ndecision: {result['decision']}")
+    typer.echo(f"--speculative-config '{json.dumps(spec)}'" if spec else "no --speculative-config: don't draft")
+    for r in (result.get("validation") or {}).get("rows") or []:
+        if r["verdict"]:
+            typer.echo(f"validate: {result['unit']} {r['load']}: schedule / {r['arm']} (k = {r['k']}) = "
+                       f"{r['schedule_ratio']:.3f} [{r['schedule_ratio_ci_low']:.3f}, "
+                       f"{r['schedule_ratio_ci_high']:.3f}]: {r['verdict']}")
+    typer.echo(f"\nwrote {out}/schedule.json, tune.json, tune.md, tune.csv, tune.png")

@@ -1,0 +1,117 @@
+"""From a tune's measured points to its answer: one ``TuneRow`` per (load, k), measured or predicted; the choice
+at each measured load; the schedule as vLLM takes it; the costs behind it; and how well the model predicted."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from mtpbench.stats import median_ci, median_ratio_ci
+from mtpbench.tune.choose import RULE, best_single_k, check_schedule, choose, decision, schedule, speculative_config
+from mtpbench.tune.model import Model, expected_tokens, held_out
+from mtpbench.tune.points import Sweeps
+
+PREDICT_EXTRA_K = 1  # the prediction also covers this many k beyond the largest measured
+
+
+@dataclass
+class TuneRow:
+    """One (load, k): measured (median of its repeats, with intervals) or only predicted."""
+
+    load: int
+    k: int
+    measured: bool
+    output_tokens_per_sec: float | None = None
+    output_tokens_per_sec_ci_low: float | None = None  # of the median (order statistics; from 6 repeats)
+    output_tokens_per_sec_ci_high: float | None = None
+    num_repeats: int | None = None
+    speedup: float | None = None  # tokens/s over the same load's k = 0
+    speedup_ci_low: float | None = None  # stats.median_ratio_ci over both points' repeats
+    speedup_ci_high: float | None = None
+    acceptance_length: float | None = None
+    predicted_tokens_per_sec: float | None = None
+    predicted_speedup: float | None = None
+    fit_error: float | None = None  # (predicted - measured) / measured, this point in the fit
+    held_out_error: float | None = None  # the same, predicted without this point (model.held_out)
+    chosen: bool = False  # the choice at this measured load (choose.RULE)
+    scheduled_k: int | None = None  # the schedule's k at this load
+
+
+def _r(x: float | None, nd: int = 4) -> float | None:
+    return None if x is None else round(x, nd)
+
+
+def measured_rows(sweeps: Sweeps, model: Model) -> list[TuneRow]:
+    base = {m.load: m for m in sweeps.points if m.k == 0}
+    rows = []
+    for m in sweeps.points:
+        ci, sp = median_ci(m.tokps), median_ratio_ci(m.tokps, base[m.load].tokps) if m.k else (1.0, 1.0)
+        pred, loo = model.predict(m.k, m.load), held_out(sweeps.points, m)
+        rows.append(TuneRow(m.load, m.k, True, _r(m.median, 2), _r(ci[0], 2) if ci else None,
+                            _r(ci[1], 2) if ci else None, len(m.tokps), _r(m.median / base[m.load].median),
+                            _r(sp[0]) if sp else None, _r(sp[1]) if sp else None,
+                            _r(m.acceptance_length), _r(pred, 2), _r(pred / base[m.load].median) if pred else None,
+                            _r((pred - m.median) / m.median) if pred else None,
+                            _r((loo - m.median) / m.median) if loo else None))
+    return rows
+
+
+def predicted_rows(model: Model, ks: list[int], max_load: int, measured: set[tuple[int, int]]) -> list[TuneRow]:
+    rows = []
+    for b in range(1, max_load + 1):
+        base = model.predict(0, b)
+        for k in ks:
+            if (b, k) not in measured and (pred := model.predict(k, b)) is not None:
+                rows.append(TuneRow(b, k, False, predicted_tokens_per_sec=_r(pred, 2),
+                                    predicted_speedup=_r(pred / base) if base else None))
+    return rows
+
+
+def costs_table(sweeps: Sweeps, model: Model, ks: list[int]) -> list[dict]:
+    """Per measured load: the fitted costs and, per k, the acceptance length that breaks even against the one
+    predicted from the measured per-position acceptance."""
+    out = []
+    for b in sorted({m.load for m in sweeps.points}):
+        c = model.costs_at(b)
+        rates = model.rates.get(b) or model.rates_all
+        out.append({"load": b, "tokens_per_sec_k0": _r(c.tokps0, 2), "f": _r(c.f), "c": _r(c.c), "source": c.source,
+                    "break_even_acceptance_length": {k: _r(c.break_even_al(k)) for k in ks if k},
+                    "acceptance_length": {k: _r(expected_tokens(rates, k)) for k in ks if k}})
+    return out
+
+
+def prediction_summary(rows: list[TuneRow], choices, model: Model, ks: list[int]) -> dict:
+    errs = [abs(r.held_out_error) for r in rows if r.held_out_error is not None]
+    agree = {c.load: {"measured_best_k": c.fastest, "predicted_best_k": model.best_k(c.load, ks)} for c in choices}
+    return {"held_out_abs_error_median": _r(sorted(errs)[len(errs) // 2]) if errs else None,
+            "held_out_abs_error_max": _r(max(errs)) if errs else None,
+            "fit_abs_error_max": _r(max((abs(r.fit_error) for r in rows if r.fit_error is not None), default=0)),
+            "best_k": agree, "best_k_agrees": sum(a["measured_best_k"] == a["predicted_best_k"]
+                                                  for a in agree.values())}
+
+
+def analyse(sweeps: Sweeps) -> dict:
+    """Everything ``tune`` decides and reports, as JSON."""
+    model = Model(sweeps.points)
+    loads = sorted({m.load for m in sweeps.points})
+    ks = sorted({m.k for m in sweeps.points})
+    choices = [choose([m for m in sweeps.points if m.load == b]) for b in loads]
+    ranges = schedule(choices, model)
+    k_of = {b: k for s, e, k in ranges for b in range(s, e + 1)}
+    rows = measured_rows(sweeps, model)
+    chosen = {(c.load, c.chosen) for c in choices}
+    for r in rows:
+        r.chosen, r.scheduled_k = (r.load, r.k) in chosen, k_of.get(r.load)
+    pred_ks = list(range(0, max(ks) + 1 + PREDICT_EXTRA_K))
+    rows += predicted_rows(model, pred_ks, max(loads), {(r.load, r.k) for r in rows})
+    for r in rows:
+        r.scheduled_k = k_of.get(r.load)
+    spec = speculative_config(ranges, sweeps.run["config"].get("method") or "mtp")
+    problem = check_schedule(ranges, max(k for *_, k in ranges)) if spec else None
+    return {"unit": sweeps.unit, "backend": sweeps.backend, "mode": sweeps.mode, "mtp_layers": sweeps.mtp_layers,
+            "loads": loads, "k": ks, "rule": RULE,
+            "choices": [asdict(c) for c in choices], "schedule": ranges, "speculative_config": spec,
+            "schedule_problem": problem, "decision": decision(ranges, sweeps.unit),
+            "best_single_k": best_single_k(sweeps.points),
+            "costs": costs_table(sweeps, model, pred_ks), "prediction": prediction_summary(
+                [r for r in rows if r.measured], choices, model, pred_ks),
+            "rows": [asdict(r) for r in rows], "sweeps": sweeps.dirs, "failed_points": sweeps.failed}

@@ -1,0 +1,126 @@
+"""tune.md: the decision in one sentence, the ready --speculative-config, then the evidence: measured tokens/s with
+intervals, the costs and break-even acceptance, the prediction's error, the validation and the machine."""
+
+from __future__ import annotations
+
+import json
+
+
+def _cell(r: dict) -> str:
+    if r["k"] == 0:
+        return f"{r['output_tokens_per_sec']:.1f}"
+    ci = (f" [{r['speedup_ci_low']:.2f}, {r['speedup_ci_high']:.2f}]"
+          if r["speedup_ci_low"] is not None else "")
+    return f"{r['output_tokens_per_sec']:.1f} (x{r['speedup']:.2f}{ci})"
+
+
+def measured_table(result: dict) -> list[str]:
+    unit, ks = result["unit"], result["k"]
+    rows = {(r["load"], r["k"]): r for r in result["rows"] if r["measured"]}
+    lines = [f"| {unit} | " + " | ".join(f"k = {k}" for k in ks) + " | chosen |",
+             "|---:|" + "---:|" * len(ks) + "---:|"]
+    for c in result["choices"]:
+        cells = []
+        for k in ks:
+            r = rows.get((c["load"], k))
+            text = _cell(r) if r else "failed"
+            cells.append(f"**{text}**" if k == c["chosen"] else text)
+        lines.append(f"| {c['load']} | " + " | ".join(cells) + f" | {c['chosen']} |")
+    return lines
+
+
+def costs_lines(result: dict) -> list[str]:
+    ks = [k for k in result["k"] if k]
+    lines = [f"| {result['unit']} | tokens/s at k = 0 | f | c | " +
+             " | ".join(f"AL to break even at k = {k} / predicted AL" for k in ks) + " |",
+             "|---:|---:|---:|---:|" + "---:|" * len(ks)]
+    for c in result["costs"]:
+        cells = [f"{c['break_even_acceptance_length'][k]:.2f} / {c['acceptance_length'][k]:.2f}" for k in ks]
+        lines.append(f"| {c['load']} | {c['tokens_per_sec_k0']:.1f} | {c['f']:+.3f} | {c['c']:.3f} | "
+                     + " | ".join(cells) + " |")
+    return lines
+
+
+def span(xs: list[float]) -> str:
+    lo, hi = min(xs), max(xs)
+    return f"{lo:.2f}" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f} to {hi:.2f}"
+
+
+def why_not(result: dict) -> str | None:
+    """The measured reason, where the answer is to draft at no load (never an invented gain)."""
+    if result["speculative_config"] is not None:
+        return None
+    costs = result["costs"]
+    cs = [c["c"] for c in costs]
+    need = [c["break_even_acceptance_length"][1] for c in costs if 1 in c["break_even_acceptance_length"]]
+    have = [c["acceptance_length"][1] for c in costs if 1 in c["acceptance_length"]]
+    return (f"No k beat plain decoding beyond noise at any {result['unit']} measured. Each drafted token costs "
+            f"c = {span(cs)} of a decode step here (its draft step and its place in the verify "
+            f"step), so k = 1 breaks even only at an acceptance length of {span(need)}; the "
+            f"measured per-position acceptance gives {span(have)}.")
+
+
+def prediction_lines(result: dict) -> list[str]:
+    p = result["prediction"]
+    unit = result["unit"]
+    lines = [f"Held-out error (each point predicted without it): median {p['held_out_abs_error_median']:.1%}, "
+             f"worst {p['held_out_abs_error_max']:.1%}; in the fit: worst {p['fit_abs_error_max']:.1%}. "
+             f"The predicted best k is the measured best k at {p['best_k_agrees']} of {len(p['best_k'])} loads.", "",
+             f"| {unit} | k | measured tokens/s | predicted | in the fit | held out |", "|---:|---:|---:|---:|---:|---:|"]
+    for r in result["rows"]:
+        if r["measured"] and r["predicted_tokens_per_sec"] is not None:
+            held = f"{r['held_out_error']:+.1%}" if r["held_out_error"] is not None else "n/a"
+            lines.append(f"| {r['load']} | {r['k']} | {r['output_tokens_per_sec']:.1f} | "
+                         f"{r['predicted_tokens_per_sec']:.1f} | {r['fit_error']:+.1%} | {held} |")
+    return lines
+
+
+def validation_lines(result: dict) -> list[str]:
+    v = result.get("validation")
+    if not v:
+        return ["Not validated: `mtpbench tune --validate` runs the schedule beside the best fixed k."]
+    lines = []
+    if v["per_batch_size"]:
+        lines.append("On the native engine a run's batch is fixed, so the schedule is per batch size: at each load "
+                     "it ran the fixed k the schedule gives that load.")
+    elif v["dynamic"]:
+        lines.append("The schedule ran as one engine with vLLM's dynamic speculative decoding "
+                     "(num_speculative_tokens_per_batch_size); drafts per step are vLLM's counters "
+                     "(num_draft_tokens / num_drafts).")
+    lines += ["", f"| {result['unit']} | arm | k | tokens/s | drafts per step | schedule / arm [95 %] | verdict |",
+              "|---:|---|---:|---:|---:|---|---|"]
+    for r in v["rows"]:
+        ratio = (f"{r['schedule_ratio']:.3f} [{r['schedule_ratio_ci_low']:.3f}, {r['schedule_ratio_ci_high']:.3f}]"
+                 if r["schedule_ratio_ci_low"] is not None else
+                 (f"{r['schedule_ratio']:.3f}" if r["schedule_ratio"] is not None else ""))
+        per = "" if r["drafts_per_step"] is None else f"{r['drafts_per_step']:.2f}"
+        lines.append(f"| {r['load']} | {r['arm']} | {r['k']} | {r['output_tokens_per_sec']:.1f} | {per} | {ratio} | "
+                     f"{r['verdict'] or ''} |")
+    return lines
+
+
+def markdown(result: dict) -> str:
+    hw = (result.get("provenance") or {}).get("hardware") or {}
+    spec = result["speculative_config"]
+    ready = (f"`--speculative-config '{json.dumps(spec)}'`" if spec else
+             "no `--speculative-config` (don't draft)")
+    parts = [f"# mtpbench tune: {result['model']} on {result['backend']}", "",
+             f"**{result['decision'][0].upper() + result['decision'][1:]}.** Run it with {ready}.", ""]
+    if result["schedule_problem"]:
+        parts += [f"vLLM would refuse this schedule: {result['schedule_problem']}", ""]
+    reason = why_not(result)
+    if reason:
+        parts += [reason, ""]
+    parts += [f"Rule: {result['rule']}. Best single k over every load: {result['best_single_k']}.", "",
+              "## Measured tokens/s (speedup over k = 0 with its 95 % interval; chosen in bold)", "",
+              *measured_table(result), "", "## Costs", "",
+              "t(k) / t(0) = 1 + f + c k: c is one drafted token's cost as a fraction of a decode step, f the fixed "
+              "cost of drafting at all; k pays where the acceptance length exceeds 1 + f + c k.", "",
+              *costs_lines(result), "", "## Prediction", "", *prediction_lines(result), "",
+              "## Validation", "", *validation_lines(result), "", "## Machine", "",
+              f"{hw.get('cpu') or 'unknown CPU'}, {hw.get('cpu_count')} cores, GPUs: "
+              f"{', '.join(g.get('name', '?') for g in hw.get('gpus') or []) or 'none'}; sweeps: "
+              f"{', '.join(result['sweeps'])}.", ""]
+    if result["failed_points"]:
+        parts += ["Failed points (left out): " + "; ".join(result["failed_points"]), ""]
+    return "\n".join(parts)

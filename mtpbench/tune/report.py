@@ -1,0 +1,51 @@
+"""A tune directory's files, rebuilt from its sweeps (no model runs): tune.json, schedule.json, tune.csv, tune.md
+and tune.png. ``mtpbench report TUNE_DIR`` calls ``build``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from mtpbench.errors import MtpBenchError
+from mtpbench.files import csv_text, write_json, write_text
+from mtpbench.tune.analyse import TuneRow, analyse
+from mtpbench.tune.points import read_sweeps
+from mtpbench.tune.validate import read_validation
+
+
+def is_tune_dir(out: Path) -> bool:
+    return (Path(out) / "tune.json").is_file()
+
+
+def build(out: Path) -> dict:
+    """Rebuild every file of a tune directory from its sweeps; returns the answer (tune.json's ``result``)."""
+    from mtpbench.tune.markdown import markdown
+    from mtpbench.tune.plot import plot
+
+    out = Path(out)
+    try:
+        saved = json.loads((out / "tune.json").read_text())
+        config = saved["config"]
+    except (OSError, json.JSONDecodeError, KeyError) as e:
+        raise MtpBenchError(f"{out}/tune.json cannot be read as a tune ({e})") from None
+    sweeps = read_sweeps(config["sources"] or [out / "sweeps"], config.get("mode"))
+    result = analyse(sweeps)
+    result["validation"] = read_validation(out, result)
+    result["provenance"] = {key: sweeps.run.get("provenance", {}).get(key) for key in ("hardware", "versions", "date")}
+    result["model"] = sweeps.run["config"].get("model")
+    write_json(out / "tune.json", {"config": config, "result": result})
+    write_json(out / "schedule.json", schedule_file(result))
+    write_text(out / "tune.csv", csv_text(list(TuneRow.__dataclass_fields__), result["rows"]))
+    write_text(out / "tune.md", markdown(result))
+    plot(out / "tune.png", result)
+    return result
+
+
+def schedule_file(result: dict) -> dict:
+    """schedule.json: vLLM's ranges, the ready --speculative-config object (null: don't draft) and the decision."""
+    return {"num_speculative_tokens_per_batch_size": result["schedule"],
+            "speculative_config": result["speculative_config"], "decision": result["decision"],
+            "unit": result["unit"], "model": result["model"],
+            "note": None if result["unit"] == "batch" else
+            "measured over concurrency: vLLM applies the ranges to the batch the scheduler runs, which a "
+            "concurrency bounds from above"}

@@ -1,0 +1,143 @@
+"""``mtpbench tune --validate``: the schedule run as vLLM runs it, beside the best fixed k of each load and the best
+single fixed k over every load, in sweeps of their own under ``validate/``.
+
+On ``vllm`` and a launched ``vllm-server`` the schedule is one engine with vLLM's dynamic speculative decoding
+(``num_speculative_tokens_per_batch_size``), started at each load; its counters tell the drafts per step it really
+made there. The native engine's batch is fixed for a run, so there the schedule is per batch size: at each load it
+is the fixed k the schedule gives that load (said in the report)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from mtpbench.backend_info import info
+from mtpbench.stats import median_ratio_ci
+from mtpbench.sweep.load import load_run
+from mtpbench.tune.choose import speculative_config
+from mtpbench.tune.points import measured
+
+
+@dataclass
+class ValidationRow:
+    """One arm at one load, and the schedule's tokens/s over it."""
+
+    load: int
+    arm: str  # "schedule", "best fixed k here", "best single k"
+    k: int  # the k the arm runs (the schedule: the k its ranges give this load)
+    output_tokens_per_sec: float | None
+    num_repeats: int
+    drafts_per_step: float | None  # the engine's counters: num_draft_tokens / num_drafts (None: no drafts)
+    schedule_ratio: float | None = None  # schedule's tokens/s / this arm's (medians)
+    schedule_ratio_ci_low: float | None = None
+    schedule_ratio_ci_high: float | None = None
+    verdict: str | None = None  # "within noise", "schedule faster", "schedule slower"
+
+
+def plan(result: dict, ranges: list[list[int]]) -> dict[int, dict[str, int]]:
+    """Per load: the k of each arm."""
+    k_of = {b: k for s, e, k in ranges for b in range(s, e + 1)}
+    last = ranges[-1][2]
+    return {c["load"]: {"schedule": k_of.get(c["load"], last), "best fixed k here": c["fastest"],
+                        "best single k": result["best_single_k"]} for c in result["choices"]}
+
+
+def dynamic(ranges: list[list[int]]) -> bool:
+    """Whether running the schedule needs vLLM's dynamic speculative decoding (it has ranges of different k > 0 or a
+    k = 0 range beside drafting ones)."""
+    return len({k for *_, k in ranges}) > 1
+
+
+def validation_configs(tc, out: Path, result: dict) -> list:
+    """The validation sweeps: fixed k per load (and the whole dynamic schedule per load, or over every concurrency,
+    on vLLM)."""
+    ranges = [list(r) for r in tc.schedule] if tc.schedule else result["schedule"]
+    arms = plan(result, ranges)
+    base = replace(tc.sweep, description="mtpbench tune --validate")
+    spec = speculative_config(ranges, base.method)
+    run_schedule = dynamic(ranges) and info(base.backend).vllm
+    configs = []
+
+    def fixed(load: int) -> tuple[int, ...]:
+        ks = {k for arm, k in arms[load].items() if arm != "schedule" or not run_schedule}
+        return tuple(sorted(k for k in ks if k is not None))
+
+    if tc.unit == "batch":
+        for b in sorted(arms):
+            configs.append(replace(base, batch_size=b, k=fixed(b), out=str(out / "validate" / f"b{b}" / "fixed")))
+            if run_schedule:
+                configs.append(replace(base, batch_size=b, k=(spec["num_speculative_tokens"],),
+                                       engine_args={**base.engine_args, "speculative_config": spec},
+                                       out=str(out / "validate" / f"b{b}" / "schedule")))
+    else:
+        loads = tuple(sorted(arms))
+        ks = tuple(sorted({k for b in loads for k in fixed(b)}))
+        configs.append(replace(base, concurrency=loads, k=ks, out=str(out / "validate" / "fixed")))
+        if run_schedule:
+            configs.append(replace(base, concurrency=loads, k=(spec["num_speculative_tokens"],),
+                                   engine_args={**base.engine_args, "speculative_config": spec},
+                                   out=str(out / "validate" / "schedule")))
+    return configs
+
+
+def run_validation(tc, out: Path, result: dict, on_point=None) -> None:
+    from mtpbench.files import write_json
+    from mtpbench.sweep import run_sweep
+
+    configs = validation_configs(tc, out, result)
+    ranges = [list(r) for r in tc.schedule] if tc.schedule else result["schedule"]
+    write_json(out / "validate.json", {"schedule": ranges, "dynamic": dynamic(ranges) and info(tc.sweep.backend).vllm,
+                                       "sweeps": [c.out for c in configs]})
+    for i, cfg in enumerate(configs):
+        label = str(Path(cfg.out).relative_to(out))
+        run_sweep(cfg, on_point and (lambda j, n, name: on_point(j, n, f"{label} ({i + 1}/{len(configs)}): {name}")))
+
+
+def _validation_points(out: Path, plan_: dict) -> dict[tuple[int, str, int], tuple]:
+    """(load, "schedule" or "fixed", k) -> (Measured, drafts per step) from the validation sweeps."""
+    found = {}
+    for run_path in sorted((out / "validate").glob("**/run.json")):
+        d = run_path.parent
+        run, points, _ = load_run(d)
+        served = info(run["config"]["backend"]).served
+        kind = "schedule" if d.name == "schedule" else "fixed"
+        for data in points:
+            load = data["point"]["concurrency"] if served else run["config"]["batch_size"]
+            m = measured(d, data, load)
+            drafted = sum(b.get("num_draft_tokens") or 0 for b in data.get("batches") or [])
+            found[(load, kind, m.k)] = (m, drafted / m.num_drafts if m.num_drafts else None)
+    return found
+
+
+def read_validation(out: Path, result: dict) -> dict | None:
+    """The validation's rows and its two answers (schedule against the best fixed k at each load, and against the
+    best single k), or None where there was none."""
+    import json
+
+    path = out / "validate.json"
+    if not path.is_file():
+        return None
+    saved = json.loads(path.read_text())
+    arms = plan(result, saved["schedule"])
+    found = _validation_points(out, arms)
+    rows = []
+    for load, ks in sorted(arms.items()):
+        sched = found.get((load, "schedule" if saved["dynamic"] else "fixed", ks["schedule"] if not saved["dynamic"]
+                           else max(k for *_, k in saved["schedule"])))
+        for arm, k in ks.items():
+            got = sched if arm == "schedule" else found.get((load, "fixed", k))
+            if got is None:
+                continue
+            m, per_step = got
+            row = ValidationRow(load, arm, k, round(m.median, 2), len(m.tokps), None if per_step is None
+                                else round(per_step, 3))
+            if sched is not None and arm != "schedule":
+                ci = median_ratio_ci(sched[0].tokps, m.tokps)
+                row.schedule_ratio = round(sched[0].median / m.median, 4)
+                if ci:
+                    row.schedule_ratio_ci_low, row.schedule_ratio_ci_high = round(ci[0], 4), round(ci[1], 4)
+                    row.verdict = ("schedule faster" if ci[0] > 1 else "schedule slower" if ci[1] < 1
+                                   else "within noise")
+            rows.append(row)
+    return {"schedule": saved["schedule"], "dynamic": saved["dynamic"], "rows": [asdict(r) for r in rows],
+            "per_batch_size": not saved["dynamic"] and not info(result["backend"]).served}

