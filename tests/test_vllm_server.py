@@ -354,7 +354,7 @@ def test_attached_wrong_k_is_refused(tmp_path, drafting_server):
     assert not out.exists()
 
 
-def test_attached_server_without_drafting_refuses_k(tmp_path):
+def test_attached_server_without_drafting_refuses_k(tmp_path, drafting_server):
     proc, url = start_server(tmp_path / "plain.log")
     try:
         out = tmp_path / "o"
@@ -365,8 +365,28 @@ def test_attached_server_without_drafting_refuses_k(tmp_path):
                                      "--out", str(out)])
         assert r.exit_code == 0, r.output
         assert (out / "k0-c1.json").exists()
+        tune_attached(tmp_path, url, drafting_server)
     finally:
         stop_server(proc)
+
+
+def tune_attached(tmp_path, plain: str, drafting: str) -> None:
+    """mtpbench tune on attached servers: one that does not draft has nothing to tune, one that drafts has no
+    k = 0 beside it, and the pair is tuned over concurrency (each server a sweep of its own)."""
+    t = tmp_path / "tune"
+    for servers, why in (([plain], "does not draft (no speculative config): nothing to tune"),
+                         ([drafting], "no attached server runs without drafting")):
+        r = CliRunner().invoke(app, ["tune", *[a for u in servers for a in ("--server", u)], "--out", str(t)])
+        assert r.exit_code == 2 and why in r.output and len(r.output.strip().splitlines()) == 1, r.output
+        assert not t.exists()
+    r = CliRunner().invoke(app, ["tune", "--server", drafting, "--server", plain, "--concurrency", "1,2",
+                                 "--num-prompts", "2", "--max-tokens", "8", "--out", str(t)])
+    assert r.exit_code == 0, r.output
+    result = json.loads((t / "tune.json").read_text())["result"]
+    assert result["unit"] == "concurrency" and result["backend"] == "vllm-server"
+    assert {(x["load"], x["k"]) for x in result["rows"] if x["measured"]} == {(c, k) for c in (1, 2) for k in (0, 2)}
+    assert (t / "sweeps" / "server-0" / "vllm-k2-c2.json").is_file()
+    assert (t / "sweeps" / "server-1" / "k0-c1.json").is_file()
 
 
 def test_multi_gpu_settings_reach_both_vllm_backends():
