@@ -49,9 +49,10 @@ def measured_rows(sweeps: Sweeps, model: Model) -> list[TuneRow]:
         rows.append(TuneRow(m.load, m.k, True, _r(m.median, 2), _r(ci[0], 2) if ci else None,
                             _r(ci[1], 2) if ci else None, len(m.tokps), _r(m.median / base[m.load].median),
                             _r(sp[0]) if sp else None, _r(sp[1]) if sp else None,
-                            _r(m.acceptance_length), _r(pred, 2), _r(pred / base[m.load].median) if pred else None,
-                            _r((pred - m.median) / m.median) if pred else None,
-                            _r((loo - m.median) / m.median) if loo else None))
+                            _r(m.acceptance_length), _r(pred, 2),
+                            _r(pred / base[m.load].median) if pred is not None else None,
+                            _r((pred - m.median) / m.median) if pred is not None else None,
+                            _r((loo - m.median) / m.median) if loo is not None else None))
     return rows
 
 

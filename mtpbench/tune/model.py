@@ -12,8 +12,9 @@ draft step and its place in the verify step over k + 1 tokens), ``f`` the fixed 
 draft model's pass over the accepted tokens, the rejection sampler). At a measured point, t(k) / t(0) is
 E_measured(k) * tokens/s(0) / tokens/s(k) (the step count follows from the acceptance length), so ``c`` and
 ``f`` are a least-squares line through the measured k > 0 of that load. Loads that were not measured get
-tokens/s(0), ``f`` and ``c`` interpolated linearly in log2(load) between the nearest measured loads (beyond
-them: the nearest load's ``f`` and ``c``, tokens/s(0) extended along the last segment); k beyond the largest
+``f`` and ``c`` interpolated linearly in log2(load) between the nearest measured loads and tokens/s(0) as a power
+of the load between them (beyond them: the nearest load's ``f`` and ``c``, tokens/s(0) along the last segment's
+power law); k beyond the largest
 measured k continue the last measured conditional acceptance rate. A prediction at a measured point can be
 made without that point (``held_out``): that error is the one to expect where nothing was measured.
 """
@@ -140,7 +141,8 @@ class Model:
         if lo.load == hi.load:
             return Costs(load, lo.tokps0, lo.f, lo.c, source)
         w = (math.log2(load) - math.log2(lo.load)) / (math.log2(hi.load) - math.log2(lo.load))
-        tokps0 = max(lo.tokps0 + w * (hi.tokps0 - lo.tokps0), 0.0)
+        # tokens/s(0) geometric in load (a power law, as throughput grows with the batch), never below 0
+        tokps0 = lo.tokps0 * (hi.tokps0 / lo.tokps0) ** w if lo.tokps0 > 0 and hi.tokps0 > 0 else 0.0
         if source == "extrapolated":  # the drafting costs of the nearest load; tokens/s(0) along the last segment
             near = hi if below else lo
             return Costs(load, tokps0, near.f, near.c, source)

@@ -77,10 +77,13 @@ def test_the_model_recovers_hand_made_costs_and_predicts_unmeasured_k_and_loads(
     assert at3.source == "interpolated"
     w = 0.5849625007211562  # log2(3) - log2(2)
     assert at3.c == pytest.approx(c[2] + w * (c[4] - c[2]), abs=1e-3)
-    assert at3.tokps0 == pytest.approx(tokps0[2] + w * (tokps0[4] - tokps0[2]), rel=1e-6)
+    assert at3.tokps0 == pytest.approx(100.0 * 3 ** 0.8, rel=1e-6)  # a power law of the load: exact
     # beyond the largest: the nearest load's drafting costs
     at16 = m.costs_at(16)
     assert at16.source == "extrapolated" and at16.c == pytest.approx(c[8], abs=1e-3)
+    assert at16.tokps0 == pytest.approx(100.0 * 16 ** 0.8, rel=1e-6)
+    # below the smallest measured load, from the two above it: never below 0
+    assert Model([p for p in pts if p.load > 1]).costs_at(1).tokps0 == pytest.approx(100.0, rel=1e-6)
 
 
 def test_held_out_predictions_of_an_exact_model_are_exact():
