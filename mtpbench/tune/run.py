@@ -49,6 +49,22 @@ class TuneConfig:
                 "validate": self.validate, "schedule": [list(r) for r in self.schedule] if self.schedule else None}
 
 
+def saved_config(config: dict) -> SweepConfig:
+    """A sweep's run.json config back as the SweepConfig it was run with (lists as tuples, "inf" as infinity)."""
+    import math
+    from dataclasses import fields
+
+    types = {f.name: f.type for f in fields(SweepConfig)}
+    values = {}
+    for name, v in config.items():
+        if name not in types:
+            continue
+        if isinstance(v, list) and "tuple" in str(types[name]):
+            v = tuple(math.inf if x == "inf" else x for x in v)
+        values[name] = v
+    return SweepConfig(**values)
+
+
 def check_config(tc: TuneConfig) -> None:
     """Everything that can be refused before a file is written."""
     from mtpbench.tune.choose import check_schedule
@@ -60,6 +76,9 @@ def check_config(tc: TuneConfig) -> None:
             raise MtpBenchError(f"--schedule: vLLM would refuse it: {problem}")
         if not tc.validate:
             raise MtpBenchError("--schedule is a schedule to validate: it takes --validate")
+    if tc.validate and tc.servers:
+        raise MtpBenchError("--validate runs the schedule in engines mtpbench starts, not on attached --server: "
+                            "restart your server with the schedule (schedule.json) and tune it again to see it")
     if tc.sources:
         return
     loads = sorted(set(tc.loads))
@@ -122,7 +141,13 @@ def run_tune(tc: TuneConfig, on_point: Callable[[int, int, str], None] | None = 
     check_config(tc)
     out = Path(tc.out)
     if tc.sources:
-        read_sweeps(tc.sources, tc.mode)  # refused here, before anything is written
+        sweeps = read_sweeps(tc.sources, tc.mode)  # refused here, before anything is written
+        if tc.validate:  # the validation runs the workload the sweeps ran, on their backend
+            if sweeps.run["config"].get("server"):
+                raise MtpBenchError("--validate runs the schedule in engines mtpbench starts: these sweeps "
+                                    "measured an attached server")
+            tc = replace(tc, sweep=saved_config(sweeps.run["config"]),
+                         loads=tuple(sorted({m.load for m in sweeps.points})))
     elif tc.servers:
         check_servers(tc)
     make_out_dir(out)

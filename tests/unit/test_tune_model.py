@@ -152,3 +152,16 @@ def test_the_best_single_k_maximises_the_geometric_mean_speedup():
            point(8, 0, 800.0), point(8, 1, 700.0, RATES), point(8, 2, 500.0, RATES)]
     # k = 1: sqrt(2.0 * 0.875) = 1.32; k = 2: sqrt(2.6 * 0.625) = 1.27; k = 0: 1
     assert best_single_k(pts) == 1
+
+
+def test_a_saved_sweep_config_comes_back_as_it_ran():
+    """--from --validate reruns the sweeps' own workload: run.json's config back as the SweepConfig."""
+    import math
+
+    from mtpbench.config import SweepConfig
+    from mtpbench.tune.run import saved_config
+
+    cfg = SweepConfig(backend="vllm-server", k=(0, 2), mtp_layers=(1,), concurrency=(1, 4), request_rate=(math.inf, 2.0),
+                      engine_args={"enforce_eager": True}, header=("X-A",), max_tokens=32)
+    assert saved_config(cfg.to_json()) == cfg
+    assert saved_config({**cfg.to_json(), "a_field_from_the_future": 1}) == cfg
