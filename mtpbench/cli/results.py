@@ -12,9 +12,13 @@ from mtpbench.cli.common import fail, show
 from mtpbench.errors import MtpBenchError
 
 
-def report(out: Annotated[Path, typer.Argument(help="A sweep, tune or trace-matrix output directory.")]) -> None:
-    """Rebuild the table, summary.csv/json and plots from a sweep's saved JSON files (a trace-matrix's
-    matrix.csv/md/png from its matrix.json)."""
+PAGE_ONLY = ("mtpbench.trace.page", "mtpbench.compare.page", "mtpbench.lossless.page")
+
+
+def report(out: Annotated[Path, typer.Argument(help="A sweep, tune, trace-matrix, trace-layers, compare or check-lossless output directory.")]) -> None:
+    """Rebuild the table, summary.csv/json, plots and report.html from a sweep's saved JSON files (a tune's files
+    from its sweeps, a trace-matrix's matrix.csv/md/png from its matrix.json; a trace's, compare's or
+    check-lossless's report.html from its JSON)."""
     from mtpbench.sweep.report import build
     from mtpbench.tune.report import is_tune_dir
 
@@ -37,6 +41,11 @@ def report(out: Annotated[Path, typer.Argument(help="A sweep, tune or trace-matr
             fail(str(e))
         typer.echo(Path(out, "matrix.md").read_text())
         typer.echo(f"wrote {out}/matrix.csv, matrix.json, matrix.md, matrix.png")
+        return
+    from mtpbench.html.pages import kind_of, write_page
+
+    if not (out / "run.json").exists() and kind_of(out) in PAGE_ONLY:
+        typer.echo(f"wrote {write_page(out)}")  # its other files are written once, by the command
         return
     try:
         rows = build(out)

@@ -88,15 +88,20 @@ def sweep(
         cfg = replace(cfg, header_values=header_values)
         if cfg.server and k is None:  # an attached server's k is its own, whatever a profile lists
             cfg = replace(cfg, k=())
-        on_point, stop_bar = progress_callback()
-        try:
-            rows = run_sweep(cfg, on_point)
-        finally:
-            stop_bar()
+        rows = with_progress(run_sweep, cfg)
     except MtpBenchError as e:
         fail(str(e))
     show(rows, cfg.out)
     typer.echo(f"\nwrote {cfg.out}/summary.csv, summary.json and plots")
+
+
+def with_progress(run, *args):
+    """``run(*args, on_point)`` under the progress bar (stopped whatever happens)."""
+    on_point, stop_bar = progress_callback()
+    try:
+        return run(*args, on_point)
+    finally:
+        stop_bar()
 
 
 def progress_callback():

@@ -67,13 +67,9 @@ def tune(
                  f"{'offline' if tc.unit == 'concurrency' else 'served'} runs; {cfg.backend} takes "
                  f"--{'concurrency' if tc.unit == 'concurrency' else 'batch-size'}")
         tc = replace(tc, loads=loads or DEFAULT_LOADS[tc.unit])
-        from mtpbench.cli.sweep import progress_callback
+        from mtpbench.cli.sweep import with_progress
 
-        on_point, stop_bar = progress_callback()
-        try:
-            result = run_tune(tc, on_point)
-        finally:
-            stop_bar()
+        result = with_progress(run_tune, tc)
     except MtpBenchError as e:
         fail(str(e))
     show_result(result, out)

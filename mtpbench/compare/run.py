@@ -82,7 +82,10 @@ def compare(a_dir: Path, b_dir: Path, out: Path | None = None, force: bool = Fal
               "rows": [asdict(r) for r in rows], "failed": failed, "unpaired": unpaired, "missing_in_b": missing,
               "notes": drift + execution_notes(a.run, b.run) + duplicates, "timings_drifted": bool(drift)}
     if out is not None:
+        from mtpbench.compare.page import page
+
         write(Path(out), result, rows)
+        page(Path(out))
     return result
 
 

@@ -163,6 +163,54 @@ def plot(record: dict, path: Path) -> None:
         plt.close(fig)
 
 
+ARMS = (("off", "tab:blue", "k = 0"), ("on", "tab:red", "drafting"), ("off_aa", "tab:gray", "k = 0 (A/A)"))
+
+
+def detail_plot(record: dict, path: Path) -> Path | None:
+    """Sampling: each arm's score distribution (target log-prob per token), its mean score by position, and by
+    position how often a prompt's continuations share their most frequent token (the law at each position, seen
+    through its mode); None for a greedy check."""
+    from collections import Counter
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    arms = record.get("arms") or {}
+    if record.get("kind") == "greedy" or not all(isinstance(arms.get(n), dict) for n, _, _ in ARMS):
+        return None
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
+    try:
+        for name, color, label in ARMS:
+            conts, strata = arms[name]["continuations"], arms[name]["prompts"]
+            lps = [t[2] for c in conts for t in c if t[2] is not None]
+            axes[0].hist(lps, bins=40, histtype="step", color=color, label=label, density=True)
+            n = max((len(c) for c in conts), default=0)
+            by_pos = [[c[i][2] for c in conts if len(c) > i and c[i][2] is not None] for i in range(n)]
+            axes[1].plot(range(n), [np.mean(v) if v else np.nan for v in by_pos], "o-", color=color, ms=3, label=label)
+            share = []
+            for i in range(n):
+                per_prompt: dict[int, list[int]] = {}
+                for c, s in zip(conts, strata):
+                    if len(c) > i:
+                        per_prompt.setdefault(s, []).append(c[i][1])
+                share.append(np.mean([Counter(v).most_common(1)[0][1] / len(v) for v in per_prompt.values()])
+                             if per_prompt else np.nan)
+            axes[2].plot(range(n), share, "o-", color=color, ms=3, label=label)
+        axes[0].set(xlabel="target log-prob of each sampled token", ylabel="density", title="score distribution")
+        axes[1].set(xlabel="position", ylabel="mean target log-prob", title="score by position")
+        axes[2].set(xlabel="position", ylabel="share of the modal token", title="token frequency by position")
+        for ax in axes:
+            ax.legend(fontsize=7)
+            ax.title.set_fontsize(9)
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+    finally:
+        plt.close(fig)
+    return path
+
+
 def write_outputs(out: Path, record: dict) -> None:
     from mtpbench.files import make_out_dir, write_json, write_text
 
@@ -170,3 +218,7 @@ def write_outputs(out: Path, record: dict) -> None:
     write_json(out / "lossless.json", record)
     write_text(out / "lossless.md", summary(record))
     plot(record, out / "lossless.png")
+    detail_plot(record, out / "lossless_detail.png")
+    from mtpbench.lossless.page import page
+
+    page(out)

@@ -25,6 +25,9 @@ def write_matrix(out: Path, cells: list[Cell], version: str, wall_s: float, jobs
                                      "provenance": prov})
     write_text(out / "matrix.md", markdown(cells, version, wall_s, jobs, cpu_of(saved_provenance)))
     plot(out / "matrix.png", cells, version)
+    from mtpbench.matrix.page import page
+
+    page(out)
 
 
 def cpu_of(prov: dict | None) -> str | None:

@@ -38,6 +38,9 @@ def build(out: Path) -> dict:
     write_text(out / "tune.csv", csv_text(list(TuneRow.__dataclass_fields__), result["rows"]))
     write_text(out / "tune.md", markdown(result))
     plot(out / "tune.png", result)
+    from mtpbench.tune.page import page
+
+    page(out)
     return result
 
 

@@ -1,0 +1,104 @@
+"""A sweep's report.html, from summary.json and the plots: the best k and its speedup with its interval first,
+then the figures, the whole table (every number a figure shows) and the provenance."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from mtpbench.html.document import document, esc, figure, provenance, table, write
+
+FIGURES = [("acceptance_length.png", "Acceptance length against k, with 95 % intervals", False),
+           ("per_position.png", "Acceptance rate at each draft position (joint), with 95 % intervals", False),
+           ("throughput.png", "Tokens/s and speedup against k, with the theory overlay", True),
+           ("serving.png", "Served runs: throughput and latency against load", True),
+           ("acceptance_vs_context.png", "Acceptance against context length", False),
+           ("al_histogram.png", "Acceptance length per request", False)]
+
+
+def label(r: dict) -> str:
+    parts = ["plain decoding" if r["k"] == 0 else f"{r['mode']} k = {r['k']}"]
+    if r["k"] and r.get("mtp_layers"):
+        parts.append(f"{r['mtp_layers']} MTP layer{'s' if r['mtp_layers'] > 1 else ''}")
+    if r.get("concurrency") is not None:
+        parts.append(f"concurrency {r['concurrency']}")
+    if r.get("context_tokens") is not None:
+        parts.append(f"context {r['context_tokens']}")
+    return ", ".join(parts)
+
+
+def headline(rows: list[dict]) -> tuple[str, str]:
+    """(the answer in a sentence, its tone) from the rows of all prompts."""
+    ok = [r for r in rows if r["status"] == "ok" and r["k"] > 0]
+    timed = [r for r in ok if r.get("speedup") is not None]
+    if timed:
+        b = max(timed, key=lambda r: r["speedup"])
+        lo, hi = b.get("speedup_ci_low"), b.get("speedup_ci_high")
+        al = f"acceptance length {b['acceptance_length']:.2f}" if b.get("acceptance_length") else ""
+        if lo is None:
+            return (f"Best: {label(b)} at {b['speedup']:.2f}x the speed of plain decoding (one timed run: no "
+                    f"interval), {al}.", "plain")
+        ci = f"[95 %: {lo:.2f} to {hi:.2f}]"
+        if lo > 1:
+            return f"Best: {label(b)} at {b['speedup']:.2f}x the speed of plain decoding {ci}, {al}.", "good"
+        if hi < 1:
+            return f"Drafting is slower here: the best, {label(b)}, runs at {b['speedup']:.2f}x plain decoding {ci}.", "bad"
+        return (f"No k is faster than plain decoding beyond noise: the best, {label(b)}, runs at {b['speedup']:.2f}x "
+                f"{ci}, {al}.", "warn")
+    if ok:
+        b = max(ok, key=lambda r: r.get("acceptance_length") or 0)
+        return (f"Acceptance length peaks at {b['acceptance_length']:.2f} ({label(b)}); no timings were measured "
+                f"(an engine whose timings are left null, e.g. V2 through Triton's interpreter).", "plain")
+    return "No drafting point finished: see the failed points below.", "bad"
+
+
+def _ci(r: dict, name: str, nd: int = 2) -> str:
+    v, lo, hi = r.get(name), r.get(f"{name}_ci_low"), r.get(f"{name}_ci_high")
+    if v is None:
+        return "-"
+    return f"{v:.{nd}f} [{lo:.{nd}f}, {hi:.{nd}f}]" if lo is not None and hi is not None else f"{v:.{nd}f}"
+
+
+def _positions(r: dict) -> str:
+    lo, hi = r.get("acceptance_rate_per_pos_ci_low") or (), r.get("acceptance_rate_per_pos_ci_high") or ()
+    out = []
+    for i, v in enumerate(r.get("acceptance_rate_per_pos") or ()):
+        if v is None:
+            out.append("-")
+        elif i < len(lo) and lo[i] is not None:
+            out.append(f"{v:.2f} [{lo[i]:.2f}, {hi[i]:.2f}]")
+        else:
+            out.append(f"{v:.2f}")
+    return "; ".join(out)
+
+
+def rows_table(rows: list[dict]) -> str:
+    headers = ["point", "category", "runner", "AL [95 %]", "acceptance per position (joint) [95 %]", "alpha",
+               "tokens/s [95 %]", "speedup [95 %]", "theory", "TTFT p50 ms", "TPOT p50 ms", "=k0", "status"]
+    body = [[label(r), r["category"], r.get("runner") or "-", _ci(r, "acceptance_length"), _positions(r),
+             "-" if r.get("alpha") is None else f"{r['alpha']:.3f}", _ci(r, "output_tokens_per_sec", 1),
+             _ci(r, "speedup", 3), "-" if r.get("theoretical_speedup") is None else f"{r['theoretical_speedup']:.3f}",
+             _ci(r, "ttft_ms_p50", 1), _ci(r, "tpot_ms_p50", 2),
+             "-" if r.get("greedy_match_k0") is None else f"{r['greedy_match_k0']:.2f}",
+             r["status"] + (f": {r['error']}" if r.get("error") else "")] for r in rows]
+    return table(headers, body)
+
+
+def page(out: Path) -> Path:
+    out = Path(out)
+    summary = json.loads((out / "summary.json").read_text())
+    rows = summary["rows"]
+    every = [r for r in rows if r["category"] == "all"]
+    answer, tone = headline(every)
+    cfg = summary.get("config") or {}
+    figs = '<div class="figs">' + "".join(figure(out / n, caption, wide) for n, caption, wide in FIGURES) + "</div>"
+    notes = sorted({f"{label(r)}: {r['notes']}" for r in every if r.get("notes")})
+    body = (f"<h2>Figures</h2>{figs}<h2>All prompts</h2>{rows_table(every)}"
+            + (f"<h2>By category</h2>{rows_table([r for r in rows if r['category'] != 'all'])}"
+               if len(every) < len(rows) else "")
+            + ("<h2>Notes</h2><ul>" + "".join(f"<li>{esc(n)}</li>" for n in notes) + "</ul>" if notes else "")
+            + provenance(summary.get("provenance"), {"fingerprint": json.dumps(summary.get("fingerprint"))[:2000]}))
+    sub = (f"{cfg.get('model')} on {cfg.get('backend')}: k {cfg.get('k')}, {cfg.get('num_prompts') or 'default'} "
+           f"prompts of {cfg.get('prompts')}, {cfg.get('max_tokens')} tokens, temperature {cfg.get('temperature')}, "
+           f"batch {cfg.get('batch_size')}, {cfg.get('repeats')} repeat(s).")
+    return write(out / "report.html", document(f"mtpbench sweep: {out.name}", "sweep", answer, tone, body, sub))

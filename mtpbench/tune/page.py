@@ -1,0 +1,23 @@
+"""A tune's report.html, from tune.json, tune.md and tune.png: the decision and the ready --speculative-config
+first, then the picture, the tables and the provenance."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from mtpbench.html.document import document, figure, provenance, write
+from mtpbench.html.markdown import to_html
+
+
+def page(out: Path) -> Path:
+    out = Path(out)
+    result = json.loads((out / "tune.json").read_text())["result"]
+    spec = result["speculative_config"]
+    text = result["decision"][0].upper() + result["decision"][1:] + "."
+    sub = f"--speculative-config '{json.dumps(spec)}'" if spec else "No --speculative-config: don't draft."
+    md = (out / "tune.md").read_text() if (out / "tune.md").is_file() else ""
+    body = (figure(out / "tune.png", "Tokens/s against load, one line per k; the schedule's envelope; the validated "
+                   "schedule starred") + to_html(md) + provenance(result.get("provenance")))
+    return write(out / "report.html", document(f"mtpbench tune: {out.name}", "tune", text, "good" if spec else "warn",
+                                              body, sub))
