@@ -83,9 +83,10 @@ def compare(a_dir: Path, b_dir: Path, out: Path | None = None, force: bool = Fal
               "notes": drift + execution_notes(a.run, b.run) + duplicates, "timings_drifted": bool(drift)}
     if out is not None:
         from mtpbench.compare.page import page
+        from mtpbench.html.pages import render
 
         write(Path(out), result, rows)
-        page(Path(out))
+        render(page, Path(out))
     return result
 
 

@@ -20,3 +20,15 @@ def write_page(out: Path) -> Path | None:
 
     module = kind_of(out)
     return importlib.import_module(module).page(Path(out)) if module else None
+
+
+def render(page, out: Path) -> Path | None:
+    """``page(out)``, the last file a run writes: where it fails, one warning line and the run's other files stand
+    (a page is a view of them; its tests are tests/test_pages.py)."""
+    import sys
+
+    try:
+        return page(Path(out))
+    except Exception as e:  # never lose a finished run to its page
+        print(f"warning: {out}/report.html not written ({type(e).__name__}: {e})"[:500], file=sys.stderr)
+        return None

@@ -219,6 +219,7 @@ def write_outputs(out: Path, record: dict) -> None:
     write_text(out / "lossless.md", summary(record))
     plot(record, out / "lossless.png")
     detail_plot(record, out / "lossless_detail.png")
+    from mtpbench.html.pages import render
     from mtpbench.lossless.page import page
 
-    page(out)
+    render(page, out)

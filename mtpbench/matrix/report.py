@@ -25,9 +25,10 @@ def write_matrix(out: Path, cells: list[Cell], version: str, wall_s: float, jobs
                                      "provenance": prov})
     write_text(out / "matrix.md", markdown(cells, version, wall_s, jobs, cpu_of(saved_provenance)))
     plot(out / "matrix.png", cells, version)
+    from mtpbench.html.pages import render
     from mtpbench.matrix.page import page
 
-    page(out)
+    render(page, out)
 
 
 def cpu_of(prov: dict | None) -> str | None:

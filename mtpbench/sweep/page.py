@@ -45,10 +45,15 @@ def headline(rows: list[dict]) -> tuple[str, str]:
             return f"Drafting is slower here: the best, {label(b)}, runs at {b['speedup']:.2f}x plain decoding {ci}.", "bad"
         return (f"No k is faster than plain decoding beyond noise: the best, {label(b)}, runs at {b['speedup']:.2f}x "
                 f"{ci}, {al}.", "warn")
+    drafted = [r for r in ok if r.get("acceptance_length") is not None]
+    if drafted:
+        b = max(drafted, key=lambda r: r["acceptance_length"])
+        return (f"Acceptance length peaks at {b['acceptance_length']:.2f} ({label(b)}); no speedup: no timings, or "
+                f"no k = 0 point beside it (an engine whose timings are left null, e.g. V2 through Triton's "
+                f"interpreter, or a sweep without --k 0).", "plain")
     if ok:
-        b = max(ok, key=lambda r: r.get("acceptance_length") or 0)
-        return (f"Acceptance length peaks at {b['acceptance_length']:.2f} ({label(b)}); no timings were measured "
-                f"(an engine whose timings are left null, e.g. V2 through Triton's interpreter).", "plain")
+        return (f"Nothing was drafted at {', '.join(label(r) for r in ok)} (e.g. a batch-size schedule that gives "
+                f"this load k = 0).", "plain")
     return "No drafting point finished: see the failed points below.", "bad"
 
 

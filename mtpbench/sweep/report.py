@@ -13,6 +13,7 @@ from pathlib import Path
 from mtpbench.files import write_json, write_text
 from mtpbench.metrics import PointResult
 from mtpbench.sweep.load import load_run, read_json, rows_from_points
+from mtpbench.html.pages import render
 from mtpbench.sweep.page import page
 from mtpbench.sweep.plots import al_histogram, plots
 from mtpbench.sweep.table import csv_text
@@ -52,5 +53,5 @@ def build(out: Path) -> list[PointResult]:
     write_json(out / "summary.json", {**run, "rows": [r.to_json() for r in rows]})
     plots(out, rows)
     al_histogram(out, points, rows)
-    page(out)
+    render(page, out)
     return rows

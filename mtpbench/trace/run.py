@@ -112,6 +112,7 @@ def _write(out, cfg, summary: dict, records: list[CallRecord]) -> None:
               if info(cfg.backend).vllm else f"mtpbench {__version__} native")
     heatmap(out / "layers.png", records, n, k, f"{model_label(cfg.model_dir)} on {engine} ({mode}, k={k}): "
             f"{summary['verdict']}")
+    from mtpbench.html.pages import render
     from mtpbench.trace.page import page
 
-    page(out)
+    render(page, out)

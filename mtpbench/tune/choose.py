@@ -128,4 +128,4 @@ def decision(ranges: list[list[int]], unit: str) -> str:
         span = f"{unit} 1-{ranges[0][1]}"
         return f"run k = {k} at every load measured ({span})" if k else f"don't draft at any load measured ({span})"
     parts = [f"{what(k)} up to {unit + ' ' if i == 0 else ''}{end}" for i, (_, end, k) in enumerate(ranges[:-1])]
-    return "run " + ", ".join(parts) + f", {what(ranges[-1][2])} above"
+    return ("run " if ranges[0][2] else "") + ", ".join(parts) + f", {what(ranges[-1][2])} above"

@@ -38,9 +38,10 @@ def build(out: Path) -> dict:
     write_text(out / "tune.csv", csv_text(list(TuneRow.__dataclass_fields__), result["rows"]))
     write_text(out / "tune.md", markdown(result))
     plot(out / "tune.png", result)
+    from mtpbench.html.pages import render
     from mtpbench.tune.page import page
 
-    page(out)
+    render(page, out)
     return result
 
 

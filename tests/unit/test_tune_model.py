@@ -131,6 +131,8 @@ def test_a_schedule_that_never_drafts_is_no_speculative_config():
 def test_the_decision_reads_as_one_sentence():
     assert decision([[1, 2, 3], [3, 8, 1], [9, 16, 0]], "batch") == \
         "run k = 3 up to batch 2, k = 1 up to 8, no drafting above"
+    assert decision([[1, 1, 0], [2, 2, 1], [3, 8, 0]], "batch") == \
+        "no drafting up to batch 1, k = 1 up to 2, no drafting above"
 
 
 @pytest.mark.parametrize("ranges,k,why", [

@@ -1,0 +1,27 @@
+"""The answer sentences of report.html from rows alone, including the rows a real run gave that broke a first
+version: a schedule's point where the load's k was 0 (nothing drafted, no acceptance length, no k = 0 beside it)."""
+
+from mtpbench.sweep.page import headline
+
+
+def row(k, **kw):
+    return {"mode": "vllm", "k": k, "mtp_layers": 3, "category": "all", "status": "ok", "speedup": None,
+            "acceptance_length": None, **kw}
+
+
+def test_a_sweep_that_drafted_nothing_says_so():
+    text, tone = headline([row(1)])
+    assert text.startswith("Nothing was drafted at vllm k = 1") and tone == "plain"
+
+
+def test_acceptance_without_timings():
+    text, _ = headline([row(1, acceptance_length=1.7), row(2, acceptance_length=2.1)])
+    assert text.startswith("Acceptance length peaks at 2.10 (vllm k = 2")
+
+
+def test_speedup_beyond_noise_within_noise_and_below():
+    assert headline([row(2, speedup=1.3, speedup_ci_low=1.1, speedup_ci_high=1.5, acceptance_length=2.0)])[1] == "good"
+    assert headline([row(2, speedup=1.1, speedup_ci_low=0.9, speedup_ci_high=1.3)])[0].startswith("No k is faster")
+    assert headline([row(2, speedup=0.8, speedup_ci_low=0.7, speedup_ci_high=0.9)])[1] == "bad"
+    assert "no interval" in headline([row(2, speedup=1.2)])[0]
+    assert headline([{**row(1), "status": "failed"}])[1] == "bad"
