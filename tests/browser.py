@@ -27,8 +27,11 @@ class Browser:
         self._r, from_child = os.pipe()
 
         def fds() -> None:  # the child reads commands on fd 3 and writes answers on fd 4
-            os.dup2(to_child, 3)
-            os.dup2(from_child, 4)
+            a, b = os.dup(to_child), os.dup(from_child)  # copies first: either end may already be fd 3 or 4
+            os.dup2(a, 3)
+            os.dup2(b, 4)
+            os.set_inheritable(3, True)  # dup2 onto itself keeps close-on-exec (os.pipe's ends have it)
+            os.set_inheritable(4, True)
 
         self.proc = subprocess.Popen(
             [exe, "--headless=new", "--remote-debugging-pipe", "--no-sandbox", "--disable-gpu", "--no-first-run",

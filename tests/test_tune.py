@@ -158,6 +158,8 @@ def test_vllm_validation_runs_the_dynamic_schedule_and_its_drafts_per_step_follo
     assert sched[1]["k"] == 2 and sched[4]["k"] == 1
     assert sched[1]["drafts_per_step"] == pytest.approx(2.0)
     assert sched[4]["drafts_per_step"] < 1.5  # k = 1 while 2-4 sequences run (the last one alone drafts 2)
+    # drafting stays on at both loads (k > 0 everywhere in this schedule): at least 0.2 drafted tokens per output token
+    assert sched[1]["draft_tokens_per_output_token"] > 0.2 and sched[4]["draft_tokens_per_output_token"] > 0.2
     point = next((out / "validate" / "b4" / "schedule").glob("*-k2.json"))
     spec = json.loads(point.read_text())["engine"]["engine_kwargs"]["speculative_config"]
     assert spec["num_speculative_tokens_per_batch_size"] == [[1, 1, 2], [2, 4, 1]]

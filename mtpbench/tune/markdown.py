@@ -86,16 +86,21 @@ def validation_lines(result: dict) -> list[str]:
     elif v["dynamic"]:
         lines.append("The schedule ran as one engine with vLLM's dynamic speculative decoding "
                      "(num_speculative_tokens_per_batch_size); drafts per step are vLLM's counters "
-                     "(num_draft_tokens / num_drafts).")
-    lines += ["", f"| {result['unit']} | arm | k | tokens/s | drafts per step | schedule / arm [95 %] | verdict |",
-              "|---:|---|---:|---:|---:|---|---|"]
+                     "(num_draft_tokens / num_drafts, over the steps that drafted) and drafted tokens per output "
+                     "token (how much it drafted at all).")
+    else:
+        lines.append("The schedule is one k at every load, so it ran as that fixed k (no dynamic speculative "
+                     "decoding needed); where an arm is the same k, it is the same run.")
+    lines += ["", f"| {result['unit']} | arm | k | tokens/s | drafts per step | drafted tokens per output token | "
+                  "schedule / arm [95 %] | verdict |", "|---:|---|---:|---:|---:|---:|---|---|"]
     for r in v["rows"]:
         ratio = (f"{r['schedule_ratio']:.3f} [{r['schedule_ratio_ci_low']:.3f}, {r['schedule_ratio_ci_high']:.3f}]"
                  if r["schedule_ratio_ci_low"] is not None else
                  (f"{r['schedule_ratio']:.3f}" if r["schedule_ratio"] is not None else ""))
         per = "" if r["drafts_per_step"] is None else f"{r['drafts_per_step']:.2f}"
-        lines.append(f"| {r['load']} | {r['arm']} | {r['k']} | {r['output_tokens_per_sec']:.1f} | {per} | {ratio} | "
-                     f"{r['verdict'] or ''} |")
+        tok = "" if r.get("draft_tokens_per_output_token") is None else f"{r['draft_tokens_per_output_token']:.3f}"
+        lines.append(f"| {r['load']} | {r['arm']} | {r['k']} | {r['output_tokens_per_sec']:.1f} | {per} | {tok} | "
+                     f"{ratio} | {r['verdict'] or ''} |")
     return lines
 
 

@@ -28,6 +28,9 @@ class ValidationRow:
     output_tokens_per_sec: float | None
     num_repeats: int
     drafts_per_step: float | None  # the engine's counters: num_draft_tokens / num_drafts (None: no drafts)
+    # num_draft_tokens / output tokens: how much it drafted at all (a step at k = 0 drafts nothing and is no draft,
+    # so drafts per step alone cannot show a load where the schedule stopped drafting)
+    draft_tokens_per_output_token: float | None
     schedule_ratio: float | None = None  # schedule's tokens/s / this arm's (medians)
     schedule_ratio_ci_low: float | None = None
     schedule_ratio_ci_high: float | None = None
@@ -105,7 +108,9 @@ def _validation_points(out: Path, plan_: dict) -> dict[tuple[int, str, int], tup
             load = data["point"]["concurrency"] if served else run["config"]["batch_size"]
             m = measured(d, data, load)
             drafted = sum(b.get("num_draft_tokens") or 0 for b in data.get("batches") or [])
-            found[(load, kind, m.k)] = (m, drafted / m.num_drafts if m.num_drafts else None)
+            tokens = sum(len(r.get("output_token_ids") or []) for r in data.get("requests") or [])
+            found[(load, kind, m.k)] = (m, drafted / m.num_drafts if m.num_drafts else None,
+                                        drafted / tokens if tokens else None)
     return found
 
 
@@ -128,9 +133,9 @@ def read_validation(out: Path, result: dict) -> dict | None:
             got = sched if arm == "schedule" else found.get((load, "fixed", k))
             if got is None:
                 continue
-            m, per_step = got
+            m, per_step, per_token = got
             row = ValidationRow(load, arm, k, round(m.median, 2), len(m.tokps), None if per_step is None
-                                else round(per_step, 3))
+                                else round(per_step, 3), None if per_token is None else round(per_token, 4))
             if sched is not None and arm != "schedule":
                 ci = median_ratio_ci(sched[0].tokps, m.tokps)
                 row.schedule_ratio = round(sched[0].median / m.median, 4)
@@ -140,4 +145,4 @@ def read_validation(out: Path, result: dict) -> dict | None:
                                    else "within noise")
             rows.append(row)
     return {"schedule": saved["schedule"], "dynamic": saved["dynamic"], "rows": [asdict(r) for r in rows],
-            "per_batch_size": not saved["dynamic"] and not info(result["backend"]).served}
+            "per_batch_size": not info(result["backend"]).vllm}  # no dynamic speculative decoding there
