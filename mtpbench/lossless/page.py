@@ -47,8 +47,8 @@ def page(out: Path) -> Path:
     caption = ("Greedy: each divergence's |logit gap| against the threshold" if record.get("kind") == "greedy"
                else "Sampling: each prompt's mean score per arm")
     body = (figure(out / "lossless.png", caption)
-            + figure(out / "lossless_detail.png", "Each arm's score distribution, its score by position, and how "
-                     "often a prompt's continuations share their most frequent token at each position")
+            + figure(out / "lossless_detail.png", "Each arm's score distribution over prompts, and how often a "
+                     "prompt's continuations share their most frequent token at each position")
             + "<h2>Per prompt</h2>" + prompts_table(record) + to_html(md) + provenance(record.get("provenance")))
     return write(out / "report.html", document(f"mtpbench check-lossless: {out.name}", "check-lossless", text, tone,
                                               body))

@@ -167,9 +167,10 @@ ARMS = (("off", "tab:blue", "k = 0"), ("on", "tab:red", "drafting"), ("off_aa", 
 
 
 def detail_plot(record: dict, path: Path) -> Path | None:
-    """Sampling: each arm's score distribution (target log-prob per token), its mean score by position, and by
-    position how often a prompt's continuations share their most frequent token (the law at each position, seen
-    through its mode); None for a greedy check."""
+    """Sampling: each arm's score distribution over prompts (mean target log-prob per token of each prompt's
+    continuations) and, by position, how often a prompt's continuations share their most frequent token (the law at
+    each position, seen through its mode); None for a greedy check. From ``per_prompt`` alone (what lossless.json
+    keeps)."""
     from collections import Counter
 
     import matplotlib
@@ -177,30 +178,25 @@ def detail_plot(record: dict, path: Path) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    arms = record.get("arms") or {}
-    if record.get("kind") == "greedy" or not all(isinstance(arms.get(n), dict) for n, _, _ in ARMS):
+    pp = record.get("per_prompt") or []
+    if record.get("kind") == "greedy" or not pp or f"tokens_{ARMS[0][0]}" not in pp[0]:
         return None
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
     try:
         for name, color, label in ARMS:
-            conts, strata = arms[name]["continuations"], arms[name]["prompts"]
-            lps = [t[2] for c in conts for t in c if t[2] is not None]
-            axes[0].hist(lps, bins=40, histtype="step", color=color, label=label, density=True)
-            n = max((len(c) for c in conts), default=0)
-            by_pos = [[c[i][2] for c in conts if len(c) > i and c[i][2] is not None] for i in range(n)]
-            axes[1].plot(range(n), [np.mean(v) if v else np.nan for v in by_pos], "o-", color=color, ms=3, label=label)
+            means = [p[f"mean_logprob_{name}"] for p in pp if p.get(f"mean_logprob_{name}") is not None]
+            axes[0].hist(means, bins=min(20, max(len(means), 1)), histtype="step", color=color, label=label)
+            per_prompt = [p.get(f"tokens_{name}") or [] for p in pp]
+            n = max((len(c) for conts in per_prompt for c in conts), default=0)
             share = []
             for i in range(n):
-                per_prompt: dict[int, list[int]] = {}
-                for c, s in zip(conts, strata):
-                    if len(c) > i:
-                        per_prompt.setdefault(s, []).append(c[i][1])
-                share.append(np.mean([Counter(v).most_common(1)[0][1] / len(v) for v in per_prompt.values()])
-                             if per_prompt else np.nan)
-            axes[2].plot(range(n), share, "o-", color=color, ms=3, label=label)
-        axes[0].set(xlabel="target log-prob of each sampled token", ylabel="density", title="score distribution")
-        axes[1].set(xlabel="position", ylabel="mean target log-prob", title="score by position")
-        axes[2].set(xlabel="position", ylabel="share of the modal token", title="token frequency by position")
+                shares = [Counter(toks).most_common(1)[0][1] / len(toks) for conts in per_prompt
+                          if (toks := [c[i] for c in conts if len(c) > i])]
+                share.append(np.mean(shares) if shares else np.nan)
+            axes[1].plot(range(n), share, "o-", color=color, ms=3, label=label)
+        axes[0].set(xlabel="mean target log-prob per token, one value per prompt", ylabel="prompts",
+                    title="score distribution")
+        axes[1].set(xlabel="position", ylabel="share of the modal token", title="token frequency by position")
         for ax in axes:
             ax.legend(fontsize=7)
             ax.title.set_fontsize(9)
