@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections import Counter
 from dataclasses import fields
 
@@ -50,8 +51,6 @@ def heatmap(path, records: list[CallRecord], num_layers: int, k: int, title: str
                     color="white" if grid[s, j] > grid.max() / 2 else "black")
         ax.add_patch(plt.Rectangle((s % num_layers - 0.5, s - 0.5), 1, 1, fill=False, ec="red", lw=1.5))
     ax.set(xticks=range(num_layers), yticks=range(grid.shape[0]), xlabel="MTP layer executed", ylabel="draft step s")
-    import textwrap
-
     # wrapped to the figure's width: a narrow heatmap (few layers) cut a one-line title off at both ends
     ax.set_title("\n".join(textwrap.wrap(title, max(24, int(9 * (1.6 + 1.1 * num_layers))))), fontsize=8)
     fig.text(0.01, 0.01, "red box: expected layer s mod L", fontsize=7, color="red")

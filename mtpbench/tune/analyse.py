@@ -101,7 +101,7 @@ def analyse(sweeps: Sweeps) -> dict:
     rows = measured_rows(sweeps, model)
     chosen = {(c.load, c.chosen) for c in choices}
     for r in rows:
-        r.chosen, r.scheduled_k = (r.load, r.k) in chosen, k_of.get(r.load)
+        r.chosen = (r.load, r.k) in chosen
     pred_ks = list(range(0, max(ks) + 1 + PREDICT_EXTRA_K))
     rows += predicted_rows(model, pred_ks, max(loads), {(r.load, r.k) for r in rows})
     for r in rows:

@@ -24,6 +24,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from mtpbench import stats
+
 
 @dataclass
 class Measured:
@@ -37,9 +39,7 @@ class Measured:
 
     @property
     def median(self) -> float:
-        xs = sorted(self.tokps)
-        n = len(xs)
-        return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+        return stats.median(self.tokps)
 
     @property
     def acceptance_length(self) -> float:
@@ -87,9 +87,9 @@ def expected_tokens(rates: list[float], k: int) -> float:
     return 1 + sum(rates[:k])
 
 
-def fit_costs(load: int, points: list[Measured], rates: list[float] | None = None) -> Costs | None:
+def fit_costs(load: int, points: list[Measured]) -> Costs | None:
     """``f`` and ``c`` at one load from its measured points (its k = 0 point and at least one k > 0); None without
-    them. ``rates`` unused: each point's own acceptance length gives its step count."""
+    them. Each point's own acceptance length gives its step count."""
     base = [p for p in points if p.load == load and p.k == 0]
     spec = [p for p in points if p.load == load and p.k > 0 and p.num_drafts]
     if not base or not spec:

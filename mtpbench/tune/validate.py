@@ -96,7 +96,7 @@ def run_validation(tc, out: Path, result: dict, on_point=None) -> None:
         run_sweep(cfg, on_point and (lambda j, n, name: on_point(j, n, f"{label} ({i + 1}/{len(configs)}): {name}")))
 
 
-def _validation_points(out: Path, plan_: dict) -> dict[tuple[int, str, int], tuple]:
+def _validation_points(out: Path) -> dict[tuple[int, str, int], tuple]:
     """(load, "schedule" or "fixed", k) -> (Measured, drafts per step) from the validation sweeps."""
     found = {}
     for run_path in sorted((out / "validate").glob("**/run.json")):
@@ -124,7 +124,7 @@ def read_validation(out: Path, result: dict) -> dict | None:
         return None
     saved = json.loads(path.read_text())
     arms = plan(result, saved["schedule"])
-    found = _validation_points(out, arms)
+    found = _validation_points(out)
     rows = []
     for load, ks in sorted(arms.items()):
         sched = found.get((load, "schedule" if saved["dynamic"] else "fixed", ks["schedule"] if not saved["dynamic"]
