@@ -26,6 +26,28 @@ def one_line_error(result, message: str) -> None:
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.output
 
 
+MAX_WORKERS = 4  # `-n auto`: one worker per core, at most this many (each may hold two vLLM servers' memory)
+
+
+def pytest_xdist_auto_num_workers(config):
+    return max(1, min(len(os.sched_getaffinity(0)), MAX_WORKERS))
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (the README's ``-n auto``) each worker gets its own share of the cores: its torch
+    threads (``OMP_NUM_THREADS``) and the vLLM engines it starts (``VLLM_CPU_OMP_THREADS_BIND``, inherited by
+    every engine and server process) stay there. Left to themselves, every worker's torch and every engine would
+    spread over all cores and spin against each other's OpenMP threads (many times slower, not twice)."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not worker or not count:
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    index, count = int(worker.removeprefix("gw")), int(count)
+    share = cpus[index::count] or [cpus[index % len(cpus)]]
+    os.environ["OMP_NUM_THREADS"] = str(len(share))
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, share))
+
+
 def pytest_collection_modifyitems(config, items):
     marked = [item for item in items if item.get_closest_marker("vllm")]
     if not marked:
