@@ -162,7 +162,10 @@ def guard_main(log_path: str, cmd: list[str], int_grace_s: float = INT_GRACE_S,
             if readable and not os.read(fd, 4096):  # end-of-file: mtpbench closed the pipe or is gone
                 break
         if stop_group(server, int_grace_s, term_grace_s):
-            print("stopped", flush=True)  # the owner must not signal the group's id any more
+            try:
+                print("stopped", flush=True)  # the owner must not signal the group's id any more
+            except BrokenPipeError:  # the owner was killed: nobody is left to tell (and no traceback at exit)
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return server.returncode if server.returncode is not None else -9
 
 

@@ -8,6 +8,7 @@ import importlib
 import json
 import os
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
@@ -34,10 +35,15 @@ def pytest_xdist_auto_num_workers(config):
 
 
 def pytest_configure(config):
-    """Under pytest-xdist (the README's ``-n auto``) each worker gets its own share of the cores: its torch
+    """A pytest started in the background of a non-interactive shell (``nohup pytest &``) inherits SIGINT ignored,
+    and so would every mtpbench it starts: the tests that press Ctrl-C could not. Python's own handler back.
+
+    Under pytest-xdist (the README's ``-n auto``) each worker gets its own share of the cores: its torch
     threads (``OMP_NUM_THREADS``) and the vLLM engines it starts (``VLLM_CPU_OMP_THREADS_BIND``, inherited by
     every engine and server process) stay there. Left to themselves, every worker's torch and every engine would
     spread over all cores and spin against each other's OpenMP threads (many times slower, not twice)."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     if not worker or not count:
         return
