@@ -9,7 +9,8 @@ Each (seed, arm) is ``mtpbench check-lossless --threads 1 --seed S [--planted-lo
 once and shared by its three drafting arms: the faults act on drafting only and a k = 0 arm is a function of its
 seed, so the verdicts are the CLI's at 5 of 9 arm draws (seed 1, correct engine: two-sample p = 0.4653 here, the
 value the CLI's seed-1 check gave in the previous release's measurement). About
-4 min a (seed, arm) on one idle core of the 2-core AMD EPYC; run it alone.
+2 min a (seed, arm), 4-5 min for the first of a seed (its k = 0 arms), 64 min for seeds 1-10, on one core of the 2-core
+AMD EPYC (pinned, beside one other job); the verdicts do not depend on the load, the wall times do.
 """
 
 import json
