@@ -160,14 +160,15 @@ def expected_verdict(rec: dict) -> str:
 def native_z(model, rec: dict, arm: str) -> float:
     """One arm's one-sample z (stats.score_test) under the native engine's law at T = 1: the arm's tokens scored
     by the same checkpoint in PyTorch, float32, the prompts encoded as the check encodes them."""
+    from mtpbench.backends.vllm_server.check import encode
     from mtpbench.engine import target_moments
-    from mtpbench.prompts import load_prompts, load_tokenizer, token_ids
+    from mtpbench.prompts import load_prompts
     from mtpbench.stats import score_test
 
     by_id = {p.id: p for p in load_prompts("builtin")}
+    prompts = encode(BUILTIN_MODEL_DIR, [by_id[row["prompt_id"]] for row in rec["per_prompt"]])
     ids, continuations = [], []
-    for row in rec["per_prompt"]:
-        prompt = token_ids(load_tokenizer(BUILTIN_MODEL_DIR), [by_id[row["prompt_id"]]])[0]
+    for prompt, row in zip(prompts, rec["per_prompt"]):
         ids += [prompt] * len(row[f"tokens_{arm}"])
         continuations += row[f"tokens_{arm}"]
     moments = [m for ms in target_moments(model, ids, continuations, 1.0) for m in ms]
@@ -191,7 +192,8 @@ def test_attached_pair_sampling_check_is_lossless_and_its_lossy_control_is_not(t
     # and each arm on the target's law, under the native engine: the drafting server itself, not only beside
     # the baseline
     for name in ("on", "off"):
-        assert abs(native_z(model, rec, name)) < Z_BOUND, (name, native_z(model, rec, name), seeds)
+        z = native_z(model, rec, name)
+        assert abs(z) < Z_BOUND, (name, z, seeds)
     assert rec["test"]["num_continuations_a"] == rec["test"]["num_continuations_b"] == 4 * 32
     assert {a["engine"]["server"] for a in rec["arms"].values()} == {spec_url, base_url}
     assert rec["arms"]["on"]["engine"]["server"] == spec_url and rec["arms"]["on"]["engine"]["attached"]
