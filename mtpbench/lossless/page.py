@@ -11,9 +11,17 @@ from mtpbench.html.markdown import to_html
 
 
 def headline(record: dict) -> tuple[str, str]:
+    """(the verdict and why, its tone), the tone by --fail-if-lossy's exit code (``verdict.exit_code``, which the
+    page reads rather than restates): bad exactly where it exits 1 (lossy, divergent), warn where it exits 3
+    (inconclusive: the gate fails closed), good only for a lossless verdict that exits 0, plain for any other
+    that exits 0 ("numerical only": divergences within rounding, which the gate passes)."""
+    from mtpbench.lossless.verdict import EXIT_INCONCLUSIVE, EXIT_LOSSY, GREEDY_LOSSLESS, SAMPLING_LOSSLESS, exit_code
+
     verdict = record["verdict"]
-    tone = "good" if verdict.startswith("lossless") else "warn" if verdict.startswith("inconclusive") else "bad"
-    return f"{verdict[0].upper() + verdict[1:]}: {record.get('why') or ''}".strip().rstrip(":") , tone
+    code = exit_code(record)
+    tone = ("bad" if code == EXIT_LOSSY else "warn" if code == EXIT_INCONCLUSIVE
+            else "good" if code == 0 and verdict in (GREEDY_LOSSLESS, SAMPLING_LOSSLESS) else "plain")
+    return f"{verdict[0].upper() + verdict[1:]}: {record.get('why') or ''}".strip().rstrip(":"), tone
 
 
 def _f(x, spec: str = ".4g") -> str:

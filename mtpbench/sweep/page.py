@@ -27,24 +27,66 @@ def label(r: dict) -> str:
     return ", ".join(parts)
 
 
+def _interval(r: dict) -> tuple[float, float] | None:
+    lo, hi = r.get("speedup_ci_low"), r.get("speedup_ci_high")
+    return None if lo is None or hi is None else (lo, hi)
+
+
+def _speed(r: dict, words: str = "") -> str:
+    """A point's speedup as the headline shows it: "1.15x [95 %: 0.80 to 1.50]" (``words`` after the "x"), or
+    with "(no interval)"."""
+    ci = _interval(r)
+    return (f"{r['speedup']:.2f}x{words} "
+            + ("(no interval)" if ci is None else f"[95 %: {ci[0]:.2f} to {ci[1]:.2f}]"))
+
+
+PLAIN = " the speed of plain decoding"
+
+
+def _al(r: dict) -> str:
+    return "" if r.get("acceptance_length") is None else f", acceptance length {r['acceptance_length']:.2f}"
+
+
+def _timed(timed: list[dict]) -> tuple[str, str]:
+    """The headline over points with a speedup (see ``headline``)."""
+    top = max(timed, key=lambda r: r["speedup"])
+    faster = [r for r in timed if _interval(r) and _interval(r)[0] > 1]
+    if faster:
+        b = max(faster, key=lambda r: r["speedup"])
+        text = (f"Best: {label(b)} at {_speed(b, PLAIN)}{_al(b)}; faster than plain decoding "
+                f"beyond noise at {len(faster)} of {len(timed)} timed points: {'; '.join(map(label, faster))}.")
+        if top["speedup"] > b["speedup"]:
+            text += f" {label(top)} has the highest median, {_speed(top)}, but is not faster beyond noise."
+        return text, "good"
+    if all(_interval(r) and _interval(r)[1] < 1 for r in timed):
+        return (f"Drafting is slower here: every drafting point runs below plain decoding beyond noise; the best, "
+                f"{label(top)}, runs at {_speed(top)}.", "bad")
+    bare = [r for r in timed if _interval(r) is None]
+    if len(bare) == len(timed):
+        return f"Best: {label(top)} at {_speed(top, PLAIN)}{_al(top)}.", "plain"
+    return (f"No k is faster than plain decoding beyond noise: the best by median, {label(top)}, runs at "
+            f"{_speed(top)}{_al(top)}" + (f"; {len(bare)} of {len(timed)} timed points have no interval"
+                                          if bare else "") + ".", "warn")
+
+
 def headline(rows: list[dict]) -> tuple[str, str]:
-    """(the answer in a sentence, its tone) from the rows of all prompts."""
+    """(the answer in a sentence, its tone) from the rows of all prompts. Only finished drafting points count
+    (status ok, k > 0); a point is faster (slower) than plain decoding beyond noise when its speedup's 95 %
+    interval lies wholly above (below) 1, an end exactly at 1 is not beyond it. Over the points with a speedup:
+
+    * some point is faster beyond noise: "Best:" the fastest of those by median, every such point named, and
+      the point of the highest median if it is not one of them (good);
+    * every point has an interval and each lies below 1: "Drafting is slower here" (bad);
+    * no point has an interval: the best by median, "(no interval)" (plain);
+    * else: "No k is faster than plain decoding beyond noise", the best by median, and how many points have no
+      interval (warn).
+
+    Without any speedup: the highest acceptance length, or that nothing was drafted (plain); no drafting point
+    finished: bad."""
     ok = [r for r in rows if r["status"] == "ok" and r["k"] > 0]
     timed = [r for r in ok if r.get("speedup") is not None]
     if timed:
-        b = max(timed, key=lambda r: r["speedup"])
-        lo, hi = b.get("speedup_ci_low"), b.get("speedup_ci_high")
-        al = f"acceptance length {b['acceptance_length']:.2f}" if b.get("acceptance_length") else ""
-        if lo is None:
-            return (f"Best: {label(b)} at {b['speedup']:.2f}x the speed of plain decoding (one timed run: no "
-                    f"interval), {al}.", "plain")
-        ci = f"[95 %: {lo:.2f} to {hi:.2f}]"
-        if lo > 1:
-            return f"Best: {label(b)} at {b['speedup']:.2f}x the speed of plain decoding {ci}, {al}.", "good"
-        if hi < 1:
-            return f"Drafting is slower here: the best, {label(b)}, runs at {b['speedup']:.2f}x plain decoding {ci}.", "bad"
-        return (f"No k is faster than plain decoding beyond noise: the best, {label(b)}, runs at {b['speedup']:.2f}x "
-                f"{ci}, {al}.", "warn")
+        return _timed(timed)
     drafted = [r for r in ok if r.get("acceptance_length") is not None]
     if drafted:
         b = max(drafted, key=lambda r: r["acceptance_length"])

@@ -11,9 +11,20 @@ from mtpbench.html.document import document, esc, figure, provenance, table, wri
 TONES = {"multi-module": "good", "layer-0 reuse": "warn", "multi-layer calls": "plain", "inconclusive": "plain"}
 
 
+def _ran(cell) -> str:
+    """What one step's "ran layer:count" cell ("0:5 1:3") says in words: every layer that ran, with its count
+    when there were several ("layer 0 x5, layer 1 x3"); -1 is several layers in one call, None no MTP layer."""
+    parts = [p.rpartition(":") for p in str(cell or "").split()]
+    name = {"-1": "all layers in one call", "None": "no MTP layer"}
+    if len(parts) == 1:
+        return name.get(parts[0][0], f"layer {parts[0][0]}")
+    return ", ".join(f"{name.get(j, f'layer {j}')} x{n}" for j, _, n in parts) or "layer -"
+
+
 def headline(t: dict) -> tuple[str, str]:
-    ran = [str(s.get("ran layer:count", "")).split(":")[0] for s in t.get("per_step") or []]
-    steps = ", ".join(f"step {s['step']}: layer {r or '-'}" for s, r in zip(t.get("per_step") or [], ran))
+    """(the verdict and which layers ran at each draft step, its tone): good for multi-module, warn for layer-0
+    reuse, plain for what tells nothing wrong of the drafter (multi-layer calls, inconclusive), bad otherwise."""
+    steps = "; ".join(f"step {s['step']}: {_ran(s.get('ran layer:count'))}" for s in t.get("per_step") or [])
     who = t.get("drafter") or t.get("backend")
     text = (f"Verdict: {t['verdict']}. {steps or 'No draft step ran'} ({t['mode']}, k = {t['k']}, "
             f"{t['num_mtp_layers']} MTP layer{'s' if t['num_mtp_layers'] != 1 else ''}, drafted by {who}).")
