@@ -69,8 +69,10 @@ def law_moments(ids, raw, tok: int, temperature: float, vocab: int | None = None
 
 def max_abs_change(together: Iterable[Iterable[float]], alone: Iterable[Iterable[float]]) -> float:
     """The largest |a - b| between two passes' per-token log-probs, row by row (0 when there are none): the
-    rounding noise of a teacher-forced score when only the batch composition differs."""
-    return max((abs(a - b) for x, y in zip(together, alone) for a, b in zip(x, y)), default=0.0)
+    rounding noise of a teacher-forced score when only the batch composition differs. NaN if any change is NaN
+    (max() keeps a NaN only when it comes first, so a broken score would read as small noise)."""
+    changes = [abs(a - b) for x, y in zip(together, alone) for a, b in zip(x, y)]
+    return math.nan if any(math.isnan(c) for c in changes) else max(changes, default=0.0)
 
 
 def top_two_margin(logprobs: Iterable[float]) -> float:

@@ -2,6 +2,7 @@
 the planted lossy rule lossy and the correct engine not lossy."""
 
 import json
+import math
 import re
 import shutil
 
@@ -75,10 +76,11 @@ def test_synthetic_acceptance_on_the_v1_runner_of_a_cpu_build_is_refused_before_
 
 
 def test_a_logit_gap_is_numerical_only_within_the_threshold_and_the_verdicts_follow():
-    t, source = numerical_threshold("float32", 1e-6)
-    assert source == "dtype" and 1e-5 < t < 1e-4  # 8 ulps at |logit| 32
+    t, source, problem = numerical_threshold("float32", 1e-6)[:3]
+    assert source == "dtype" and problem is None and 1e-5 < t < 1e-4  # 8 ulps at |logit| 32
     assert numerical_threshold("bfloat16", 1e-6)[0] > 1.0  # bf16 rounds coarsely
-    assert numerical_threshold("float32", 1e-3) == (4e-3, "A/A log-prob noise")
+    assert numerical_threshold("float32", 1e-5)[:3] == (4e-5, "A/A log-prob noise", None)
+    assert numerical_threshold("float32", 1e-3).problem  # 4e-3 is beyond the cap, 4 x the floor: a finding
     assert classify(t / 2, t) == "numerical" and classify(2 * t, t) == "divergent"
     assert classify(-t / 2, t) == "numerical" and classify(-2 * t, t) == "divergent"  # k = 0 left the argmax
     assert classify(None, t) is None and classify(t / 2, None) is None  # unknown: unclassified
@@ -96,7 +98,9 @@ def test_greedy_check_on_the_builtin_model_is_lossless_and_writes_three_files(tm
     assert all((out / f).is_file() for f in FILES) and not list(out.glob("*.tmp*"))
     rec = json.loads((out / "lossless.json").read_text())
     assert rec["kind"] == "greedy" and rec["verdict"] == "lossless" and rec["identical_share"] == 1.0
-    assert rec["aa_batch_sizes"] == [48, 1] and rec["aa_identical_share"] == 1.0
+    # what ran: the k = 0 arm batched the 2 prompts (not --batch-size's 48), the A/A arm each alone
+    assert rec["aa_batch_sizes"] == [2, 1] and rec["aa_copies"] == 1 and rec["aa_identical_share"] == 1.0
+    assert rec["arms"]["k0_aa"]["batch_size"] == 1 and "A/A control (k = 0 at batch sizes 2 and 1)" in r.output
     assert [len(p["spec_tokens"]) for p in rec["per_prompt"]] == [8, 8]
     assert rec["config"]["k"] == 2 and rec["provenance"]["git_sha"] is not None
     assert "check-lossless: lossless" in r.output
@@ -342,7 +346,7 @@ def test_an_aa_control_that_diverges_beyond_rounding_makes_the_check_inconclusiv
     rec = greedy_check({"spec": [[5, 9, 7, 8], [1, 2, 3, 4]], "aa": [[5, 6, 7, 8], [1, 2, 11, 4]]}, logits)
     assert rec["verdict"] == "inconclusive"
     assert rec["numerical_threshold"] == dtype_floor("float32") and rec["numerical_threshold_source"] == "dtype"
-    assert "A/A control (k = 0 at batch sizes 4 and 1)" in rec["why"]
+    assert "A/A control (k = 0 at batch sizes 2 and 1)" in rec["why"]  # 2 prompts: the batch of 4 held 2
     assert "prompt b, token 2, 3 vs 11, logit gap 5 >" in rec["why"]
     aa = rec["per_prompt"][1]["aa_divergence"]
     assert aa["logit_gap"] == 5.0 and aa["class"] == "divergent" and rec["num_aa_beyond_bound"] == 1
@@ -356,20 +360,59 @@ def test_an_aa_control_that_diverges_beyond_rounding_makes_the_check_inconclusiv
 
 
 def test_an_aa_divergence_within_rounding_is_allowed_and_recorded():
-    """A/A tokens that differ where the target's two tokens are within the measured noise bound (4 x 1e-3): the
-    k = 0 engine is reproducible up to rounding; the A/A divergence is recorded, the verdict is the drafting arm's."""
-    logits = {1: {2: {3: 10.0, 11: 10.0 - 1e-3}}}
-    rec = greedy_check({"aa": [[5, 6, 7, 8], [1, 2, 11, 4]]}, logits, noise=1e-3)
-    assert rec["verdict"] == "lossless" and rec["numerical_threshold"] == pytest.approx(4e-3)
+    """A/A tokens that differ where the target's two tokens are within the measured noise bound (4 x 1e-5, above
+    the float32 floor 3.05e-5): the k = 0 engine is reproducible up to rounding; the A/A divergence is recorded, the
+    verdict is the drafting arm's."""
+    logits = {1: {2: {3: 10.0, 11: 10.0 - 3.5e-5}}}
+    rec = greedy_check({"aa": [[5, 6, 7, 8], [1, 2, 11, 4]]}, logits, noise=1e-5)
+    assert rec["verdict"] == "lossless" and rec["numerical_threshold"] == pytest.approx(4e-5)
     assert rec["numerical_threshold_source"] == "A/A log-prob noise"
     assert rec["num_aa_numerical"] == 1 and rec["num_aa_beyond_bound"] == 0 and rec["aa_identical_share"] == 0.5
     assert rec["per_prompt"][1]["aa_divergence"]["class"] == "numerical"
 
 
+@pytest.mark.parametrize("noise, said", [(0.5, "move by 0.5 nats between batch compositions, beyond the cap of "
+                                                "3.05e-05"),
+                                          (math.inf, "change by inf (not a finite number >= 0)"),
+                                          (math.nan, "change by nan (not a finite number >= 0)")])
+def test_log_prob_noise_beyond_the_cap_or_not_finite_is_a_finding_not_a_bigger_threshold(noise, said):
+    """Issue 33 item 10: 0.5 nats of batch-composition noise in float32 made the threshold 2 logits (65,000 x the
+    floor) and a 1-logit divergence "numerical only"; noise of inf excused every divergence; NaN was dropped by
+    max() and the floor used as if measured. Each is now a finding: inconclusive, named, exit 3 under
+    --fail-if-lossy; the threshold stays at its cap, 4 x the floor."""
+    from mtpbench.lossless import dtype_floor, exit_code, summary
+
+    logits = {0: {1: {6: 10.0, 9: 9.0}}}
+    for spec in ([[5, 9, 7, 8], [1, 2, 3, 4]], [[5, 6, 7, 8], [1, 2, 3, 4]]):  # a 1-logit divergence, and none
+        rec = greedy_check({"spec": spec}, logits, noise=noise)
+        assert rec["verdict"] == "inconclusive" and exit_code(rec) == 3 and exit_code(rec, True) == 0
+        assert rec["why"].startswith("log-prob noise beyond rounding: the k = 0 engine's teacher-forced log-probs ")
+        assert said in rec["why"] and rec["why"].endswith("so no divergence can be bounded by rounding")
+        assert rec["numerical_threshold"] == rec["numerical_threshold_cap"] == 4 * dtype_floor("float32")
+        assert rec["aa_logprob_noise"] == (noise if math.isfinite(noise) else None)  # JSON holds no NaN or inf
+        text = summary(rec)
+        assert "why: log-prob noise beyond rounding" in text and "cap 0.000122" in text
+    assert rec["per_prompt"][0]["divergence"] is None
+    rec = greedy_check({"spec": [[5, 9, 7, 8], [1, 2, 3, 4]]}, logits, noise=1e-5)  # within the cap: measured
+    assert rec["verdict"] == "divergent" and rec["numerical_threshold"] == pytest.approx(4e-5)
+
+
+def test_a_non_finite_logit_gap_is_unclassified_never_numerical():
+    """A gap of NaN (a NaN logit) compared false with the threshold and was called divergent, one of inf likewise;
+    neither is a measured gap: unclassified, and the check cannot vouch (inconclusive)."""
+    for bad in (math.nan, math.inf, -math.inf):
+        rec = greedy_check({"spec": [[5, 9, 7, 8], [1, 2, 3, 4]]}, {0: {1: {6: 10.0, 9: 10.0 - bad}}})
+        d = rec["per_prompt"][0]["divergence"]
+        assert d["class"] is None and rec["verdict"] == "inconclusive" and rec["num_numerical"] == 0
+        assert "unclassified divergence (logit gap unknown or not finite)" in rec["why"]
+        assert "(not finite)" in rec["why"]
+
+
 # the native engine end to end, with one token of one arm planted (the rest of each run is the engine's own)
 
 def _plant(monkeypatch, arm: str, position: int):
-    """NativeBackend's greedy arm ``arm`` ("spec": k > 0; "aa": k = 0 at batch size 1) with prompt 0's token at
+    """NativeBackend's greedy arm ``arm`` ("spec": k > 0; "aa": k = 0 at batch size 1; "batched": k = 0 with more
+    than one row in a batch, an engine whose tokens hang on the batch composition) with prompt 0's token at
     ``position`` replaced by the target's least likely token there (teacher-forced over the run's own prefix)."""
     from mtpbench.backends.native import NativeBackend
     from mtpbench.engine import target_logits
@@ -378,7 +421,9 @@ def _plant(monkeypatch, arm: str, position: int):
 
     def sample_arm(self, cfg, ids, k, *args, batch_size=None, **kwargs):
         out = real(self, cfg, ids, k, *args, batch_size=batch_size, **kwargs)
-        if (arm == "spec" and k > 0) or (arm == "aa" and k == 0 and batch_size == 1):
+        batched = min(batch_size or cfg.batch_size, len(ids)) > 1
+        if (arm == "spec" and k > 0) or (arm == "aa" and k == 0 and batch_size == 1) or \
+                (arm == "batched" and k == 0 and batched):
             t = out[0][0]
             lg = target_logits(self.model, [ids[0]], [t[: position + 1]])[0][position]
             t[position] = int(lg.argmin())
@@ -411,3 +456,26 @@ def test_the_native_check_is_inconclusive_when_its_aa_control_diverges(tmp_path,
     assert rec["numerical_threshold"] < 1e-3  # the floor or the noise, never the A/A divergence
     pid = rec["per_prompt"][0]["prompt_id"]
     assert f"prompt {pid}, token 3," in rec["why"] and "check-lossless: inconclusive" in r.output
+
+
+def test_the_aa_control_of_one_prompt_runs_it_beside_a_copy_and_can_fail(tmp_path, monkeypatch):
+    """Issue 33 item 11: with one prompt both k = 0 arms ran it alone (the batch of --batch-size 48 held one row),
+    so the A/A control could not fail while the summary said "batch sizes 48 and 1". Now the A/A arm runs the
+    prompt beside a copy of itself, and the summary says so; an engine whose k = 0 tokens change in a batch of two
+    is caught (inconclusive, exit 3), where the blind control called it lossless."""
+    out = tmp_path / "one"
+    r = run("--temperature", "0", "--k", "2", "--num-prompts", "1", "--max-tokens", "8", "--fail-if-lossy", "--out", out)
+    assert r.exit_code == 0, r.output
+    rec = json.loads((out / "lossless.json").read_text())
+    assert rec["verdict"] == "lossless" and rec["aa_batch_sizes"] == [1, 2] and rec["aa_copies"] == 2
+    assert rec["arms"]["k0"]["batch_size"] == 48 and rec["arms"]["k0_aa"]["batch_size"] == 2
+    assert len(rec["per_prompt"]) == 1 and rec["per_prompt"][0]["aa_tokens"] == rec["per_prompt"][0]["k0_tokens"]
+    assert "A/A control (k = 0 at batch sizes 1 and 2, the prompt beside a copy of itself): identical 100.0%" in r.output
+    _plant(monkeypatch, "batched", 3)
+    out = tmp_path / "planted"
+    r = run("--temperature", "0", "--k", "2", "--num-prompts", "1", "--max-tokens", "8", "--fail-if-lossy", "--out", out)
+    rec = json.loads((out / "lossless.json").read_text())
+    assert rec["verdict"] == "inconclusive" and r.exit_code == 3, r.output
+    assert rec["why"].startswith("the A/A control (k = 0 at batch sizes 1 and 2, the prompt beside a copy of itself) "
+                                 "diverges beyond rounding: prompt ")
+    assert ", token 3," in rec["why"] and rec["identical_share"] == 1.0

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mtpbench.lossless.verdict import DIVERGENT_CLASS, NUMERICAL, _gap
+from mtpbench.lossless.verdict import DIVERGENT_CLASS, NUMERICAL, _gap, aa_label
 
 
 def _f(x, fmt: str = ".3g") -> str:
@@ -69,12 +69,14 @@ def _greedy_lines(record: dict) -> list[str]:
                 if record.get("num_length_differences") else ""),
              f"- numerical threshold: |logit gap| (the target's logit of the k = 0 token minus that of the "
              f"token the other run emitted) <= {record['numerical_threshold']:.3g} (set by "
-             f"{record['numerical_threshold_source']}; dtype floor {record['dtype_floor']:.3g})",
-             f"- A/A control (k = 0 at batch sizes {record['aa_batch_sizes'][0]} and "
-             f"{record['aa_batch_sizes'][1]}): identical {record['aa_identical_share']:.1%}"
+             f"{record['numerical_threshold_source']}; dtype floor {record['dtype_floor']:.3g}"
+             + (f", cap {record['numerical_threshold_cap']:.3g}" if "numerical_threshold_cap" in record else "") + ")",
+             f"- A/A control ({aa_label(record['aa_batch_sizes'], record.get('aa_copies', 1))}): identical "
+             f"{record['aa_identical_share']:.1%}"
              + (f" (divergences within rounding {record['num_aa_numerical']}, beyond it "
                 f"{record['num_aa_beyond_bound']})" if "num_aa_numerical" in record else "")
-             + f", teacher-forced log-prob noise {record['aa_logprob_noise']:.3g}"]
+             + f", teacher-forced log-prob noise {_f(record['aa_logprob_noise'])}"
+             + (" (no finite number: see why)" if record["aa_logprob_noise"] is None else "")]
     if record.get("why"):
         lines.insert(0, f"- why: {record['why']}")
     for p in record["per_prompt"]:

@@ -45,16 +45,14 @@ from mtpbench.errors import MtpBenchError, Unavailable
 from mtpbench.lossless.config import SUBTLE_FACTOR, CheckConfig, check_config
 from mtpbench.lossless.report import write_outputs
 from mtpbench.lossless.verdict import (
-    DIVERGENT,
     DIVERGENT_CLASS,
-    INCONCLUSIVE,
     NUMERICAL,
     SAMPLING_LOSSLESS,
     _divergence,
+    aa_plan,
     aa_problem,
     dtype_floor,
-    greedy_verdict,
-    greedy_why,
+    greedy_outcome,
     nothing_drafted,
     numerical_threshold,
 )
@@ -109,18 +107,20 @@ def threshold_dtype(backend, e: SweepConfig) -> str:
 def run_greedy(backend, cfg: CheckConfig, ids: list[list[int]], prompt_ids: list[str]) -> dict:
     e = cfg.engine
     bs = e.batch_size
-    other = 1 if bs > 1 else len(ids)  # the A/A control: k = 0 at another batch composition
+    # the A/A control: k = 0 again in another batch composition (with one prompt, beside copies of itself)
+    aa_bs, copies, batched = aa_plan(len(ids), bs)
     log: list = []
     k0 = generate(backend, cfg, ids, 0, e.seed, batch_size=bs, log=log)
     spec = generate(backend, cfg, ids, cfg.k, e.seed, batch_size=bs, log=log)
-    aa = generate(backend, cfg, ids, 0, e.seed, batch_size=other, log=log)
+    aa = generate(backend, cfg, ids * copies, 0, e.seed, batch_size=aa_bs, log=log)[: len(ids)]
     aa_div = backend.greedy_divergences(ids, k0, aa)
     # rounding noise of the target's own numbers: the same teacher-forced pass, all rows together and one by one
-    noise = backend.logprob_noise(ids, k0)
+    # (one prompt: beside its copies, as in the A/A arm)
+    noise = backend.logprob_noise(ids * copies, k0 * copies)
     dtype = threshold_dtype(backend, e)
-    threshold, source = numerical_threshold(dtype, noise)
-    div = [_divergence(d, threshold) for d in backend.greedy_divergences(ids, k0, spec)]
-    aa_rows = [_divergence(d, threshold) for d in aa_div]  # judged against the same bound, never raising it
+    threshold = numerical_threshold(dtype, noise)
+    div = [_divergence(d, threshold.value) for d in backend.greedy_divergences(ids, k0, spec)]
+    aa_rows = [_divergence(d, threshold.value) for d in aa_div]  # judged against the same bound, never raising it
     identical = [d is None and len(a) == len(b) for d, a, b in zip(div, k0, spec)]
     # one run stopped sooner than the other, the tokens they share equal: a difference with no token to judge
     length_only = sum(d is None and len(a) != len(b) for d, a, b in zip(div, k0, spec))
@@ -128,28 +128,22 @@ def run_greedy(backend, cfg: CheckConfig, ids: list[list[int]], prompt_ids: list
                    "aa_identical": ad is None and len(a) == len(c), "aa_tokens": c, "aa_divergence": ad}
                   for pid, same, a, b, c, d, ad in zip(prompt_ids, identical, k0, spec, aa, div, aa_rows)]
     aa_why = aa_problem([(pid, ad, len(a) != len(c)) for pid, ad, a, c in zip(prompt_ids, aa_rows, k0, aa)],
-                        threshold, [bs, other])
-    if aa_why:
-        verdict, why = INCONCLUSIVE, aa_why
-    elif length_only:
-        verdict, why = DIVERGENT, (f"{length_only} prompt(s) of other length: the same tokens as far as they go, "
-                                   "one run stopped sooner")
-    else:
-        verdict, why = greedy_verdict(div), greedy_why(list(zip(prompt_ids, div)), threshold)
+                        threshold.value, batched, copies)
+    verdict, why = greedy_outcome(threshold, aa_why, length_only, list(zip(prompt_ids, div)))
     return {
         "verdict": verdict, "why": why, "num_length_differences": length_only,
         "identical_share": sum(identical) / len(identical),
         "num_prompts": len(ids),
         "num_divergent": sum(d is not None and d["class"] == DIVERGENT_CLASS for d in div),
         "num_numerical": sum(d is not None and d["class"] == NUMERICAL for d in div),
-        "numerical_threshold": threshold, "numerical_threshold_source": source,
-        "dtype_floor": dtype_floor(dtype), "threshold_dtype": dtype,
-        "aa_batch_sizes": [bs, other],
+        "numerical_threshold": threshold.value, "numerical_threshold_source": threshold.source,
+        "numerical_threshold_cap": threshold.cap, "dtype_floor": dtype_floor(dtype), "threshold_dtype": dtype,
+        "aa_batch_sizes": batched, "aa_copies": copies,
         "aa_identical_share": sum(p["aa_identical"] for p in per_prompt) / len(per_prompt),
         "num_aa_numerical": sum(d is not None and d["class"] == NUMERICAL for d in aa_rows),
         "num_aa_beyond_bound": sum(d is not None and d["class"] != NUMERICAL for d in aa_rows),
-        "aa_logprob_noise": noise, "arms": dict(zip(("k0", "spec", "k0_aa"), log)),
-        "per_prompt": per_prompt,
+        "aa_logprob_noise": threshold.noise,  # null where it was no finite number (the why gives it)
+        "arms": dict(zip(("k0", "spec", "k0_aa"), log)), "per_prompt": per_prompt,
     }
 
 
