@@ -492,3 +492,92 @@ def test_streams_are_read_to_their_end_so_connections_are_reused():
         loop.call_soon_threadsafe(loop.stop)
     assert not load.errors and len(load.requests) == 6
     assert len(set(peers)) == 1, peers  # one connection, reused by all six requests in turn
+
+
+# ---- check-lossless on servers: every request samples the target's whole law (issue 33 item 11) --------------
+
+class RecordingVllm(SimpleHTTPRequestHandler):
+    """check-lossless's requests, answered in vLLM's shape (one JSON answer, ``token_ids``, ``prompt_logprobs``),
+    each body kept; /metrics counts the finished requests, as vLLM's counter does."""
+
+    bodies: list
+
+    def log_message(self, *args):
+        pass
+
+    def _send(self, body: bytes, ctype: str = "application/json"):
+        self.send_response(200)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        self._send(_metrics_text(len(self.bodies), 0).encode(), "text/plain")
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.bodies.append(body)
+        choice = {"text": "x", "token_ids": [7] * body["max_tokens"]}
+        if body.get("prompt_logprobs") is not None:
+            choice["prompt_logprobs"] = [None] + [{str(t): {"logprob": -1.0}} for t in body["prompt"][1:]]
+        self._send(json.dumps({"choices": [choice]}).encode())
+
+
+@pytest.fixture
+def recording_vllm():
+    handler = type("Handler", (RecordingVllm,), {"bodies": []})
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}", handler.bodies
+    srv.shutdown()
+    srv.server_close()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7, 1.0])
+def test_every_check_request_pins_the_whole_law(recording_vllm, temperature):
+    """A server fills what a request leaves out from the model's generation_config.json (vLLM's default
+    --generation-config auto): a top_k of 50 there sampled truncated while the scorer used the full softmax. Every
+    request the check sends (the arms and the teacher-forced scores) says top_p 1, top_k -1 (off in every vLLM), min_p 0
+    and no penalties."""
+    from mtpbench.backends.vllm_server import Server
+    from mtpbench.backends.vllm_server.check import CheckServers, prompt_logprobs, sample_arm
+    from mtpbench.config import SweepConfig
+
+    url, bodies = recording_vllm
+    cfg = SweepConfig(backend="vllm-server", server=url, temperature=temperature, max_tokens=3, batch_size=2)
+    facts = {"attached": True, "server": url}
+    servers = CheckServers(cfg, facts, attached=Server(url, "m"), baseline=(Server(url, "m"), facts))
+    for k in (0, 2):
+        arm = sample_arm(servers, cfg, [[1, 2], [3]], k, 0, 2, temperature, 3, None, None)
+        assert arm.continuations == [[[7, 7, 7]] * 2] * 2
+    assert prompt_logprobs(servers, [[1, 2]], [[7, 7]], 0, 1) == [[{7: -1.0}, {7: -1.0}]]
+    assert len(bodies) == 9
+    for b in bodies:
+        assert (b["top_p"], b["top_k"], b["min_p"]) == (1.0, -1, 0.0), b
+        assert (b["repetition_penalty"], b["presence_penalty"], b["frequency_penalty"]) == (1.0, 0.0, 0.0), b
+    assert {b["temperature"] for b in bodies[:8]} == {temperature} and bodies[8]["temperature"] == 0
+
+
+@pytest.mark.parametrize("k, temperature", [(0, 0.0), (0, 1.0), (2, 0.7)])
+def test_a_server_launched_for_the_check_uses_vllms_neutral_generation_config(k, temperature):
+    """The launch command of each server the check starts carries --generation-config vllm (vLLM's neutral
+    sampling defaults, not the model's generation_config.json), beside the check's own arguments; an engine
+    argument that sets it is the user's word."""
+    from mtpbench.backends.vllm_server import server_command
+    from mtpbench.backends.vllm_server.check import check_server_args
+    from mtpbench.config import SweepConfig
+
+    cfg = SweepConfig(backend="vllm-server", temperature=temperature)
+    overrides = {"rejection_sample_method": "block"} if k else None
+    args = check_server_args(cfg, "/models/m", k, overrides)
+    cmd = server_command(args, 8123)
+    at = cmd.index("--generation-config")
+    assert cmd[at + 1] == "vllm" and cmd.count("--generation-config") == 1
+    assert cmd[cmd.index("--model") + 1] == "/models/m" and cmd[cmd.index("--port") + 1] == "8123"
+    assert ("--max-logprobs" in cmd) == (k == 0 and temperature > 0)
+    if k:
+        spec = json.loads(cmd[cmd.index("--speculative-config") + 1])
+        assert spec["num_speculative_tokens"] == k and spec["rejection_sample_method"] == "block"
+    mine = SweepConfig(backend="vllm-server", engine_args={"generation_config": "/my/defaults"})
+    assert check_server_args(mine, "/models/m", 0, None)["generation_config"] == "/my/defaults"

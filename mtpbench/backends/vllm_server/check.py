@@ -112,15 +112,7 @@ class CheckServers:
         cfg = replace(self.cfg, seed=seed)
         layers = cfg.mtp_layers[0] if cfg.mtp_layers else cfg.num_mtp_layers()
         model = engine_model(cfg, k, layers)
-        args = server_args(cfg, model, k)
-        if overrides:
-            if k == 0:
-                raise ValueError("speculative overrides need k > 0 (k = 0 runs without a speculative config)")
-            args["speculative_config"] = {**args["speculative_config"], **overrides}
-        if k == 0 and cfg.temperature > 0:
-            # scores at T != 1 renormalize over the whole vocabulary (target_logprobs), and the one-sample test
-            # needs the whole law at every scored token (target_moments)
-            args["max_logprobs"] = -1
+        args = check_server_args(cfg, model, k, overrides)
         try:
             up = launch(cfg, args, server_env(model, cfg.runner), Path(cfg.out) / f"lossless-k{k}.server.log", k,
                         f"vLLM server (k={k}) for check-lossless")
@@ -130,6 +122,26 @@ class CheckServers:
                  "vllm": self.facts.get("vllm"), "k": k, "server_args": args, "engine_seed": seed,
                  "startup_s": round(up.startup_s, 3), **up.ran}
         return up.server, facts
+
+
+def check_server_args(cfg: SweepConfig, model: str, k: int, overrides: dict | None) -> dict:
+    """The engine arguments of a server launched for the check: the sweep's (``server_args``), the check's
+    speculative overrides at k > 0, the whole vocabulary's log-probs on a k = 0 server at T > 0, and vLLM's
+    neutral sampling defaults (``--generation-config vllm``) unless an engine argument says otherwise."""
+    args = server_args(cfg, model, k)
+    if overrides:
+        if k == 0:
+            raise ValueError("speculative overrides need k > 0 (k = 0 runs without a speculative config)")
+        args["speculative_config"] = {**args["speculative_config"], **overrides}
+    if k == 0 and cfg.temperature > 0:
+        # scores at T != 1 renormalize over the whole vocabulary (target_logprobs), and the one-sample test
+        # needs the whole law at every scored token (target_moments)
+        args["max_logprobs"] = -1
+    # vLLM's default, "auto", makes the model's generation_config.json (top_k, top_p, min_p, penalties) the
+    # default of every request that leaves them out: the requests pin them (FULL_LAW), and the server starts
+    # without them as well
+    args.setdefault("generation_config", "vllm")
+    return args
 
 
 def check_call(method):
@@ -149,6 +161,15 @@ def check_call(method):
     return call
 
 
+# every request's sampling parameters beyond temperature: the target's whole law, whatever the server's defaults (an
+# attached server, or one started with --generation-config auto, fills what a request leaves out from the model's
+# generation_config.json: a top_k or top_p there would sample truncated while the scorer uses the full softmax, a
+# repetition penalty would move even greedy tokens). top_k -1 is "off" in every vLLM (0.32 prefers 0, which older
+# ones refuse)
+FULL_LAW = {"top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0,
+            "frequency_penalty": 0.0}
+
+
 @dataclass
 class Arm:
     continuations: list[list[list[int]]]  # per prompt, n continuations (token ids)
@@ -163,7 +184,7 @@ def sample_arm(servers: CheckServers, cfg: SweepConfig, ids: list, k: int, seed:
     in flight, on the k = 0 server or the drafting one."""
     starts = servers.starts(k)  # this arm launches its server
     server, facts = servers.get(k, seed, overrides)
-    bodies = [{"prompt": list(p), "max_tokens": max_tokens, "temperature": temperature, "ignore_eos": True,
+    bodies = [{"prompt": list(p), "max_tokens": max_tokens, "temperature": temperature, **FULL_LAW, "ignore_eos": True,
                "return_token_ids": True} for p in ids for _ in range(n)]
     before = read_metrics(server.conn)
     choices = complete(server, bodies, batch_size or cfg.batch_size)
@@ -183,7 +204,7 @@ def prompt_logprobs(servers: CheckServers, ids: list[list[int]], continuations: 
     positions only: per token a dict token id -> raw log-prob (the token itself and ``top`` more;
     -1: the whole vocabulary)."""
     server, _ = servers.get(0, servers.cfg.seed)
-    bodies = [{"prompt": list(p) + list(c), "max_tokens": 1, "temperature": 0, "prompt_logprobs": top}
+    bodies = [{"prompt": list(p) + list(c), "max_tokens": 1, "temperature": 0, **FULL_LAW, "prompt_logprobs": top}
               for p, c in zip(ids, continuations)]
     out = []
     for p, choice in zip(ids, complete(server, bodies, concurrency)):
