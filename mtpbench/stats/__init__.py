@@ -10,6 +10,7 @@ from mtpbench.stats.intervals import (  # noqa: F401
     RESAMPLES,
     SEED,
     log_ratio_t_ci,
+    log_ratio_t_p,
     median,
     median_ci,
     median_diff_ci,
@@ -22,6 +23,7 @@ from mtpbench.stats.intervals import (  # noqa: F401
     speedup_diff,
     speedup_diff_ci,
     t_quantile,
+    t_sf,
 )
 from mtpbench.stats.lossless import (  # noqa: F401
     AA_REJECTS,

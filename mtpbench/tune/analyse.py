@@ -6,9 +6,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from mtpbench.stats import median_ci, median_ratio_ci
-from mtpbench.tune.choose import RULE, best_single_k, check_schedule, choose, decision, schedule, speculative_config
+from mtpbench.tune.choose import (ALPHA, PLAIN, RULE, best_single_k, check_schedule, choose_all, recommend, schedule,
+                                  speculative_config)
 from mtpbench.tune.model import Model, expected_tokens, held_out
-from mtpbench.tune.points import Sweeps
+from mtpbench.tune.points import Sweeps, check
 
 PREDICT_EXTRA_K = 1  # the prediction also covers this many k beyond the largest measured
 
@@ -32,6 +33,7 @@ class TuneRow:
     predicted_speedup: float | None = None
     fit_error: float | None = None  # (predicted - measured) / measured, this point in the fit
     held_out_error: float | None = None  # the same, predicted without this point (model.held_out)
+    speedup_p_holm: float | None = None  # one-sided p of "faster than k = 0", Holm-adjusted over the tune (choose)
     chosen: bool = False  # the choice at this measured load (choose.RULE)
     scheduled_k: int | None = None  # the schedule's k at this load
 
@@ -90,28 +92,52 @@ def prediction_summary(rows: list[TuneRow], choices, model: Model, ks: list[int]
                                                   for a in agree.values())}
 
 
-def analyse(sweeps: Sweeps) -> dict:
-    """Everything ``tune`` decides and reports, as JSON."""
+def schedule_measured(validation: dict | None, ranges: list[list[int]], loads: list[int],
+                      unit: str) -> tuple[bool, str] | None:
+    """What --validate found at the measured ``loads`` where the schedule gives k = 0 beside drafting ranges: (no
+    slower than no speculative config beyond noise at every one of them, the figures), or None where it did not run
+    this schedule as vLLM runs it (dynamic speculative decoding) at each of them with an interval."""
+    if not validation or not validation["dynamic"] or validation["schedule"] != ranges:
+        return None
+    k_of = {b: k for s, e, k in ranges for b in range(s, e + 1)}
+    rows = {r["load"]: r for r in validation["rows"] if r["arm"] == PLAIN}
+    idle = [b for b in loads if k_of.get(b) == 0]
+    if not idle or any(b not in rows or rows[b]["verdict"] is None for b in idle):
+        return None
+    figures = "; ".join(f"{unit} {b}: x{rows[b]['schedule_ratio']:.3f} [{rows[b]['schedule_ratio_ci_low']:.3f}, "
+                        f"{rows[b]['schedule_ratio_ci_high']:.3f}]" for b in idle)
+    return all(rows[b]["verdict"] != "schedule slower" for b in idle), figures
+
+
+def analyse(sweeps: Sweeps, validation: dict | None = None) -> dict:
+    """Everything ``tune`` decides and reports, as JSON; ``validation`` (``validate.read_validation``) says whether
+    the schedule's no-drafting ranges were measured under its speculative config."""
+    check(sweeps)  # hand-made Sweeps too: no drafted point leaves nothing to fit the costs from
     model = Model(sweeps.points)
     loads = sorted({m.load for m in sweeps.points})
     ks = sorted({m.k for m in sweeps.points})
-    choices = [choose([m for m in sweeps.points if m.load == b]) for b in loads]
+    choices = choose_all(sweeps.points)
     ranges = schedule(choices, model)
+    measured_there = schedule_measured(validation, ranges, loads, sweeps.unit)
+    plan = recommend(choices, ranges, sweeps.points, sweeps.unit, measured_there)
     k_of = {b: k for s, e, k in ranges for b in range(s, e + 1)}
     rows = measured_rows(sweeps, model)
     chosen = {(c.load, c.chosen) for c in choices}
+    p_holm = {(c.load, k): p for c in choices for k, p in c.p_vs_0.items()}
     for r in rows:
         r.chosen = (r.load, r.k) in chosen
+        r.speedup_p_holm = float(f"{p_holm[r.load, r.k]:.3g}") if (r.load, r.k) in p_holm else None
     pred_ks = list(range(0, max(ks) + 1 + PREDICT_EXTRA_K))
     rows += predicted_rows(model, pred_ks, max(loads), {(r.load, r.k) for r in rows})
     for r in rows:
         r.scheduled_k = k_of.get(r.load)
-    spec = speculative_config(ranges, sweeps.run["config"].get("method") or "mtp")
-    problem = check_schedule(ranges, max(k for *_, k in ranges)) if spec else None
+    spec = speculative_config(plan["run"], sweeps.run["config"].get("method") or "mtp")
+    problem = check_schedule(plan["run"], max(k for *_, k in plan["run"])) if spec else None
     return {"unit": sweeps.unit, "backend": sweeps.backend, "mode": sweeps.mode, "mtp_layers": sweeps.mtp_layers,
-            "loads": loads, "k": ks, "rule": RULE,
-            "choices": [asdict(c) for c in choices], "schedule": ranges, "speculative_config": spec,
-            "schedule_problem": problem, "decision": decision(ranges, sweeps.unit),
+            "loads": loads, "k": ks, "rule": RULE, "alpha": ALPHA,
+            "choices": [asdict(c) for c in choices], "schedule": ranges, "run": plan["run"],
+            "speculative_config": spec, "schedule_problem": problem, "decision": plan["decision"],
+            "decision_note": plan["note"], "unmeasured": plan["unmeasured"],
             "best_single_k": best_single_k(sweeps.points),
             "costs": costs_table(sweeps, model, pred_ks), "prediction": prediction_summary(
                 [r for r in rows if r.measured], choices, model, pred_ks),

