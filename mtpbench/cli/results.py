@@ -65,8 +65,11 @@ def compare(
     from tabulate import tabulate
 
     from mtpbench.compare import HEADERS, compare as run_compare, table_lines, unjudged_beyond, worse_beyond
+    from mtpbench.compare.run import check_pct, exit_code
 
     try:
+        if fail_if_worse is not None:
+            check_pct(fail_if_worse)  # before the comparison: a refused threshold writes nothing
         result = run_compare(a, b, out, force)
     except MtpBenchError as e:
         fail(str(e))
@@ -82,7 +85,8 @@ def compare(
         if unjudged:
             typer.echo(f"moved by more than {fail_if_worse:g} % without an interval to judge it (more prompts, or "
                        f"--repeats 6 or more): {', '.join(unjudged[:5])}", err=True)
-        bad = worse_beyond(result, fail_if_worse)
-        if bad:
+        code = exit_code(result, fail_if_worse)
+        if code:
+            bad = worse_beyond(result, fail_if_worse)
             typer.echo(f"worse beyond noise by more than {fail_if_worse:g} %: {', '.join(bad[:5])}", err=True)
-            raise typer.Exit(1)
+            raise typer.Exit(code)

@@ -10,16 +10,43 @@ from mtpbench.html.document import document, figure, provenance, write
 from mtpbench.html.markdown import to_html
 
 
-def headline(result: dict) -> tuple[str, str]:
-    from mtpbench.compare.report import table_lines
+def _unjudged_loss(r: dict) -> bool:
+    """A row without an interval whose B - A moved the bad way: a loss nothing could judge."""
+    return r["verdict"] == "no interval" and bool(r["diff"]) and (r["diff"] > 0) != r["higher_is_better"]
 
-    words = [r[7] for r in table_lines(result)]
-    n = {w: words.count(w) for w in ("better", "worse", "within noise", "no interval")}
+
+def headline(result: dict) -> tuple[str, str]:
+    """(the answer, its tone) over the rows of all prompts and the points that did not pair, by the rule of
+    --fail-if-worse (``run.worse_beyond``, which fails at a threshold only what it fails at 0 %):
+
+    * bad: --fail-if-worse fails at 0 %: a point failed in B or is missing from B, or a metric is worse beyond
+      noise where the gate counts it;
+    * warn: else, something speaks against B that the gate sets aside (a worse raw timing while the k = 0
+      control drifted, a worse metric whose relative change rounds to 0), a point failed in A, or a row
+      without an interval moved the bad way;
+    * good: else, some row is better;
+    * plain: nothing moved beyond noise.
+
+    The sentence counts the rows by verdict, the points missing from B and the failed points by side."""
+    from mtpbench.compare.run import worse_beyond
+
+    rows = [r for r in result["rows"] if r["category"] == "all"]
+    n = {w: sum(r["verdict"] == w for r in rows) for w in ("better", "worse", "within noise", "no interval")}
+    failed = {side: sum(f["failed_in"] == side for f in result["failed"]) for side in ("B", "A", "A and B")}
+    missing = len(result.get("missing_in_b") or [])
+    gate = worse_beyond(result, 0.0)
+    aside = n["worse"] - (len(gate) - failed["B"] - missing)
     text = (f"B against A: {n['better']} better, {n['worse']} worse, {n['within noise']} within noise"
-            + (f", {n['no interval']} without an interval" if n["no interval"] else "") + f" (of {len(words)} rows)"
-            + (f"; {len(result['failed'])} point(s) failed" if result.get("failed") else "") + ".")
-    tone = "bad" if n["worse"] or result.get("failed") else "good" if n["better"] else "plain"
-    return text, tone
+            + (f", {n['no interval']} without an interval" if n["no interval"] else "") + f" (of {len(rows)} rows)"
+            + (f"; {missing} point{'s' if missing != 1 else ''} of A missing in B" if missing else "")
+            + "".join(f"; {c} point{'s' if c != 1 else ''} failed in {side}" for side, c in failed.items() if c)
+            + (f"; {aside} worse row{'s' if aside != 1 else ''} that --fail-if-worse does not count"
+               + (" (timings drifted)" if result.get("timings_drifted") else "") if aside else "") + ".")
+    if gate:
+        return text, "bad"
+    if n["worse"] or failed["A"] or failed["A and B"] or any(_unjudged_loss(r) for r in rows):
+        return text, "warn"
+    return text, "good" if n["better"] else "plain"
 
 
 def page(out: Path) -> Path:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -77,9 +78,12 @@ def _modes(loaded: tuple[dict, list[dict], list[dict]]) -> set[str]:
 
 
 def _verdict(diff: float | None, ci: tuple[float, float] | None, higher_is_better: bool) -> str:
+    """B - A is ``better`` / ``worse`` when its interval excludes 0 on the side of B - A itself, in the metric's
+    good / bad direction; ``within noise`` when it does not (an end exactly at 0 included), and for B - A = 0
+    with or without an interval; ``no interval`` when B - A or the interval is unknown or not finite."""
     if diff == 0:
         return "within noise"  # no difference is within any noise, interval or not
-    if ci is None or diff is None:
+    if ci is None or diff is None or not all(math.isfinite(x) for x in (diff, *ci)):
         return "no interval"
     lo, hi = ci
     # an interval beyond 0 on the side opposite to B - A (a skewed bootstrap can do that) is no evidence

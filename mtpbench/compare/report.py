@@ -40,14 +40,14 @@ HEADERS = ["point", "metric", "A", "B", "B - A", "(B - A) / A", "95 % CI of B - 
 
 
 def markdown(result: dict) -> str:
+    from mtpbench.compare.page import headline  # the page's answer, so the two never disagree
+
     rows = table_lines(result)
-    words = [r[7] for r in rows]
     lines = [f"## mtpbench compare: A = `{result['a']}`, B = `{result['b']}`", "",
              "What differs between the runs: " + ("; ".join(f"`{d}`" for d in result["differences"])
                                                   or "nothing in their settings or versions") + ".", "",
-             f"{words.count('better')} better, {words.count('worse')} worse, {words.count('within noise')} within "
-             f"noise, {words.count('no interval')} without an interval (all prompts; intervals: 95 %, paired "
-             "bootstrap over prompts for acceptance, over repeats for timings).", "",
+             headline(result)[0] + " All prompts; intervals: 95 %, paired bootstrap over prompts for acceptance, "
+             "over repeats for timings.", "",
              "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     if result["notes"]:

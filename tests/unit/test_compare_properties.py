@@ -1,0 +1,212 @@
+"""compare's answers by property: each metric's verdict (``pair._verdict``), --fail-if-worse's list and exit code
+(``run.worse_beyond``, ``run.exit_code``) and the page's headline (``page.headline``), checked against oracles
+written here from the rules in docs/compare.md, never computed by the code under test.
+
+The rules: a metric is better / worse when B - A is not 0 and its 95 % interval lies wholly on the side of B - A
+(an end at 0 is not beyond it), better in the metric's good direction; B - A = 0 is within noise, interval or not;
+no interval (or a non-finite one) is "no interval". --fail-if-worse PCT fails on a point that failed in B or is
+missing from B and on every metric over all prompts worse beyond noise by more than PCT % (from A = 0: at any PCT;
+raw timings not while the k = 0 control drifted); PCT must be a finite number >= 0. The page is red exactly when the
+gate fails at 0 % (so never green when it fails at any PCT), amber when something else speaks against B (a worse row
+the gate sets aside, a point failed in A, a row without an interval that moved the bad way), green when some row is
+better, plain otherwise; its sentence counts the rows of all prompts by verdict, the missing and the failed points."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mtpbench.compare.page import headline
+from mtpbench.compare.pair import _verdict
+from mtpbench.compare.run import check_pct, exit_code, worse_beyond
+from mtpbench.errors import MtpBenchError
+
+FAST = settings(max_examples=300, deadline=None)
+
+# ---- one metric's verdict -------------------------------------------------------------------------------------
+
+# values exact in binary, with 0 and the near-zero ends that decide a verdict
+EDGE = st.sampled_from([-2.0, -0.5, -1e-9, 0.0, 1e-9, 0.5, 2.0])
+FINITE = EDGE | st.floats(-1e6, 1e6)
+ANY = FINITE | st.sampled_from([math.nan, math.inf, -math.inf])
+
+
+def verdict_oracle(diff, ci, higher: bool) -> str:
+    if diff == 0:
+        return "within noise"
+    if diff is None or ci is None or any(math.isnan(x) or math.isinf(x) for x in (diff, *ci)):
+        return "no interval"
+    good, bad = ("better", "worse") if higher else ("worse", "better")
+    if diff > 0 and ci[0] > 0:
+        return good
+    if diff < 0 and ci[1] < 0:
+        return bad
+    return "within noise"
+
+
+@FAST
+@given(st.none() | ANY, st.none() | st.lists(ANY, min_size=2, max_size=2).map(sorted).map(tuple), st.booleans())
+def test_a_metrics_verdict_follows_its_difference_and_interval(diff, ci, higher):
+    assert _verdict(diff, ci, higher) == verdict_oracle(diff, ci, higher)
+
+
+@FAST
+@given(FINITE, st.lists(FINITE, min_size=2, max_size=2).map(sorted), st.booleans())
+def test_a_verdict_turns_with_the_sign_and_with_the_direction(diff, ci, higher):
+    lo, hi = ci
+    swap = {"better": "worse", "worse": "better"}
+    v = _verdict(diff, (lo, hi), higher)
+    assert _verdict(diff, (lo, hi), not higher) == swap.get(v, v)
+    assert _verdict(-diff, (-hi, -lo), higher) == swap.get(v, v)
+    if v != "within noise":  # a verdict beyond noise never contradicts the sign of B - A
+        assert diff != 0 and v == ("better" if (diff > 0) == higher else "worse")
+
+
+def test_an_interval_ending_at_0_or_on_the_other_side_is_within_noise():
+    assert _verdict(0.5, (0.0, 1.0), True) == "within noise"
+    assert _verdict(-0.5, (-1.0, 0.0), True) == "within noise"
+    assert _verdict(-0.5, (0.1, 1.0), True) == "within noise"  # a skewed bootstrap beyond 0 on the other side
+    assert _verdict(0.0, None, True) == "within noise"
+    assert _verdict(0.5, (math.nan, math.nan), True) == "no interval"  # was "within noise"
+
+
+# ---- --fail-if-worse and the headline -------------------------------------------------------------------------
+
+TIMINGS = ("output_tokens_per_sec", "ttft_ms_p50", "tpot_ms_p50")
+HIGHER = {"acceptance_length": True, "draft_acceptance_rate": True, "acceptance_rate_per_pos[0]": True,
+          "output_tokens_per_sec": True, "ttft_ms_p50": False, "tpot_ms_p50": False, "speedup": True}
+VERDICTS = ("better", "worse", "within noise", "no interval")
+# relative changes exact in binary, so that x * 100 against a threshold of the same sample meets it exactly
+REL = st.none() | st.sampled_from([0.0, 1e-7, 0.125, -0.125, 0.25, -0.25, 0.5, -0.5, 1.5])
+PCT = st.sampled_from([0.0, 12.5, 25.0, 50.0]) | st.floats(0, 200)
+
+
+@st.composite
+def compare_row(draw) -> dict:
+    metric = draw(st.sampled_from(sorted(HIGHER)))
+    return {"point": draw(st.sampled_from(["k0", "vllm-L1-k2", "vllm-L1-k3"])), "k": 2,
+            "category": draw(st.sampled_from(["all", "all", "code"])), "metric": metric,
+            "a": 2.0, "b": draw(st.sampled_from([0.5, 3.25, 120.0])),
+            "diff": draw(st.none() | st.sampled_from([0.0, -1.5, 2.0])), "rel_diff": draw(REL),
+            "ci_low": None, "ci_high": None, "verdict": draw(st.sampled_from(VERDICTS)),
+            "higher_is_better": HIGHER[metric]}
+
+
+@st.composite
+def compare_result(draw) -> dict:
+    failed = draw(st.lists(st.fixed_dictionaries({
+        "point": st.sampled_from(["chain-k1", "chain-k2"]), "failed_in": st.sampled_from(["A", "B", "A and B"]),
+        "error": st.just("boom")}), max_size=3))
+    result = {"a": "runs/a", "b": "runs/b", "differences": [], "rows": draw(st.lists(compare_row(), max_size=8)),
+              "failed": failed, "unpaired": [], "notes": [], "timings_drifted": draw(st.booleans())}
+    missing = draw(st.none() | st.lists(st.sampled_from(["vllm-L1-k4", "vllm-L1-k5"]), max_size=2))
+    if missing is not None:  # older compare.json has no missing_in_b
+        result["missing_in_b"] = missing
+    return result
+
+
+def gate_oracle(result: dict, pct: float) -> list[str]:
+    out = [f"{f['point']} failed in B" for f in result["failed"] if f["failed_in"] == "B"]
+    out += [f"{p} missing in B" for p in result.get("missing_in_b") or []]
+    for r in result["rows"]:
+        counts = r["category"] == "all" and r["verdict"] == "worse"
+        if not counts or (result["timings_drifted"] and r["metric"] in TIMINGS):
+            continue
+        if r["rel_diff"] is None:  # from A = 0: beyond any percentage
+            out.append(f"{r['point']} {r['metric']} from 0 to {r['b']:.4g}")
+        elif abs(r["rel_diff"]) * 100 > pct:
+            out.append(f"{r['point']} {r['metric']} {r['rel_diff'] * 100:+.1f} %")
+    return out
+
+
+def tone_oracle(result: dict) -> str:
+    rows = [r for r in result["rows"] if r["category"] == "all"]
+    if gate_oracle(result, 0.0):
+        return "bad"
+    lost = [r for r in rows if r["verdict"] == "no interval" and r["diff"] and (r["diff"] > 0) != r["higher_is_better"]]
+    if any(r["verdict"] == "worse" for r in rows) or any(f["failed_in"] != "B" for f in result["failed"]) or lost:
+        return "warn"
+    return "good" if any(r["verdict"] == "better" for r in rows) else "plain"
+
+
+@FAST
+@given(compare_result(), PCT)
+def test_fail_if_worse_lists_what_the_rule_names_and_exits_on_it(result, pct):
+    want = gate_oracle(result, pct)
+    assert worse_beyond(result, pct) == want
+    assert exit_code(result, pct) == (1 if want else 0)
+
+
+@FAST
+@given(compare_result(), PCT, PCT)
+def test_a_wider_threshold_never_fails_more(result, p, q):
+    lo, hi = sorted((p, q))
+    assert set(worse_beyond(result, hi)) <= set(worse_beyond(result, lo))
+
+
+@FAST
+@given(compare_result(), PCT)
+def test_the_headline_is_never_green_while_the_gate_fails(result, pct):
+    text, tone = headline(result)
+    assert tone == tone_oracle(result)
+    if exit_code(result, pct):
+        assert tone == "bad"
+
+
+@FAST
+@given(compare_result())
+def test_the_headline_counts_the_rows_the_missing_and_the_failed_points(result):
+    text, _ = headline(result)
+    rows = [r for r in result["rows"] if r["category"] == "all"]
+    n = {v: sum(r["verdict"] == v for r in rows) for v in VERDICTS}
+    m = re.fullmatch(r"B against A: (\d+) better, (\d+) worse, (\d+) within noise(, (\d+) without an interval)? "
+                     r"\(of (\d+) rows\)(; (\d+) points? of A missing in B)?(; (\d+) points? failed in B)?"
+                     r"(; (\d+) points? failed in A)?(; (\d+) points? failed in A and B)?"
+                     r"(; (\d+) worse rows? that --fail-if-worse does not count( \(timings drifted\))?)?\.", text)
+    assert m, text
+    assert [int(m[i]) for i in (1, 2, 3, 6)] == [n["better"], n["worse"], n["within noise"], len(rows)]
+    assert int(m[5] or 0) == n["no interval"] and (m[4] is None) == (n["no interval"] == 0)
+    count = lambda i: 0 if m[i] is None else int(m[i])  # noqa: E731
+    assert count(8) == len(result.get("missing_in_b") or [])
+    for i, side in ((10, "B"), (12, "A"), (14, "A and B")):
+        assert count(i) == sum(f["failed_in"] == side for f in result["failed"])
+    counted = len(gate_oracle(result, 0.0)) - count(10) - count(8)  # the gate's entries that are rows
+    assert count(16) == n["worse"] - counted
+    assert (m[17] is not None) == (count(16) > 0 and result["timings_drifted"])
+    for i, word in ((8, 2), (10, 2), (12, 2), (14, 2), (16, 3)):  # "1 point", "2 points"; "1 worse row", "2 ... rows"
+        assert m[i] is None or m[i - 1].split()[word].endswith("s") == (int(m[i]) != 1)
+
+
+def test_a_point_missing_in_b_makes_the_headline_red_issue_33_item_6():
+    """B's sweep stopped before a point A measured: --fail-if-worse exits 1, and the headline said "1 better,
+    0 worse" in green."""
+    result = {"rows": [{"point": "vllm-L1-k2", "category": "all", "metric": "acceptance_length", "verdict": "better",
+                        "rel_diff": 0.1, "diff": 0.2, "b": 2.2, "higher_is_better": True}],
+              "failed": [], "missing_in_b": ["vllm-L1-k3"], "timings_drifted": False}
+    assert exit_code(result, 5) == 1
+    assert headline(result) == ("B against A: 1 better, 0 worse, 0 within noise (of 1 rows); 1 point of A missing "
+                                "in B.", "bad")
+
+
+def test_a_worse_metric_from_zero_fails_at_any_threshold():
+    result = {"rows": [{"point": "p", "category": "all", "metric": "ttft_ms_p50", "verdict": "worse",
+                        "rel_diff": None, "diff": 3.0, "b": 3.0, "higher_is_better": False}],
+              "failed": [], "timings_drifted": False}
+    assert worse_beyond(result, 1e9) == ["p ttft_ms_p50 from 0 to 3"]
+
+
+@pytest.mark.parametrize("pct", [-1.0, -1e-9, math.nan, math.inf, -math.inf])
+def test_a_threshold_that_is_no_percentage_is_refused(pct):
+    with pytest.raises(MtpBenchError, match=r"^--fail-if-worse takes a percentage of 0 or more, got "):
+        check_pct(pct)
+    with pytest.raises(MtpBenchError):
+        exit_code({"rows": [], "failed": []}, pct)
+
+
+@pytest.mark.parametrize("pct", [0, 0.0, 5, 1e9])
+def test_a_percentage_of_0_or_more_is_taken(pct):
+    assert check_pct(pct) == pct and exit_code({"rows": [], "failed": []}, pct) == 0
