@@ -62,8 +62,11 @@ def law_moments(ids, raw, tok: int, temperature: float, vocab: int | None = None
     top = x.max()
     lp = x - top - np.log(np.exp(x - top).sum())
     p = np.exp(lp)
-    h = float(-(p * lp).sum())
-    var = float((p * (lp + h) ** 2).sum())
+    # 0 * log 0 = 0: a token the law rules out (raw -inf, e.g. a masked id) adds nothing, as in engine.law_moments
+    # (without it the entropy is NaN, and a NaN moment must never reach the verdict as a number)
+    plp = np.where(p > 0, lp, 0.0)
+    h = float(-(p * plp).sum())
+    var = float((p * (plp + h) ** 2).sum())
     return float(lp[np.searchsorted(ids, tok)]), h, var
 
 

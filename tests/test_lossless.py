@@ -54,6 +54,7 @@ def run(*args):
     (["--allow-inconclusive"], "--allow-inconclusive qualifies --fail-if-lossy"),
     (["--max-detectable-shift", "0"], "--max-detectable-shift must be > 0"),
     (["--max-detectable-shift", "nan"], "--max-detectable-shift must be > 0"),
+    (["--max-detectable-shift", "inf"], "--max-detectable-shift must be > 0 nats/token and finite, got inf"),
     (["--temperature", "0", "--max-detectable-shift", "0.1"], "--max-detectable-shift applies to sampling"),
     (["--backend", "vllm", "--planted-subtle"], "--planted-subtle is the native engine's planted rule"),
 ])

@@ -3,6 +3,7 @@ small protocol every backend's check half implements (``CheckBackend``)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -117,8 +118,8 @@ def check_config(cfg: CheckConfig) -> None:
                             "its own lossy control is --speculative-config with rejection_sample_method synthetic)")
     if cfg.planted_subtle and not backend.planted_faults:
         raise MtpBenchError("--planted-subtle is the native engine's planted rule: use --backend native")
-    if not cfg.max_mde > 0:  # also NaN
-        raise MtpBenchError(f"--max-detectable-shift must be > 0 nats/token, got {cfg.max_mde}")
+    if not 0 < cfg.max_mde < math.inf:  # also NaN; inf would switch the power gate off, silently
+        raise MtpBenchError(f"--max-detectable-shift must be > 0 nats/token and finite, got {cfg.max_mde}")
     if cfg.speculative_overrides is not None and not backend.vllm:
         raise MtpBenchError("--speculative-config is merged into vLLM's speculative_config: use --backend vllm "
                             "or vllm-server")

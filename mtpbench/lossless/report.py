@@ -88,33 +88,49 @@ def _greedy_lines(record: dict) -> list[str]:
     return lines
 
 
+def _stage_lines(stage: dict, label: str, record: dict) -> list[str]:
+    """One stage's tests: off vs on, the A/A control, the excess test and the scorer's fit."""
+    t, aa, ex, one = stage.get("test"), stage.get("aa_test"), stage.get("excess_test"), stage.get("score_tests")
+    lines = []
+    if t:
+        lines.append(f"- {label}off vs on: p = {t['p_value']:.3g} (scores {t['p_value_scores']:.3g}, tokens "
+                     f"{t['p_value_tokens']:.3g}); mean target log-prob {t['mean_logprob_a']:.4g} -> "
+                     f"{t['mean_logprob_b']:.4g} nats/token, shift {t['logprob_diff']:+.3g} (95 % CI "
+                     f"{_f(t['logprob_diff_ci_low'])} .. {_f(t['logprob_diff_ci_high'])}); smallest detectable "
+                     f"shift {_f(t['mde_logprob'])}")
+    if ex:
+        lines.append(f"- {label}excess log p + H, drafting arm against both arms without drafting: z = "
+                     f"{_f(ex['z'], '+.3g')} (p = {ex['p_value']:.3g}); {_f(ex['excess_on'], '+.3g')} against "
+                     f"{_f(ex['excess_off'], '+.3g')} nats/token")
+    if aa:
+        lines.append(f"- {label}A/A control (off vs off): p = {aa['p_value']:.3g} (inconclusive below "
+                     f"{record['alpha_aa']:g}), shift {aa['logprob_diff']:+.3g}")
+    if one:
+        def z(name):
+            x = one.get(name)
+            return "none" if x is None else f"z = {_f(x['z'], '+.3g')}"
+
+        lines.append(f"- {label}scorer's fit, each arm against the target's law (sum(log p + H) / sqrt(sum Var); "
+                     f"reported, it decides nothing): off {z('off')}, on {z('on')}, off again {z('off_aa')}")
+    return lines
+
+
 def _sampling_lines(record: dict) -> list[str]:
-    t, aa = record["test"], record["aa_test"]
     lines = [f"- {record['samples_per_prompt']} continuations of each prompt per arm (off, on, off again), "
              "independent seeds; every token scored by a teacher-forced k = 0 pass",
              f"- why: {record['why']}"]
-    if t:
-        lines += [f"- off vs on: p = {t['p_value']:.3g} (scores {t['p_value_scores']:.3g}, tokens "
-                  f"{t['p_value_tokens']:.3g}); mean target log-prob {t['mean_logprob_a']:.4g} -> "
-                  f"{t['mean_logprob_b']:.4g} nats/token, shift {t['logprob_diff']:+.3g} (95 % CI "
-                  f"{_f(t['logprob_diff_ci_low'])} .. {_f(t['logprob_diff_ci_high'])}); smallest detectable "
-                  f"shift {_f(t['mde_logprob'])}"]
-    if aa:
-        lines.append(f"- A/A control (off vs off): p = {aa['p_value']:.3g} (alarm below {record['alpha_aa']:g}), "
-                     f"shift {aa['logprob_diff']:+.3g}")
-    one = record.get("score_tests")
-    if one:
-        def z(name):
-            t = one.get(name)
-            return "none" if t is None else f"z = {_f(t['z'], '+.3g')} (p = {t['p_value']:.3g})"
-
-        lines.append(f"- one-sample test against the target's law (sum(log p + H) / sqrt(sum Var)): on {z('on')}, "
-                     f"mean excess {_f((one.get('on') or {}).get('mean_excess_logprob'), '+.3g')} nats/token; "
-                     f"control without drafting: off {z('off')}, off again {z('off_aa')} (alarm below p = "
-                     f"{record['alpha_aa'] / 2:g} each)")
-    elif record.get("score_tests_unavailable"):
-        lines.append(f"- one-sample test unavailable ({record['score_tests_unavailable']}): the verdict rests on "
-                     "the two-sample test alone")
+    lines += _stage_lines(record, "", record)
+    if record.get("score_tests_unavailable"):
+        lines.append(f"- excess test unavailable ({record['score_tests_unavailable']}): the two-sample test decides "
+                     "alone")
+    lv = record.get("levels")
+    if lv:
+        lines.append(f"- alarm (fresh draws must confirm it): excess p < {lv['alarm_excess']:g} or two-sample p < "
+                     f"{lv['alarm_two_sample']:g}; lossy: both stages together (Stouffer) below "
+                     f"{lv['confirm_excess']:g} (excess) or {lv['confirm_two_sample']:g} (two-sample)")
+    if record.get("confirmation"):
+        lines.append(f"- alarm: {record['alarm']}; a second stage at fresh seeds:")
+        lines += ["  " + x for x in _stage_lines(record["confirmation"], "stage 2 ", record)]
     if "detectable_shift" in record:
         lines.append(f"- smallest detectable shift (80 % power): {_f(record['detectable_shift'])} nats/token; "
                      f"lossless needs it <= {record['max_detectable_shift']:g} (--max-detectable-shift)")

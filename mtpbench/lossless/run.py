@@ -167,12 +167,16 @@ def score_arms(backend, prompts: list[list[int]], continuations: list[list[int]]
     return backend.target_logprobs(prompts, continuations, temperature), None, note
 
 
-def run_sampling(backend, cfg: CheckConfig, ids: list[list[int]], prompt_ids: list[str]) -> dict:
+STAGES = ("off", "on", "off_aa")
+
+
+def draw_stage(backend, cfg: CheckConfig, ids: list[list[int]], seeds: dict[str, int]) -> dict:
+    """One stage's three arms (off, on, off again), drawn at ``seeds`` and scored by one teacher-forced pass: per
+    arm its scored continuations and their prompts, the moments where the backend gives them, and its log."""
     e, n = cfg.engine, cfg.per_prompt
     rows = [p for p in ids for _ in range(n)]
     strata = [i for i in range(len(ids)) for _ in range(n)]
-    seeds = dict(zip(("off", "on", "off_aa"), arm_seeds(e.seed)))
-    names, log, drawn = ("off", "on", "off_aa"), {}, {}
+    log, drawn = {}, {}
     # drawn A/A first: on two attached servers of one engine seed (vLLM's default, 0; requests carry none), the
     # drafting server's first draws line up with the baseline's first, the A/A arm's, never the tested off arm's
     for name, k in (("off_aa", 0), ("off", 0), ("on", cfg.k)):
@@ -181,29 +185,50 @@ def run_sampling(backend, cfg: CheckConfig, ids: list[list[int]], prompt_ids: li
         log[name] = arm_log[0]
         drawn[name] = [i for i, t in enumerate(toks) if t], toks  # an empty continuation has nothing to score
     # one teacher-forced pass scores all three arms (on vLLM: one scoring engine, not three); with the target's
-    # entropies where the backend gives them (the one-sample test), else the log-probs alone
-    lps, moments, one_note = score_arms(backend, [rows[i] for name in names for i in drawn[name][0]],
-                                        [drawn[name][1][i] for name in names for i in drawn[name][0]], e.temperature)
+    # entropies where the backend gives them (the excess test), else the log-probs alone
+    lps, moments, note = score_arms(backend, [rows[i] for name in STAGES for i in drawn[name][0]],
+                                    [drawn[name][1][i] for name in STAGES for i in drawn[name][0]], e.temperature)
     lps, per_arm = iter(lps), iter(moments or [])
-    arms, moments = {}, ({} if moments else None)
-    for name in names:
+    arms = {}
+    for name in STAGES:
         keep, toks = drawn[name]
         arms[name] = {"continuations": _scored([toks[i] for i in keep], [next(lps) for _ in keep]),
-                      "prompts": [strata[i] for i in keep]}
-        if moments is not None:
-            moments[name] = [next(per_arm) for _ in keep]
-    perm_seed = np.random.SeedSequence([e.seed, 1]).generate_state(1)[0]
-    # with the one-sample test beside it, the two-sample test runs at alpha / 2 (stats.lossless_verdict)
-    alpha_ab = stats.ALPHA / 2 if moments else stats.ALPHA
+                      "prompts": [strata[i] for i in keep],
+                      "moments": [next(per_arm) for _ in keep] if moments else None}
+    return {"arms": arms, "log": log, "seeds": seeds, "moments_note": note}
+
+
+def stage_tests(drawn: dict, perm_seed: int) -> tuple[stats.Stage, dict | None]:
+    """A stage's tests (``stats.Stage``: off vs on, the A/A control, the excess test where the moments exist) and
+    each arm's one-sample test against the scorer's law (the scorer's fit, reported, deciding nothing)."""
+    arms = drawn["arms"]
     ab = stats.lossless_test(arms["off"]["continuations"], arms["on"]["continuations"],
-                             arms["off"]["prompts"], arms["on"]["prompts"], seed=int(perm_seed), alpha=alpha_ab)
+                             arms["off"]["prompts"], arms["on"]["prompts"], seed=perm_seed)
     aa = stats.lossless_test(arms["off"]["continuations"], arms["off_aa"]["continuations"],
-                             arms["off"]["prompts"], arms["off_aa"]["prompts"], seed=int(perm_seed) + 1)
-    one = {name: stats.score_test(*zip(*[m for ms in moments[name] for m in ms]), alpha=alpha_ab)
-           if any(moments[name]) else None for name in names} if moments else None
-    verdict, why = stats.lossless_verdict(ab, aa, max_mde=cfg.max_mde, score_on=one and one["on"],
-                                          score_off=() if one is None else (one["off"], one["off_aa"]))
-    per_prompt = []
+                             arms["off"]["prompts"], arms["off_aa"]["prompts"], seed=perm_seed + 1)
+    if arms["on"]["moments"] is None:
+        return stats.Stage(ab, aa, None), None
+    excess, strata, on = [], [], []
+    for name in STAGES:
+        for ms, p in zip(arms[name]["moments"], arms[name]["prompts"]):
+            excess.append(stats.continuation_excess([m[0] for m in ms], [m[1] for m in ms]))
+            strata.append(p)
+            on.append(name == "on")
+    fit = {name: stats.score_test(*zip(*[m for ms in arms[name]["moments"] for m in ms]))
+           if any(arms[name]["moments"]) else None for name in STAGES}
+    return stats.Stage(ab, aa, stats.excess_test(excess, strata, on)), fit
+
+
+def _stage_record(drawn: dict, stage: stats.Stage, fit: dict | None) -> dict:
+    return {"arm_seeds": drawn["seeds"], "arms": drawn["log"],
+            "test": stage.ab and asdict(stage.ab), "aa_test": stage.aa and asdict(stage.aa),
+            "excess_test": stage.excess and asdict(stage.excess),
+            "score_tests": None if fit is None else {name: t and asdict(t) for name, t in fit.items()}}
+
+
+def per_prompt_means(arms: dict, prompt_ids: list[str]) -> list[dict]:
+    """Per prompt and arm: the mean score of its continuations, how many, and their tokens (the figures)."""
+    out = []
     for i, pid in enumerate(prompt_ids):
         entry = {"prompt_id": pid}
         for name, arm in arms.items():
@@ -213,17 +238,37 @@ def run_sampling(backend, cfg: CheckConfig, ids: list[list[int]], prompt_ids: li
             entry[f"num_continuations_{name}"] = len(means)
             entry[f"tokens_{name}"] = [[t for _, t, _ in c] for c, p in zip(arm["continuations"], arm["prompts"])
                                        if p == i]
-        per_prompt.append(entry)
+        out.append(entry)
+    return out
+
+
+def run_sampling(backend, cfg: CheckConfig, ids: list[list[int]], prompt_ids: list[str]) -> dict:
+    """The sampling check: a first stage of three arms; where its numbers raise an alarm (``stats.alarm``), a
+    second stage of three arms at fresh seeds that must confirm it (``stats.lossless_verdict``)."""
+    e = cfg.engine
+    seeds = [dict(zip(STAGES, s)) for s in (arm_seeds(e.seed, 6)[:3], arm_seeds(e.seed, 6)[3:])]
+    perm_seeds = [int(x) for x in np.random.SeedSequence([e.seed, 1]).generate_state(2)]
+    first = draw_stage(backend, cfg, ids, seeds[0])
+    stages = [stage_tests(first, perm_seeds[0])]
+    raised = stats.alarm(stages[0][0])
+    second = None
+    if raised:
+        second = draw_stage(backend, cfg, ids, seeds[1])
+        stages.append(stage_tests(second, perm_seeds[1]))
+    verdict, why = stats.lossless_verdict([s for s, _ in stages], max_mde=cfg.max_mde)
+    ab, fit = stages[0][0].ab, stages[0][1]
     return {
         "verdict": SAMPLING_LOSSLESS if verdict == stats.LOSSLESS else verdict, "why": why,
-        "test": None if ab is None else asdict(ab), "aa_test": None if aa is None else asdict(aa),
-        "score_tests": None if one is None else {name: t and asdict(t) for name, t in one.items()},
-        "score_tests_unavailable": one_note,
+        **_stage_record(first, *stages[0]), "score_tests_unavailable": first["moments_note"],
+        "alarm": raised, "confirmation": None if second is None else _stage_record(second, *stages[1]),
         "detectable_shift": None if ab is None else stats.detectable_shift(ab),
         "max_detectable_shift": cfg.max_mde,
-        "alpha": stats.ALPHA, "alpha_two_sample": alpha_ab, "alpha_aa": stats.ALPHA_AA, "arm_seeds": seeds,
-        "arms": {name: log[name] for name in names},
-        "num_prompts": len(ids), "samples_per_prompt": n, "per_prompt": per_prompt,
+        "levels": {"alarm_excess": stats.ALARM_EXCESS, "confirm_excess": stats.CONFIRM_EXCESS,
+                   "alarm_two_sample": stats.ALARM_AB if fit else stats.ALARM_AB_ALONE,
+                   "confirm_two_sample": stats.CONFIRM_AB if fit else stats.CONFIRM_AB_ALONE},
+        "alpha_aa": stats.ALPHA_AA,
+        "num_prompts": len(ids), "samples_per_prompt": cfg.per_prompt,
+        "per_prompt": per_prompt_means(first["arms"], prompt_ids),
     }
 
 

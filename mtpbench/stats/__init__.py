@@ -1,6 +1,6 @@
 """Statistics from saved numbers (numpy only: no torch, no I/O): ``intervals`` (a point's intervals and a
-difference between two runs) and ``lossless`` (check-lossless's tests and verdict). Both are re-exported here:
-``from mtpbench import stats; stats.ratio_ci(...)``."""
+difference between two runs), ``lossless`` (check-lossless's tests) and ``verdict`` (its sampling verdict). All are re-exported
+here: ``from mtpbench import stats; stats.ratio_ci(...)``."""
 
 from mtpbench.stats.intervals import (  # noqa: F401
     LEVEL,
@@ -26,30 +26,46 @@ from mtpbench.stats.intervals import (  # noqa: F401
     t_sf,
 )
 from mtpbench.stats.lossless import (  # noqa: F401
-    AA_REJECTS,
     ALPHA,
-    ALPHA_AA,
     DEFAULT_PER_PROMPT,
     DEFAULT_PROMPTS,
     ENDED,
-    INCONCLUSIVE,
     LOGPROB_FLOOR,
-    LOSSLESS,
-    LOSSY,
     MIN_CONTINUATIONS,
-    MISSING,
     PERMUTATIONS,
     POWER,
-    SCORER,
-    TOO_FEW,
-    UNDERPOWERED,
     LosslessTest,
     ScoreTest,
-    detectable_shift,
     lossless_arrays,
     lossless_test,
     lossless_test_arrays,
-    lossless_verdict,
     permuted_labels,
     score_test,
+)
+from mtpbench.stats.verdict import (  # noqa: F401
+    AA_REJECTS,
+    ALARM_AB,
+    ALARM_AB_ALONE,
+    ALARM_EXCESS,
+    ALPHA_AA,
+    CONFIRM_AB,
+    CONFIRM_AB_ALONE,
+    CONFIRM_EXCESS,
+    INCONCLUSIVE,
+    LOSSLESS,
+    LOSSY,
+    MISSING,
+    NONFINITE,
+    SCORER,
+    TOO_FEW,
+    UNCONFIRMED,
+    UNDERPOWERED,
+    ExcessTest,
+    Stage,
+    alarm,
+    confirmation,
+    continuation_excess,
+    detectable_shift,
+    excess_test,
+    lossless_verdict,
 )

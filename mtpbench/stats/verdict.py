@@ -1,0 +1,225 @@
+"""check-lossless's sampling verdict (numpy only: no torch, no I/O): the drafting arm's excess log-prob against the
+arms without drafting (``excess_test``), whether a stage's numbers raise an alarm that fresh draws must confirm
+(``alarm``), and the verdict over one or two stages (``lossless_verdict``). The two-sample permutation test and the
+one-sample score test are in ``stats.lossless``.
+
+The rule, and why:
+* The excess test. At every sampled token the target's law p_t is known (the teacher-forced pass), so
+  D_t = log p_t(x_t) + H(p_t) has mean 0 under the target's own law whatever the prefix: it removes most of the
+  prefix-to-prefix spread of log p. Each continuation's mean D is compared between the drafting arm and both arms
+  without drafting pooled (off and off again), within each prompt, weighted as the two-sample test weights prompts;
+  z is that difference over its permutation standard deviation (the within-prompt relabelling's exact variance,
+  S^2 (1 / n_on + 1 / n_off)), read against the normal. Under lossless drafting the three arms are one law, so the
+  test is right whatever the scorer: a scorer that is not the sampler's law (another dtype, a truncation the
+  sampler applied) moves every arm's D alike and cancels. The one-sample test of each arm against the scorer's
+  law (``stats.score_test``) assumes an exact scorer: it is reported as the scorer's fit, and decides nothing
+  (a scorer biased by 2 standard errors in every arm made the old rule call a correct engine lossy 1 time in 4).
+* Two stages. A first stage raises an alarm where the excess test's |z| passes ALARM_EXCESS's two-sided point or
+  the two-sample test's p is below ALARM_AB. An alarm is never a verdict: the check draws all three arms again
+  with fresh seeds, and calls lossy only where the two stages together pass: Stouffer's (z1 + z2) / sqrt(2) of the
+  excess test beyond CONFIRM_EXCESS's two-sided point, or of the two-sample test's p-values (z = Phi^-1(1 - p))
+  beyond CONFIRM_AB's. A real fault replicates; chance does not. Without the target's entropies (no excess test)
+  the two-sample test takes both budgets (ALARM_AB_ALONE, CONFIRM_AB_ALONE).
+* Controls and gates, in order: a missing test, then any non-finite number (NaN or +inf scores, moments or
+  p-values: the verdict cannot rest on them), then an A/A control (off against off again, each stage) below
+  ALPHA_AA: inconclusive. A confirmed alarm is lossy whatever the power. Otherwise lossless needs enough
+  continuations, a reachable p below ALARM_AB, and a known detectable shift (the two-sample test's; zero spread
+  is no evidence of power) within ``max_mde``.
+
+Calibration (benchmarks/lossless_verdict_rates.py, the Markov chain of tests/unit/test_lossless_stats.py, 12
+prompts x 8 continuations of 16 tokens an arm): see docs/check-lossless.md for the measured false-alarm rate, the
+rate under a biased scorer and the power against the planted rules.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from statistics import NormalDist
+
+import numpy as np
+
+from mtpbench.stats.lossless import LOGPROB_FLOOR, MIN_CONTINUATIONS, LosslessTest
+
+ALARM_EXCESS = 0.3  # stage 1: the excess test's two-sided p below this raises an alarm
+CONFIRM_EXCESS = 0.01  # both stages: Stouffer's z of the excess test, two-sided
+ALARM_AB, CONFIRM_AB = 0.05, 0.005  # the two-sample test beside the excess test (one-sided in its p-values)
+ALARM_AB_ALONE, CONFIRM_AB_ALONE = 0.5, 0.02  # the two-sample test alone (no target entropies)
+ALPHA_AA = 0.01  # each stage's A/A control (off against off again): it checks the engine, not a second coin toss
+
+LOSSLESS, LOSSY, INCONCLUSIVE = "lossless", "lossy", "inconclusive"
+# why a sampling check is inconclusive, in a word (the summary's headline and lossless.json's inconclusive_reason)
+MISSING, NONFINITE, AA_REJECTS, UNCONFIRMED, TOO_FEW, UNDERPOWERED = (
+    "a test is missing", "non-finite scores", "A/A control rejects", "alarm not confirmed",
+    "too few continuations", "underpowered")
+SCORER = "scorer is not the sampler's law"  # older records' reason (the scorer's control no longer gates)
+
+
+@dataclass(frozen=True)
+class ExcessTest:
+    """The drafting arm's mean excess log-prob (log p + H, nats/token) against the arms without drafting."""
+    z: float | None  # None: no spread at all (every continuation of a prompt alike)
+    p_value: float  # two-sided, normal
+    excess_on: float  # mean per-continuation excess, prompts weighted as in the difference
+    excess_off: float
+    diff: float  # on - off
+    se: float | None  # the permutation standard deviation of diff
+    num_continuations_on: int
+    num_continuations_off: int
+    num_nonfinite: int = 0  # continuations whose excess is NaN or infinite
+
+
+def continuation_excess(logprobs, entropies) -> float:
+    """One continuation's mean of D_t = log p_t(x_t) + H_t (log-probs floored at LOGPROB_FLOOR, as the other tests;
+    NaN stays NaN)."""
+    lp = np.maximum(np.asarray(logprobs, float), LOGPROB_FLOOR)
+    return float(np.mean(lp + np.asarray(entropies, float)))
+
+
+def excess_test(excess, strata, on) -> ExcessTest | None:
+    """The excess test of the module docstring: ``excess`` per continuation, its prompt (``strata``) and whether it
+    came from the drafting arm (``on``). None when some prompt lacks either side."""
+    x, strata, on = np.asarray(excess, float), np.asarray(strata), np.asarray(on, bool)
+    prompts = np.unique(strata)
+    n_on = np.array([on[strata == s].sum() for s in prompts])
+    n_off = np.array([(~on[strata == s]).sum() for s in prompts])
+    if x.size == 0 or (n_on == 0).any() or (n_off == 0).any():
+        return None
+    bad = int((~np.isfinite(x)).sum())
+    if bad:
+        return ExcessTest(None, math.nan, math.nan, math.nan, math.nan, None, int(n_on.sum()), int(n_off.sum()), bad)
+    h = n_on * n_off / (n_on + n_off)
+    w = h / h.sum()
+    m_on = np.array([x[(strata == s) & on].mean() for s in prompts])
+    m_off = np.array([x[(strata == s) & ~on].mean() for s in prompts])
+    s2 = np.array([x[strata == s].var(ddof=1) for s in prompts])  # at least 2 values a prompt: one of each side
+    diff = float(w @ (m_on - m_off))
+    se = math.sqrt(float((w ** 2 * s2 * (1 / n_on + 1 / n_off)).sum()))
+    if se <= 1e-12 * max(float(np.abs(x).max()), 1.0):  # below: rounding of equal values
+        z, p = None, 1.0
+    else:
+        z = diff / se
+        p = 2 * NormalDist().cdf(-abs(z))
+    return ExcessTest(z, p, float(w @ m_on), float(w @ m_off), diff, None if z is None else se,
+                      int(n_on.sum()), int(n_off.sum()))
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage's tests: off against on (``ab``), off against off again (``aa``), the excess test (None where the
+    backend gave no entropies)."""
+    ab: LosslessTest | None
+    aa: LosslessTest | None
+    excess: ExcessTest | None = None
+
+
+def _levels(stage: Stage) -> tuple[float, float]:
+    """The two-sample test's (alarm, confirm) levels: its own share beside the excess test, or the whole budget."""
+    return (ALARM_AB, CONFIRM_AB) if stage.excess is not None else (ALARM_AB_ALONE, CONFIRM_AB_ALONE)
+
+
+def _two_sided(alpha: float) -> float:
+    return NormalDist().inv_cdf(1 - alpha / 2)
+
+
+def _z_of_p(p: float) -> float:
+    """A one-sided p-value as a normal z (p = 1 -> a large negative z, not -inf)."""
+    return NormalDist().inv_cdf(1 - min(max(p, 1e-12), 1 - 1e-12))
+
+
+def alarm(stage: Stage) -> str | None:
+    """What in this stage calls for fresh draws, in words, or None."""
+    found = []
+    e = stage.excess
+    if e is not None and e.z is not None and abs(e.z) > _two_sided(ALARM_EXCESS):
+        found.append(f"excess z = {e.z:+.3g} ({e.diff:+.3g} nats/token)")
+    if stage.ab is not None and stage.ab.p_value < _levels(stage)[0]:
+        found.append(f"two-sample p = {stage.ab.p_value:.3g} (mean target log-prob {stage.ab.logprob_diff:+.3g})")
+    return "; ".join(found) or None
+
+
+def confirmation(first: Stage, second: Stage) -> str | None:
+    """Why the two stages together call the drafting arm lossy (Stouffer over the stages), or None."""
+    found = []
+    e1, e2 = first.excess, second.excess
+    if e1 is not None and e2 is not None and e1.z is not None and e2.z is not None:
+        z = (e1.z + e2.z) / math.sqrt(2)
+        if abs(z) > _two_sided(CONFIRM_EXCESS):
+            found.append(f"excess z {e1.z:+.3g} then {e2.z:+.3g}, together {z:+.3g} (beyond "
+                         f"{_two_sided(CONFIRM_EXCESS):.3g}): the drafting arm's tokens are not the target's law "
+                         f"(excess {e1.diff:+.3g}, {e2.diff:+.3g} nats/token)")
+    p1, p2 = first.ab.p_value, second.ab.p_value
+    z = (_z_of_p(p1) + _z_of_p(p2)) / math.sqrt(2)
+    level = _levels(first)[1]
+    if z > NormalDist().inv_cdf(1 - level):
+        found.append(f"two-sample p {p1:.3g} then {p2:.3g}, together p = {1 - NormalDist().cdf(z):.3g} < {level:g}: "
+                     f"drafting changes the output law (mean target log-prob {first.ab.logprob_diff:+.3g}, "
+                     f"{second.ab.logprob_diff:+.3g} nats/token)")
+    return "; ".join(found) or None
+
+
+def nonfinite(stages) -> str | None:
+    """Which numbers of the stages are not finite, in words, or None."""
+    found = []
+    for i, s in enumerate(stages, 1):
+        for name, t in (("off vs on", s.ab), ("A/A", s.aa), ("excess", s.excess)):
+            if t is None:
+                continue
+            p = t.p_value
+            if t.num_nonfinite or not math.isfinite(p):
+                found.append(f"stage {i} {name}: {t.num_nonfinite} non-finite score(s)"
+                             + ("" if math.isfinite(p) else f", p = {p}"))
+    return "; ".join(found) or None
+
+
+def lossless_verdict(stages, max_mde: float | None = None) -> tuple[str, str]:
+    """(verdict, why) from one stage, or two where the first raised an ``alarm`` (the module docstring). An
+    inconclusive why starts with its reason (MISSING ... UNDERPOWERED). ``max_mde``: the largest detectable shift
+    (nats/token) lossless may carry; None: no bound (but an unknown shift is still no power)."""
+    stages = list(stages)
+    if not stages or any(s.ab is None or s.aa is None for s in stages):
+        return INCONCLUSIVE, f"{MISSING}: no prompt with continuations in both arms"
+    bad = nonfinite(stages)
+    if bad:
+        return INCONCLUSIVE, f"{NONFINITE}: {bad}; the scores cannot be tested"
+    for i, s in enumerate(stages, 1):
+        if s.aa.p_value < ALPHA_AA:
+            return INCONCLUSIVE, (f"{AA_REJECTS}: off against off (stage {i}), p = {s.aa.p_value:.3g} < "
+                                  f"{ALPHA_AA:g}; two runs without drafting already differ more than sampling explains")
+    first, note = stages[0], ""
+    raised = alarm(first)
+    if raised:
+        if len(stages) < 2:
+            return INCONCLUSIVE, f"{UNCONFIRMED}: {raised}; fresh draws must confirm it before a verdict"
+        why = confirmation(first, stages[1])
+        if why:
+            return LOSSY, why
+        note = f"; the first stage's alarm ({raised}) did not replicate on fresh draws"
+    return _powered(first.ab, max_mde, note)
+
+
+def _powered(ab: LosslessTest, max_mde: float | None, note: str) -> tuple[str, str]:
+    """Lossless where this N could have seen a shift, else inconclusive and why."""
+    if min(ab.num_continuations_a, ab.num_continuations_b) < MIN_CONTINUATIONS or ab.min_p_value >= ALARM_AB:
+        return INCONCLUSIVE, (f"{TOO_FEW}: {ab.num_continuations_a} and {ab.num_continuations_b}; at least "
+                              f"{MIN_CONTINUATIONS} each, to detect anything")
+    mde = ab.mde_logprob
+    if mde is None:
+        return INCONCLUSIVE, (f"{UNDERPOWERED}: the continuations' scores have no spread, so no detectable shift can "
+                              "be claimed (identical draws say nothing of power)")
+    if max_mde is not None and not mde <= max_mde:
+        n = ab.num_continuations_b
+        need = math.ceil(n * (mde / max_mde) ** 2)
+        return INCONCLUSIVE, (f"{UNDERPOWERED}: the smallest detectable shift ({mde:.3g} nats/token) exceeds the bound "
+                              f"{max_mde:g}; about {math.ceil(need / ab.num_prompts)} continuations a prompt ({need} "
+                              f"an arm, {n} now; the detectable shift falls as 1 / sqrt(continuations)) would reach it")
+    return LOSSLESS, (f"no difference detectable at this N (p = {ab.p_value:.3g}; it would detect a shift of "
+                      f"{mde:.3g} nats/token){note}")
+
+
+def detectable_shift(ab: LosslessTest) -> float | None:
+    """The smallest shift of the mean target log-prob (nats/token) the check detects with POWER: the two-sample
+    test's (the excess test sees the local excess log p + H, which misses a fault that moves which prefixes are
+    visited or mass between tokens scored alike, so its power says nothing of the quantity the bound is set on).
+    None: unknown (no spread)."""
+    return ab.mde_logprob
