@@ -38,15 +38,17 @@ class LoadChoice:
 
 def comparisons(points: list[Measured]) -> dict[tuple[int, int, int], float]:
     """The family: (load, a, b) -> one-sided p-value that k = a is faster than k = b at that load, for each k > 0
-    against k = 0 and each larger k > 0 against each smaller one (1.0 where too few repeats give no test). A smaller
-    k is never tested against a larger: the rule never needs it."""
+    against k = 0 and each larger k > 0 against each smaller one. A smaller k is never tested against a larger (the
+    rule never needs it), and a pair too few repeats give no test is no member (it could not reject; whether it
+    can depends on the repeat counts alone, so the family is still fixed before the timings are seen)."""
     by = {(p.load, p.k): p for p in points}
     out = {}
     for (load, a), fast in by.items():
         for (other, b), slow in by.items():
             if other == load and b < a:  # every pair of one load, the larger k as the faster
                 p = log_ratio_t_p(fast.tokps, slow.tokps)
-                out[(load, a, b)] = 1.0 if p is None else p
+                if p is not None:
+                    out[(load, a, b)] = p
     return out
 
 
@@ -79,7 +81,7 @@ def choose_all(points: list[Measured]) -> list[LoadChoice]:
         ks = sorted(k for b, k in by if b == load)
         beaten = {k: [a for a in ks if (load, a, k) in adjusted and beats(by[load, a], by[load, k],
                                                                          adjusted[load, a, k])] for k in ks}
-        qualify = beaten.get(0, [])
+        qualify = beaten[0]  # every load has k = 0 (points.check)
         chosen = next((q for q in qualify if not set(beaten[q]) & set(qualify)), 0)
         fastest = max(ks, key=lambda k: (by[load, k].median, -k))
         out.append(LoadChoice(load, chosen, fastest, beaten,
@@ -124,10 +126,12 @@ def check_schedule(ranges, num_speculative_tokens: int) -> str | None:
         return "num_speculative_tokens_per_batch_size must be a non-empty list of [start, end, k] ranges"
     if num_speculative_tokens <= 0:
         return "a schedule needs num_speculative_tokens > 0 (no k above 0: run without a speculative config)"
+    malformed = [e for e in ranges if not isinstance(e, (list, tuple)) or len(e) != 3
+                 or not all(isinstance(x, int) for x in e)]
+    if malformed:
+        return f"each range is [start, end, k] of three integers, got {malformed[0]!r}"
     previous = 0
-    for entry in sorted(ranges, key=lambda e: e[0] if isinstance(e, (list, tuple)) and e else 0):
-        if not isinstance(entry, (list, tuple)) or len(entry) != 3 or not all(isinstance(x, int) for x in entry):
-            return f"each range is [start, end, k] of three integers, got {entry!r}"
+    for entry in sorted(ranges, key=tuple):  # by start (lists and tuples alike)
         start, end, k = entry
         if start <= 0 or end <= 0:
             return f"batch-size range ({start}, {end}) must be positive"

