@@ -62,7 +62,8 @@ def run(seeds: list[int], log: str) -> None:
             r = run_sampling(b, cfg, ids, pids)
             row = {"seed": seed, "cond": arm, "verdict": r["verdict"], "why": r["why"],
                    "wall_s": round(time.time() - t0, 1), "test": r["test"], "aa_test": r["aa_test"],
-                   "score_tests": r["score_tests"], "detectable_shift": r["detectable_shift"],
+                   "score_tests": r["score_tests"], "excess_test": r.get("excess_test"), "alarm": r.get("alarm"),
+                   "confirmation": r.get("confirmation"), "detectable_shift": r["detectable_shift"],
                    "acceptance": r["arms"]["on"]["acceptance"]}
             with open(log, "a") as f:
                 f.write(json.dumps(row) + "\n")
@@ -101,6 +102,11 @@ def summary(log: str) -> None:
         for side in ("on", "off", "off_aa"):
             print(f"  one-sample z {side}:", " ".join(f"{r['score_tests'][side]['z']:+.2f}" for r in rs))
         print("  A/A p:", " ".join(f"{r['aa_test']['p_value']:.3f}" for r in rs))
+        if any(r.get("excess_test") for r in rs):
+            print("  excess z:", " ".join(f"{r['excess_test']['z']:+.2f}" for r in rs))
+            print("  second stage (alarm confirmed?): ", " ".join(
+                "-" if not r.get("confirmation") else
+                f"{r['confirmation']['excess_test']['z']:+.2f}/{r['confirmation']['test']['p_value']:.3f}" for r in rs))
         print("  detectable shift:", " ".join(f"{r['detectable_shift']:.4f}" for r in rs))
 
 

@@ -1,0 +1,138 @@
+"""Property tests of check-lossless's sampling verdict (stats.lossless_verdict, stats.alarm, stats.confirmation) over
+random stages, against an oracle written here from the rule in docs/check-lossless.md, never by calling the code
+under test:
+
+* inconclusive, in this order: a missing test; any non-finite number; an A/A control below 0.01 at any stage;
+  an alarm without a second stage;
+* an alarm: the excess test's |z| > 1.0364 (two-sided 30 %), or the two-sample p below 0.05 (0.5 without the
+  excess test);
+* lossy: an alarm, and the two stages together beyond the confirmation points: |z1 + z2| / sqrt(2) > 2.5758
+  (two-sided 1 %), or (Phi^-1(1 - p1) + Phi^-1(1 - p2)) / sqrt(2) > 2.5758 (one-sided 0.5 %; 2.0537, 2 %, without
+  the excess test);
+* otherwise inconclusive with fewer than 8 continuations an arm or a smallest reachable p of 0.05 or more, with an
+  unknown detectable shift, or one above the bound; else lossless.
+"""
+
+import math
+from statistics import NormalDist
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mtpbench import stats
+
+SETTINGS = settings(max_examples=300, deadline=None)
+PHI = NormalDist()
+
+
+def oracle(stages, max_mde):
+    if not stages or any(s.ab is None or s.aa is None for s in stages):
+        return stats.INCONCLUSIVE, stats.MISSING
+    for s in stages:
+        for t in (s.ab, s.aa, s.excess):
+            if t is not None and (t.num_nonfinite > 0 or math.isnan(t.p_value) or math.isinf(t.p_value)):
+                return stats.INCONCLUSIVE, stats.NONFINITE
+    if any(s.aa.p_value < 0.01 for s in stages):
+        return stats.INCONCLUSIVE, stats.AA_REJECTS
+    first = stages[0]
+    has_excess = first.excess is not None
+    z_ok = has_excess and first.excess.z is not None
+    alarmed = (z_ok and abs(first.excess.z) > 1.0364) or first.ab.p_value < (0.05 if has_excess else 0.5)
+    if alarmed:
+        if len(stages) == 1:
+            return stats.INCONCLUSIVE, stats.UNCONFIRMED
+        second = stages[1]
+
+        def z_of(p):
+            return PHI.inv_cdf(1 - min(max(p, 1e-12), 1 - 1e-12))
+
+        if z_ok and second.excess is not None and second.excess.z is not None:
+            if abs(first.excess.z + second.excess.z) / math.sqrt(2) > 2.5758:
+                return stats.LOSSY, None
+        if (z_of(first.ab.p_value) + z_of(second.ab.p_value)) / math.sqrt(2) > (2.5758 if has_excess else 2.0537):
+            return stats.LOSSY, None
+    ab = first.ab
+    if min(ab.num_continuations_a, ab.num_continuations_b) < 8 or ab.min_p_value >= 0.05:
+        return stats.INCONCLUSIVE, stats.TOO_FEW
+    if ab.mde_logprob is None or (max_mde is not None and ab.mde_logprob > max_mde):
+        return stats.INCONCLUSIVE, stats.UNDERPOWERED
+    return stats.LOSSLESS, None
+
+
+finite_p = st.floats(1 / 2001, 1.0)
+p_values = st.one_of(finite_p, finite_p, finite_p, st.just(math.nan))  # a NaN one time in four
+unit = st.sampled_from([0.0, 1e-3, 0.004999, 0.005, 0.005001, 0.00999, 0.01, 0.0101, 0.049, 0.05, 0.0501, 0.3,
+                        0.49, 0.5, 0.51, 1.0])
+p_any = st.one_of(p_values, unit)
+
+
+@st.composite
+def two_sample(draw):
+    n = draw(st.sampled_from([4, 7, 8, 9, 96]))
+    return stats.LosslessTest(
+        p_value=draw(p_any), p_value_scores=0.5, p_value_tokens=0.5,
+        min_p_value=draw(st.sampled_from([1 / 2001, 0.049, 0.05, 0.2])), mean_logprob_a=-2.0, mean_logprob_b=-2.0,
+        logprob_diff=draw(st.floats(-1, 1)), logprob_diff_ci_low=None, logprob_diff_ci_high=None,
+        mde_logprob=draw(st.one_of(st.none(), st.sampled_from([0.05, 0.1, 0.1000001, 0.3]))),
+        num_continuations_a=n, num_continuations_b=draw(st.sampled_from([n, 8, 7])), num_prompts=4,
+        permutations=2000, num_nonfinite=draw(st.sampled_from([0, 0, 0, 0, 1])))
+
+
+@st.composite
+def excess(draw):
+    z = draw(st.one_of(st.none(), st.floats(-6, 6), st.sampled_from([1.0364, 1.0365, -1.0365, 1.82, 1.83])))
+    bad = draw(st.sampled_from([0, 0, 0, 0, 2]))
+    p = 1.0 if z is None else 2 * PHI.cdf(-abs(z))
+    return stats.ExcessTest(z, math.nan if bad else p, 0.0, 0.0, 0.0 if z is None else z * 0.01,
+                            None if z is None else 0.01, 96, 192, bad)
+
+
+@st.composite
+def stage(draw, with_excess):
+    ab = draw(st.one_of(two_sample(), two_sample(), two_sample(), st.none()))
+    aa = draw(st.one_of(two_sample(), two_sample(), two_sample(), st.none()))
+    return stats.Stage(ab, aa, draw(excess()) if with_excess else None)
+
+
+@st.composite
+def stages(draw):
+    with_excess = draw(st.booleans())
+    return [draw(stage(with_excess)) for _ in range(draw(st.integers(1, 2)))]
+
+
+@SETTINGS
+@given(stages(), st.one_of(st.none(), st.sampled_from([0.05, 0.1, 0.3])))
+def test_the_verdict_follows_the_rule(s, max_mde):
+    verdict, why = stats.lossless_verdict(s, max_mde=max_mde)
+    want, reason = oracle(s, max_mde)
+    assert verdict == want, (why, reason)
+    if reason is not None:
+        assert why.startswith(reason), (why, reason)
+
+
+@SETTINGS
+@given(stages(), st.one_of(st.none(), st.sampled_from([0.05, 0.1])))
+def test_one_stage_is_never_lossy_and_an_alarm_never_passes_alone(s, max_mde):
+    first = s[:1]
+    verdict, _ = stats.lossless_verdict(first, max_mde=max_mde)
+    assert verdict != stats.LOSSY
+    if stats.alarm(first[0]) and verdict != stats.INCONCLUSIVE:
+        raise AssertionError("an alarm without fresh draws must not pass")
+
+
+@SETTINGS
+@given(stages(), st.sampled_from([0.05, 0.1]))
+def test_any_non_finite_number_is_inconclusive(s, max_mde):
+    bad = any(t is not None and (t.num_nonfinite or not math.isfinite(t.p_value))
+              for x in s for t in (x.ab, x.aa, x.excess))
+    if bad and all(x.ab is not None and x.aa is not None for x in s):
+        verdict, why = stats.lossless_verdict(s, max_mde=max_mde)
+        assert verdict == stats.INCONCLUSIVE and why.startswith(stats.NONFINITE)
+
+
+def test_the_levels_are_the_documented_ones():
+    """The oracle's numbers are the module's levels (a changed level must change the docs and this oracle)."""
+    assert (stats.ALARM_EXCESS, stats.CONFIRM_EXCESS, stats.ALARM_AB, stats.CONFIRM_AB, stats.ALARM_AB_ALONE,
+            stats.CONFIRM_AB_ALONE, stats.ALPHA_AA) == (0.3, 0.01, 0.05, 0.005, 0.5, 0.02, 0.01)
+    assert abs(PHI.inv_cdf(0.85) - 1.0364) < 1e-4 and abs(PHI.inv_cdf(0.995) - 2.5758) < 1e-4
+    assert abs(PHI.inv_cdf(0.98) - 2.0537) < 1e-4
