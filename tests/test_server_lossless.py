@@ -150,11 +150,27 @@ def pair(tmp_path_factory, temperature_scale):
 
 
 def expected_verdict(rec: dict) -> str:
-    """The verdict a served sampling check gives from its p-values (stats.lossless_verdict: an A/A control that
-    rejects leaves none, 1 correct run in 100; then the two-sample test at its alpha)."""
-    if rec["aa_test"]["p_value"] < rec["alpha_aa"]:
+    """The verdict a served sampling check gives from its numbers, written from the rule in docs/check-lossless.md
+    (stats.lossless_verdict): an A/A control below alpha_aa at either stage leaves none; no first-stage alarm is
+    lossless here (the test gives a bound the check meets); an alarm is lossy only where the two stages together
+    pass the confirmation levels (Stouffer), else lossless."""
+    from statistics import NormalDist
+
+    second = rec.get("confirmation")
+    stages = [rec] + ([second] if second else [])
+    if any(s["aa_test"]["p_value"] < rec["alpha_aa"] for s in stages):
         return "inconclusive"
-    return "lossy" if rec["test"]["p_value"] < rec["alpha_two_sample"] else "lossless"
+    if rec["alarm"] is None:
+        return "lossless"
+    if not second:
+        return "inconclusive"
+    lv, phi = rec["levels"], NormalDist()
+    if rec.get("excess_test") and second.get("excess_test"):
+        z = (rec["excess_test"]["z"] + second["excess_test"]["z"]) / 2 ** 0.5
+        if abs(z) > phi.inv_cdf(1 - lv["confirm_excess"] / 2):
+            return "lossy"
+    z = sum(phi.inv_cdf(1 - min(max(s["test"]["p_value"], 1e-12), 1 - 1e-12)) for s in stages) / 2 ** 0.5
+    return "lossy" if z > phi.inv_cdf(1 - lv["confirm_two_sample"]) else "lossless"
 
 
 def native_z(model, rec: dict, arm: str) -> float:
@@ -218,7 +234,7 @@ def test_attached_pair_sampling_check_is_lossless_and_its_lossy_control_is_not(t
         temperature_scale.write_text("1")
     assert r.exit_code == 0, r.output
     control = json.loads((tmp_path / "control" / "lossless.json").read_text())
-    assert control["test"]["p_value"] < control["alpha_two_sample"], (control["why"], seeds)
+    assert control["verdict"] == "lossy" and control["confirmation"], (control["why"], seeds)  # confirmed afresh
     assert control["aa_test"]["p_value"] > FALSE_ALARM and control["verdict"] == expected_verdict(control)
     assert native_z(model, control, "on") > Z_BOUND  # the reference sees the control's fault too
     # detected in its direction, and beyond the shift the lossless run said it would detect

@@ -109,6 +109,7 @@ def test_planted_law_is_a_law_and_moves_mass_to_the_draft_argmax(laws):
     assert np.allclose(planted_lossy(p, p)[0], p)  # a perfect draft makes the rule harmless
 
 
+@pytest.mark.slow  # a simulation: in the fast tier, left out of mutation runs
 def test_false_alarm_rate_at_the_default_n(laws):
     """Both arms from the target's law, 12 prompts x 8 continuations a side, 1000 trials (data seed 5,
     permutation seed = trial): the combined test rejects at nominal 5 % in 4.9 % of trials (95 % binomial
@@ -124,6 +125,7 @@ def test_false_alarm_rate_at_the_default_n(laws):
     assert 0.93 <= covered <= 0.97, covered
 
 
+@pytest.mark.slow  # a simulation: in the fast tier, left out of mutation runs
 def test_power_against_the_planted_lossy_mode(laws):
     """Arm b through the planted rule at k = 2 (TV 0.154 from the target per drafted token, +0.28 nats
     per token of mean target log-prob), 12 x 8 a side, 1000 trials (data seed 6): lossy called in 96.7 %
@@ -137,6 +139,7 @@ def test_power_against_the_planted_lossy_mode(laws):
     assert 0.2 < shift < 0.35 and np.median([r.mde_logprob for r in res]) < shift
 
 
+@pytest.mark.slow  # a simulation: in the fast tier, left out of mutation runs
 def test_the_calibration_check_catches_a_token_level_test(laws):
     """The same null data, tested as if tokens were independent (Welch t on the 1536 per-token
     log-probabilities of each arm): it rejects in 13.0 % of trials, far above 7 % (the continuation is the unit;
@@ -295,6 +298,7 @@ def rate(rows, pred):
     return float(np.mean([pred(*r) for r in rows]))
 
 
+@pytest.mark.slow  # a simulation: in the fast tier, left out of mutation runs
 def test_the_one_sample_z_is_standard_normal_under_the_target_law(laws):
     """Tokens from the target's own law, 12 x 8 continuations of 16 tokens (1536 tokens an arm), 4000 arms
     (data seed 7): the z's mean and sd are those of N(0, 1) within sampling error, and |z| > 1.96 in 5 % of arms.
@@ -311,6 +315,7 @@ def test_the_one_sample_z_is_standard_normal_under_the_target_law(laws):
     assert 0.018 <= np.mean(np.abs(z) > 2.2414) <= 0.033
 
 
+@pytest.mark.slow  # a simulation: in the fast tier, left out of mutation runs
 def test_a_correct_engine_is_called_lossy_about_1_in_100(laws):
     """600 correct checks (data seed 8): lossy in 1.1 % at 2000 checks (benchmarks/lossless_verdict_rates.py), the
     old single-stage rule (each test at alpha / 2) in 4.7 %; the alarm sends about a third of them to a second
@@ -321,6 +326,7 @@ def test_a_correct_engine_is_called_lossy_about_1_in_100(laws):
     assert 0.2 <= rate(res, lambda v, why, s, z: stats.alarm(s) is not None) <= 0.45
 
 
+@pytest.mark.slow  # a simulation: in the fast tier, left out of mutation runs
 def test_a_scorer_biased_in_every_arm_does_not_make_a_correct_engine_lossy(laws):
     """Every arm sampled at 0.96 x the temperature the target scores at (the scorer is not the sampler's law: each
     arm's one-sample z near +2): the excess test compares arms, so lossy stays at the null rate (0.9 % of 1500 in
@@ -336,6 +342,7 @@ def test_a_scorer_biased_in_every_arm_does_not_make_a_correct_engine_lossy(laws)
     assert old.mean() > 0.15, old.mean()
 
 
+@pytest.mark.slow  # a simulation: in the fast tier, left out of mutation runs
 def test_power_against_both_planted_rules(laws):
     """The planted rule (accept q's argmax; TV 0.154 per drafted token), 300 checks (data seed 9): lossy in
     98.1 % of 2000 in the benchmark (the old rule 98.4 %); the subtle rule (the acceptance ratio's p at 0.9 T; TV
