@@ -152,8 +152,8 @@ def pair(tmp_path_factory, temperature_scale):
 def expected_verdict(rec: dict) -> str:
     """The verdict a served sampling check gives from its numbers, written from the rule in docs/check-lossless.md
     (stats.lossless_verdict): an A/A control below alpha_aa at either stage leaves none; no first-stage alarm is
-    lossless here (the test gives a bound the check meets); an alarm is lossy only where the two stages together
-    pass the confirmation levels (Stouffer), else lossless."""
+    lossless here (the test gives a bound the check meets); an alarm is lossy only where the second stage, drawn
+    afresh, passes a confirmation level on its own (the excess test the same way as the first), else lossless."""
     from statistics import NormalDist
 
     second = rec.get("confirmation")
@@ -166,11 +166,10 @@ def expected_verdict(rec: dict) -> str:
         return "inconclusive"
     lv, phi = rec["levels"], NormalDist()
     if rec.get("excess_test") and second.get("excess_test"):
-        z = (rec["excess_test"]["z"] + second["excess_test"]["z"]) / 2 ** 0.5
-        if abs(z) > phi.inv_cdf(1 - lv["confirm_excess"] / 2):
+        z1, z2 = rec["excess_test"]["z"], second["excess_test"]["z"]
+        if abs(z2) > phi.inv_cdf(1 - lv["confirm_excess"] / 2) and (z1 > 0) == (z2 > 0):
             return "lossy"
-    z = sum(phi.inv_cdf(1 - min(max(s["test"]["p_value"], 1e-12), 1 - 1e-12)) for s in stages) / 2 ** 0.5
-    return "lossy" if z > phi.inv_cdf(1 - lv["confirm_two_sample"]) else "lossless"
+    return "lossy" if second["test"]["p_value"] < lv["confirm_two_sample"] else "lossless"
 
 
 def native_z(model, rec: dict, arm: str) -> float:

@@ -126,10 +126,11 @@ def _sampling_lines(record: dict) -> list[str]:
     lv = record.get("levels")
     if lv:
         lines.append(f"- alarm (fresh draws must confirm it): excess p < {lv['alarm_excess']:g} or two-sample p < "
-                     f"{lv['alarm_two_sample']:g}; lossy: both stages together (Stouffer) below "
-                     f"{lv['confirm_excess']:g} (excess) or {lv['confirm_two_sample']:g} (two-sample)")
+                     f"{lv['alarm_two_sample']:g}; lossy: a second stage at fresh seeds and twice the continuations shows it "
+                     f"again on its own, excess p < {lv['confirm_excess']:g} the same way or two-sample p < "
+                     f"{lv['confirm_two_sample']:g}")
     if record.get("confirmation"):
-        lines.append(f"- alarm: {record['alarm']}; a second stage at fresh seeds:")
+        lines.append(f"- alarm: {record['alarm']}; a second stage at fresh seeds, twice the continuations:")
         lines += ["  " + x for x in _stage_lines(record["confirmation"], "stage 2 ", record)]
     if "detectable_shift" in record:
         lines.append(f"- smallest detectable shift (80 % power): {_f(record['detectable_shift'])} nats/token; "

@@ -170,10 +170,11 @@ def score_arms(backend, prompts: list[list[int]], continuations: list[list[int]]
 STAGES = ("off", "on", "off_aa")
 
 
-def draw_stage(backend, cfg: CheckConfig, ids: list[list[int]], seeds: dict[str, int]) -> dict:
-    """One stage's three arms (off, on, off again), drawn at ``seeds`` and scored by one teacher-forced pass: per
-    arm its scored continuations and their prompts, the moments where the backend gives them, and its log."""
-    e, n = cfg.engine, cfg.per_prompt
+def draw_stage(backend, cfg: CheckConfig, ids: list[list[int]], seeds: dict[str, int], n: int) -> dict:
+    """One stage's three arms (off, on, off again), ``n`` continuations of each prompt an arm, drawn at ``seeds`` and
+    scored by one teacher-forced pass: per arm its scored continuations and their prompts, the moments where the
+    backend gives them, and its log."""
+    e = cfg.engine
     rows = [p for p in ids for _ in range(n)]
     strata = [i for i in range(len(ids)) for _ in range(n)]
     log, drawn = {}, {}
@@ -244,16 +245,17 @@ def per_prompt_means(arms: dict, prompt_ids: list[str]) -> list[dict]:
 
 def run_sampling(backend, cfg: CheckConfig, ids: list[list[int]], prompt_ids: list[str]) -> dict:
     """The sampling check: a first stage of three arms; where its numbers raise an alarm (``stats.alarm``), a
-    second stage of three arms at fresh seeds that must confirm it (``stats.lossless_verdict``)."""
+    second stage of three arms at fresh seeds and twice the continuations that must show it again on its own
+    (``stats.lossless_verdict``)."""
     e = cfg.engine
     seeds = [dict(zip(STAGES, s)) for s in (arm_seeds(e.seed, 6)[:3], arm_seeds(e.seed, 6)[3:])]
     perm_seeds = [int(x) for x in np.random.SeedSequence([e.seed, 1]).generate_state(2)]
-    first = draw_stage(backend, cfg, ids, seeds[0])
+    first = draw_stage(backend, cfg, ids, seeds[0], cfg.per_prompt)
     stages = [stage_tests(first, perm_seeds[0])]
     raised = stats.alarm(stages[0][0])
     second = None
     if raised:
-        second = draw_stage(backend, cfg, ids, seeds[1])
+        second = draw_stage(backend, cfg, ids, seeds[1], 2 * cfg.per_prompt)
         stages.append(stage_tests(second, perm_seeds[1]))
     verdict, why = stats.lossless_verdict([s for s, _ in stages], max_mde=cfg.max_mde)
     ab, fit = stages[0][0].ab, stages[0][1]

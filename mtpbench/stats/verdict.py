@@ -15,11 +15,13 @@ The rule, and why:
   law (``stats.score_test``) assumes an exact scorer: it is reported as the scorer's fit, and decides nothing
   (a scorer biased by 2 standard errors in every arm made the old rule call a correct engine lossy 1 time in 4).
 * Two stages. A first stage raises an alarm where the excess test's |z| passes ALARM_EXCESS's two-sided point or
-  the two-sample test's p is below ALARM_AB. An alarm is never a verdict: the check draws all three arms again
-  with fresh seeds, and calls lossy only where the two stages together pass: Stouffer's (z1 + z2) / sqrt(2) of the
-  excess test beyond CONFIRM_EXCESS's two-sided point, or of the two-sample test's p-values (z = Phi^-1(1 - p))
-  beyond CONFIRM_AB's. A real fault replicates; chance does not. Without the target's entropies (no excess test)
-  the two-sample test takes both budgets (ALARM_AB_ALONE, CONFIRM_AB_ALONE).
+  the two-sample test's p is below ALARM_AB. An alarm is never a verdict: the check draws all three arms again with
+  fresh seeds and twice the continuations, and calls lossy only where that second stage shows the fault again on its
+  own: the excess test beyond CONFIRM_EXCESS's two-sided point, the same way as the first, or the two-sample test
+  below CONFIRM_AB. A real fault replicates; chance does not: a correct engine is called lossy only where two
+  independent draws both alarm, at most P(alarm) x P(confirm) (0.3 x 0.025 + 0.05 x 0.01 at most, about 0.8 %). The
+  doubled second stage buys back the power a second test would cost. Without the target's entropies (no excess
+  test) the two-sample test takes both budgets (ALARM_AB_ALONE, CONFIRM_AB_ALONE).
 * Controls and gates, in order: a missing test, then any non-finite number (NaN or +inf scores, moments or
   p-values: the verdict cannot rest on them), then an A/A control (off against off again, each stage) below
   ALPHA_AA: inconclusive. A confirmed alarm is lossy whatever the power. Otherwise lossless needs enough
@@ -42,9 +44,9 @@ import numpy as np
 from mtpbench.stats.lossless import LOGPROB_FLOOR, MIN_CONTINUATIONS, LosslessTest
 
 ALARM_EXCESS = 0.3  # stage 1: the excess test's two-sided p below this raises an alarm
-CONFIRM_EXCESS = 0.01  # both stages: Stouffer's z of the excess test, two-sided
-ALARM_AB, CONFIRM_AB = 0.05, 0.005  # the two-sample test beside the excess test (one-sided in its p-values)
-ALARM_AB_ALONE, CONFIRM_AB_ALONE = 0.5, 0.02  # the two-sample test alone (no target entropies)
+CONFIRM_EXCESS = 0.05  # stage 2 on its own: two-sided, and the same way as stage 1's z (so 0.025 of a null's draws)
+ALARM_AB, CONFIRM_AB = 0.05, 0.01  # the two-sample test beside the excess test: stage 1, stage 2 on its own
+ALARM_AB_ALONE, CONFIRM_AB_ALONE = 0.3, 0.05  # the two-sample test alone (no target entropies)
 ALPHA_AA = 0.01  # each stage's A/A control (off against off again): it checks the engine, not a second coin toss
 
 LOSSLESS, LOSSY, INCONCLUSIVE = "lossless", "lossy", "inconclusive"
@@ -122,11 +124,6 @@ def _two_sided(alpha: float) -> float:
     return NormalDist().inv_cdf(1 - alpha / 2)
 
 
-def _z_of_p(p: float) -> float:
-    """A one-sided p-value as a normal z (p = 1 -> a large negative z, not -inf)."""
-    return NormalDist().inv_cdf(1 - min(max(p, 1e-12), 1 - 1e-12))
-
-
 def alarm(stage: Stage) -> str | None:
     """What in this stage calls for fresh draws, in words, or None."""
     found = []
@@ -139,20 +136,19 @@ def alarm(stage: Stage) -> str | None:
 
 
 def confirmation(first: Stage, second: Stage) -> str | None:
-    """Why the two stages together call the drafting arm lossy (Stouffer over the stages), or None."""
+    """Why the second stage, drawn afresh after ``first`` raised an alarm, shows the fault again on its own: the
+    excess test beyond CONFIRM_EXCESS's two-sided point in the first stage's direction, or the two-sample test below
+    CONFIRM_AB; None when it does not (chance does not replicate)."""
     found = []
     e1, e2 = first.excess, second.excess
     if e1 is not None and e2 is not None and e1.z is not None and e2.z is not None:
-        z = (e1.z + e2.z) / math.sqrt(2)
-        if abs(z) > _two_sided(CONFIRM_EXCESS):
-            found.append(f"excess z {e1.z:+.3g} then {e2.z:+.3g}, together {z:+.3g} (beyond "
-                         f"{_two_sided(CONFIRM_EXCESS):.3g}): the drafting arm's tokens are not the target's law "
-                         f"(excess {e1.diff:+.3g}, {e2.diff:+.3g} nats/token)")
-    p1, p2 = first.ab.p_value, second.ab.p_value
-    z = (_z_of_p(p1) + _z_of_p(p2)) / math.sqrt(2)
+        if abs(e2.z) > _two_sided(CONFIRM_EXCESS) and (e1.z > 0) == (e2.z > 0):
+            found.append(f"excess z {e1.z:+.3g}, then {e2.z:+.3g} on fresh draws (beyond "
+                         f"{_two_sided(CONFIRM_EXCESS):.3g} the same way): the drafting arm's tokens are not the "
+                         f"target's law (excess {e1.diff:+.3g}, {e2.diff:+.3g} nats/token)")
     level = _levels(first)[1]
-    if z > NormalDist().inv_cdf(1 - level):
-        found.append(f"two-sample p {p1:.3g} then {p2:.3g}, together p = {1 - NormalDist().cdf(z):.3g} < {level:g}: "
+    if second.ab.p_value < level:
+        found.append(f"two-sample p {first.ab.p_value:.3g}, then {second.ab.p_value:.3g} < {level:g} on fresh draws: "
                      f"drafting changes the output law (mean target log-prob {first.ab.logprob_diff:+.3g}, "
                      f"{second.ab.logprob_diff:+.3g} nats/token)")
     return "; ".join(found) or None

@@ -247,15 +247,15 @@ def arm_with_moments(rng, p, start, lossy=None):
     return tokens, logprobs, h[states], v[states]
 
 
-def stage(rng, p, trials, lossy=None, law=None, excess=True):
+def stage(rng, p, trials, lossy=None, law=None, excess=True, per_arm=PER_ARM):
     """``trials`` stages of three arms (off, on, off again), 12 x 8 continuations each, as ``stats.Stage``s: arm
     "on" through ``lossy``; every arm drawn from ``law`` instead of the target where given (a scorer that is not the
     sampler's law: the tokens are still scored by the target ``p``); without the excess test where not ``excess``."""
-    start = np.repeat(rng.integers(0, V, (trials, PROMPTS)), PER_ARM, axis=1)
+    start = np.repeat(rng.integers(0, V, (trials, PROMPTS)), per_arm, axis=1)
     arms = [arm_drawn(rng, p, start, law, lossy if i == 1 else None) for i in range(3)]
-    n = PROMPTS * PER_ARM
-    strata, ab_arm = np.tile(np.repeat(np.arange(PROMPTS), PER_ARM), 2), np.repeat([False, True], n)
-    s3, on3 = np.tile(np.repeat(np.arange(PROMPTS), PER_ARM), 3), np.repeat([False, True, False], n)
+    n = PROMPTS * per_arm
+    strata, ab_arm = np.tile(np.repeat(np.arange(PROMPTS), per_arm), 2), np.repeat([False, True], n)
+    s3, on3 = np.tile(np.repeat(np.arange(PROMPTS), per_arm), 3), np.repeat([False, True, False], n)
     out = []
     for t in range(trials):
         def two(x, y, seed):
@@ -284,12 +284,12 @@ def arm_drawn(rng, p, start, law=None, lossy=None):
 
 
 def checks(seed, p, trials, **kw):
-    """Whole checks as check-lossless runs them: a first stage, and a second at fresh draws where the first raised
-    an alarm. Per trial (verdict, why, first stage, the first stage's one-sample z's)."""
+    """Whole checks as check-lossless runs them: a first stage, and a second at fresh draws of twice the
+    continuations where the first raised an alarm. Per trial (verdict, why, first stage, the first stage's one-sample z's)."""
     rng = np.random.default_rng(seed)
     first = stage(rng, p, trials, **kw)
     alarmed = [i for i, (s, _) in enumerate(first) if stats.alarm(s)]
-    second = dict(zip(alarmed, stage(rng, p, len(alarmed), **kw)))
+    second = dict(zip(alarmed, stage(rng, p, len(alarmed), per_arm=2 * PER_ARM, **kw)))
     return [(*stats.lossless_verdict([s] + ([second[i][0]] if i in second else [])), s, [t.z for t in one])
             for i, (s, one) in enumerate(first)]
 
