@@ -65,7 +65,7 @@ def compare(
     from tabulate import tabulate
 
     from mtpbench.compare import HEADERS, compare as run_compare, table_lines, unjudged_beyond, worse_beyond
-    from mtpbench.compare.run import check_pct, exit_code
+    from mtpbench.compare.pair import check_pct, exit_code
 
     try:
         if fail_if_worse is not None:

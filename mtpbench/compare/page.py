@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from mtpbench.compare.pair import worse_beyond
 from mtpbench.html.document import document, figure, provenance, write
 from mtpbench.html.markdown import to_html
 
@@ -17,7 +18,7 @@ def _unjudged_loss(r: dict) -> bool:
 
 def headline(result: dict) -> tuple[str, str]:
     """(the answer, its tone) over the rows of all prompts and the points that did not pair, by the rule of
-    --fail-if-worse (``run.worse_beyond``, which fails at a threshold only what it fails at 0 %):
+    --fail-if-worse (``pair.worse_beyond``, which fails at a threshold only what it fails at 0 %):
 
     * bad: --fail-if-worse fails at 0 %: a point failed in B or is missing from B, or a metric is worse beyond
       noise where the gate counts it;
@@ -28,8 +29,6 @@ def headline(result: dict) -> tuple[str, str]:
     * plain: nothing moved beyond noise.
 
     The sentence counts the rows by verdict, the points missing from B and the failed points by side."""
-    from mtpbench.compare.run import worse_beyond
-
     rows = [r for r in result["rows"] if r["category"] == "all"]
     n = {w: sum(r["verdict"] == w for r in rows) for w in ("better", "worse", "within noise", "no interval")}
     failed = {side: sum(f["failed_in"] == side for f in result["failed"]) for side in ("B", "A", "A and B")}

@@ -1,4 +1,5 @@
-"""Pure pairing of two sweeps' points, rows and requests, and one compared metric's row with its interval and verdict (no I/O)."""
+"""Pure pairing of two sweeps' points, rows and requests, one compared metric's row with its interval and verdict,
+and --fail-if-worse's gate over the whole comparison (no I/O)."""
 
 from __future__ import annotations
 
@@ -196,3 +197,47 @@ def _metric(row: PointResult, metric: str):
         i = int(metric[len("acceptance_rate_per_pos["):-1])
         return row.acceptance_rate_per_pos[i] if i < len(row.acceptance_rate_per_pos) else None
     return getattr(row, metric)
+
+
+# ---- --fail-if-worse: the gate over a whole comparison (compare.json's dict), which the page's headline follows
+
+def worse_beyond(result: dict, pct: float) -> list[str]:
+    """What fails --fail-if-worse PCT (``pct``: 0 or more, else MtpBenchError): a point that ran in A and failed in
+    B or is missing from B (a B sweep stopped halfway), and every metric over all prompts that is worse beyond
+    noise by more than ``pct`` percent (per-category rows are left out: with 13 categories some would cross by
+    chance); a metric worse from A = 0 has no relative change and counts at every ``pct``. When the k = 0
+    control shows machine drift between the runs, raw timings are not evidence (``speedup`` still is); a
+    difference in execution is no drift, and raw timings then count. Widening ``pct`` only drops entries, so
+    what fails at some ``pct`` fails at 0: the page's headline is red exactly when this lists anything at 0."""
+    check_pct(pct)
+    drifted = {m for m, _ in TIMINGS} if result.get("timings_drifted") else set()
+    out = [f"{f['point']} failed in B" for f in result["failed"] if f["failed_in"] == "B"]
+    out += [f"{name} missing in B" for name in result.get("missing_in_b", [])]
+    for r in result["rows"]:
+        if r["category"] != "all" or r["verdict"] != "worse" or r["metric"] in drifted:
+            continue
+        if r["rel_diff"] is None:
+            out.append(f"{r['point']} {r['metric']} from 0 to {r['b']:.4g}")
+        elif abs(r["rel_diff"]) * 100 > pct:
+            out.append(f"{r['point']} {r['metric']} {r['rel_diff'] * 100:+.1f} %")
+    return out
+
+
+def check_pct(pct: float) -> float:
+    """--fail-if-worse's threshold: a finite percentage of 0 or more (a negative one or NaN would fail nothing
+    or everything by accident of a comparison)."""
+    if not (isinstance(pct, (int, float)) and math.isfinite(pct) and pct >= 0):
+        raise MtpBenchError(f"--fail-if-worse takes a percentage of 0 or more, got {pct}")
+    return pct
+
+
+def exit_code(result: dict, pct: float) -> int:
+    """--fail-if-worse's exit code: 1 when ``worse_beyond`` lists anything at ``pct``, else 0."""
+    return 1 if worse_beyond(result, pct) else 0
+
+
+def unjudged_beyond(result: dict, pct: float) -> list[str]:
+    """Metrics over all prompts that moved by more than ``pct`` percent but carry no interval."""
+    return [f"{r['point']} {r['metric']} {r['rel_diff'] * 100:+.1f} %" for r in result["rows"]
+            if r["category"] == "all" and r["verdict"] == "no interval" and r["rel_diff"] is not None
+            and abs(r["rel_diff"]) * 100 > pct]

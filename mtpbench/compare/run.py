@@ -31,12 +31,22 @@ Writes ``compare.csv``, ``compare.json``, ``compare.md`` (a summary to paste int
 """
 from __future__ import annotations
 
-import math
 from dataclasses import asdict
 from pathlib import Path
 
 from mtpbench.compare.checks import check_same_workload, differences, drift_notes, execution_notes
-from mtpbench.compare.pair import TIMINGS, CompareRow, _key, _modes, _side, compare_points, duplicate_ids
+from mtpbench.compare.pair import (  # noqa: F401  (the gate: re-exported where it was)
+    CompareRow,
+    _key,
+    _modes,
+    _side,
+    check_pct,
+    compare_points,
+    duplicate_ids,
+    exit_code,
+    unjudged_beyond,
+    worse_beyond,
+)
 from mtpbench.compare.report import write
 from mtpbench.errors import MtpBenchError
 from mtpbench.metrics import GridPoint, PointResult
@@ -94,45 +104,3 @@ def compare(a_dir: Path, b_dir: Path, out: Path | None = None, force: bool = Fal
 def _row_key(r: PointResult, with_mode: bool) -> tuple:
     rate = float("inf") if r.request_rate is None and r.concurrency is not None else r.request_rate
     return _key(GridPoint(r.mode, r.k, r.mtp_layers, r.concurrency, rate, r.context_tokens), with_mode)
-
-
-def worse_beyond(result: dict, pct: float) -> list[str]:
-    """What fails --fail-if-worse PCT (``pct``: 0 or more, else MtpBenchError): a point that ran in A and failed in
-    B or is missing from B (a B sweep stopped halfway), and every metric over all prompts that is worse beyond
-    noise by more than ``pct`` percent (per-category rows are left out: with 13 categories some would cross by
-    chance); a metric worse from A = 0 has no relative change and counts at every ``pct``. When the k = 0
-    control shows machine drift between the runs, raw timings are not evidence (``speedup`` still is); a
-    difference in execution is no drift, and raw timings then count. Widening ``pct`` only drops entries, so
-    what fails at some ``pct`` fails at 0: the page's headline is red exactly when this lists anything at 0."""
-    check_pct(pct)
-    drifted = {m for m, _ in TIMINGS} if result.get("timings_drifted") else set()
-    out = [f"{f['point']} failed in B" for f in result["failed"] if f["failed_in"] == "B"]
-    out += [f"{name} missing in B" for name in result.get("missing_in_b", [])]
-    for r in result["rows"]:
-        if r["category"] != "all" or r["verdict"] != "worse" or r["metric"] in drifted:
-            continue
-        if r["rel_diff"] is None:
-            out.append(f"{r['point']} {r['metric']} from 0 to {r['b']:.4g}")
-        elif abs(r["rel_diff"]) * 100 > pct:
-            out.append(f"{r['point']} {r['metric']} {r['rel_diff'] * 100:+.1f} %")
-    return out
-
-
-def check_pct(pct: float) -> float:
-    """--fail-if-worse's threshold: a finite percentage of 0 or more (a negative one or NaN would fail nothing
-    or everything by accident of a comparison)."""
-    if not (isinstance(pct, (int, float)) and math.isfinite(pct) and pct >= 0):
-        raise MtpBenchError(f"--fail-if-worse takes a percentage of 0 or more, got {pct}")
-    return pct
-
-
-def exit_code(result: dict, pct: float) -> int:
-    """--fail-if-worse's exit code: 1 when ``worse_beyond`` lists anything at ``pct``, else 0."""
-    return 1 if worse_beyond(result, pct) else 0
-
-
-def unjudged_beyond(result: dict, pct: float) -> list[str]:
-    """Metrics over all prompts that moved by more than ``pct`` percent but carry no interval."""
-    return [f"{r['point']} {r['metric']} {r['rel_diff'] * 100:+.1f} %" for r in result["rows"]
-            if r["category"] == "all" and r["verdict"] == "no interval" and r["rel_diff"] is not None
-            and abs(r["rel_diff"]) * 100 > pct]

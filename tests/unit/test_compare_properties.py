@@ -1,5 +1,5 @@
 """compare's answers by property: each metric's verdict (``pair._verdict``), --fail-if-worse's list and exit code
-(``run.worse_beyond``, ``run.exit_code``) and the page's headline (``page.headline``), checked against oracles
+(``pair.worse_beyond``, ``pair.exit_code``) and the page's headline (``page.headline``), checked against oracles
 written here from the rules in docs/compare.md, never computed by the code under test.
 
 The rules: a metric is better / worse when B - A is not 0 and its 95 % interval lies wholly on the side of B - A
@@ -21,8 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mtpbench.compare.page import headline
-from mtpbench.compare.pair import _verdict
-from mtpbench.compare.run import check_pct, exit_code, worse_beyond
+from mtpbench.compare.pair import _verdict, check_pct, exit_code, worse_beyond
 from mtpbench.errors import MtpBenchError
 
 FAST = settings(max_examples=300, deadline=None)
