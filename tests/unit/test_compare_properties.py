@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mtpbench.compare.page import headline
-from mtpbench.compare.pair import _verdict, check_pct, exit_code, worse_beyond
+from mtpbench.compare.pair import _verdict, check_pct, exit_code, unjudged_beyond, worse_beyond
 from mtpbench.errors import MtpBenchError
 
 FAST = settings(max_examples=300, deadline=None)
@@ -90,7 +90,7 @@ def compare_row(draw) -> dict:
     return {"point": draw(st.sampled_from(["k0", "vllm-L1-k2", "vllm-L1-k3"])), "k": 2,
             "category": draw(st.sampled_from(["all", "all", "code"])), "metric": metric,
             "a": 2.0, "b": draw(st.sampled_from([0.5, 3.25, 120.0])),
-            "diff": draw(st.none() | st.sampled_from([0.0, -1.5, 2.0])), "rel_diff": draw(REL),
+            "diff": draw(st.none() | st.sampled_from([0.0, -1.5, -0.5, 0.5, 2.0])), "rel_diff": draw(REL),
             "ci_low": None, "ci_high": None, "verdict": draw(st.sampled_from(VERDICTS)),
             "higher_is_better": HIGHER[metric]}
 
@@ -176,8 +176,30 @@ def test_the_headline_counts_the_rows_the_missing_and_the_failed_points(result):
     counted = len(gate_oracle(result, 0.0)) - count(10) - count(8)  # the gate's entries that are rows
     assert count(16) == n["worse"] - counted
     assert (m[17] is not None) == (count(16) > 0 and result["timings_drifted"])
+    for i in (8, 10, 12, 14, 16):  # a part with nothing to count is left out, not "0 points"
+        assert m[i] is None or int(m[i]) > 0
     for i, word in ((8, 2), (10, 2), (12, 2), (14, 2), (16, 3)):  # "1 point", "2 points"; "1 worse row", "2 ... rows"
         assert m[i] is None or m[i - 1].split()[word].endswith("s") == (int(m[i]) != 1)
+
+
+@FAST
+@given(compare_result(), PCT)
+def test_what_moved_without_an_interval_is_listed_beyond_the_threshold(result, pct):
+    assert unjudged_beyond(result, pct) == [
+        f"{r['point']} {r['metric']} {r['rel_diff'] * 100:+.1f} %" for r in result["rows"]
+        if r["category"] == "all" and r["verdict"] == "no interval" and r["rel_diff"] is not None
+        and abs(r["rel_diff"]) * 100 > pct]
+
+
+def test_a_worse_row_the_gate_sets_aside_is_amber_and_said():
+    row = {"point": "p", "category": "all", "metric": "speedup", "verdict": "worse", "rel_diff": 0.0, "diff": -1e-9,
+           "b": 1.0, "higher_is_better": True}  # a relative change that rounds to 0
+    result = {"rows": [row], "failed": [], "timings_drifted": False}
+    assert headline(result) == ("B against A: 0 better, 1 worse, 0 within noise (of 1 rows); 1 worse row that "
+                                "--fail-if-worse does not count.", "warn")
+    drifted = {"rows": [{**row, "metric": "tpot_ms_p50", "rel_diff": 0.5}], "failed": [], "timings_drifted": True}
+    assert headline(drifted) == ("B against A: 0 better, 1 worse, 0 within noise (of 1 rows); 1 worse row that "
+                                 "--fail-if-worse does not count (timings drifted).", "warn")
 
 
 def test_a_point_missing_in_b_makes_the_headline_red_issue_33_item_6():

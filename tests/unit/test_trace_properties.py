@@ -19,7 +19,7 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mtpbench.matrix.cells import vllm_check
+from mtpbench.matrix.cells import _steps, load_verdict, vllm_check
 from mtpbench.trace.records import ABSENT, CallRecord
 from mtpbench.trace.verdict import judge, layer_per_step, loaded_vs_checkpoint
 
@@ -282,3 +282,39 @@ def test_the_check_against_vllm_names_every_disagreement(case, num_drafts):
         assert said == "; ".join(want + ["the layer rule not checked: no MTP layer ran"])
     else:
         assert said == ("; ".join(want) or ("consistent before the crash" if crash else "consistent"))
+
+
+@FAST
+@given(traces(), st.sampled_from(["executed_layer", "wrapper_spec_step_idx"]))
+def test_the_matrix_row_shows_every_value_each_step_saw(case, attr):
+    records, _, k, _, _, _ = case
+    want = []
+    for s in range(k):  # "all": several layers in one call, "!": no MTP layer ran, "-": the step was not called
+        vals = sorted({{-1: "all", None: "!"}.get(getattr(r, attr), str(getattr(r, attr)))
+                       for r in records if r.draft_step == s})
+        want.append("/".join(vals) or "-")
+    assert _steps(records, k, attr) == " ".join(want)
+
+
+HIDDEN = 4
+# checkpoint tensor names with the MTP layer each belongs to (None: not an MTP layer's), in the schemes MTP models use
+TENSOR = st.sampled_from([(f"mtp.layers.{j}.mlp.weight", j) for j in range(4)]
+                         + [(f"model.layers.{HIDDEN + j}.eh_proj.weight", j) for j in range(3)]
+                         + [("model.layers.1.mlp.weight", None), ("lm_head.extra", None)])
+
+
+@FAST
+@given(st.lists(TENSOR, max_size=6), st.lists(st.sampled_from(["mtp.layers.0.norm.weight", "embed.weight"]),
+                                              max_size=2), st.none() | st.integers(0, 4), st.booleans())
+def test_the_load_check_tells_dropped_layers_from_faults(unexpected, missing, loaded, empty):
+    check = {} if empty else {"unexpected": [n for n, _ in unexpected], "missing": missing}
+    ok, problems = load_verdict(check, loaded, HIDDEN)
+    if empty:
+        assert (ok, problems) == (None, "")
+        return
+    dropped = [j for _, j in unexpected if j is not None and loaded is not None and j >= loaded]
+    unused = [n for n, j in unexpected if not (j is not None and loaded is not None and j >= loaded)]
+    want = [f"missing: {n}" for n in missing] + [f"unused: {n}" for n in unused]
+    if dropped:
+        want.append(f"dropped at load: MTP layer(s) {sorted(set(dropped))} ({len(dropped)} tensors)")
+    assert (ok, problems) == (not missing and not unused, "; ".join(want))
