@@ -46,9 +46,9 @@ def ci(r: dict):
 
 
 @st.composite
-def sweep_row(draw, k: int, mode: str = "vllm", status: str = "ok") -> dict:
-    speedup = draw(st.none() | st.sampled_from(GRID))
-    ends = sorted(draw(st.lists(st.sampled_from(GRID), min_size=2, max_size=2)))
+def sweep_row(draw, k: int, mode: str = "vllm", status: str = "ok", grid: list[float] = GRID) -> dict:
+    speedup = draw(st.none() | st.sampled_from(grid))
+    ends = sorted(draw(st.lists(st.sampled_from(grid), min_size=2, max_size=2)))
     shape = draw(st.sampled_from(["interval", "interval", "none", "low only", "high only"]))
     lo = ends[0] if shape in ("interval", "low only") else None
     hi = ends[1] if shape in ("interval", "high only") else None
@@ -62,7 +62,8 @@ def sweep_rows(draw) -> list[dict]:
     """Drafting points of distinct k (1..9, so no name is a prefix of another), and distractors that must not
     count: k = 0 and failed points whose numbers would change the answer if they did (another mode's name)."""
     ks = draw(st.lists(st.integers(1, 9), unique=True, max_size=6))
-    rows = [draw(sweep_row(k)) for k in ks]
+    grid = draw(st.sampled_from([GRID, GRID, GRID[4:], GRID[:6]]))  # a table mostly at or above 1, or at or below
+    rows = [draw(sweep_row(k, grid=grid)) for k in ks]
     rows += [draw(sweep_row(0, "plain")) for _ in range(draw(st.integers(0, 1)))]
     rows += [draw(sweep_row(k, "other", "failed")) for k in draw(st.lists(st.integers(1, 9), unique=True,
                                                                              max_size=2))]

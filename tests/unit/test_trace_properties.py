@@ -207,6 +207,25 @@ def test_the_evidence_names_what_decided(case):
             assert v.evidence[1] == f"layers run per step: {steps}"
 
 
+@FAST
+@given(st.integers(2, 4), st.integers(2, 6), st.data())
+def test_a_proposer_that_stops_short_of_k_is_a_mismatch_where_a_scheduled_layer_never_ran(L, k, data):
+    """Each proposal drafts steps 0..m-1 only, each at its scheduled layer: what k schedules beyond them is
+    missing (mismatch, naming it), unless the steps made ran every scheduled layer (multi-module), or only step
+    0 ran (inconclusive)."""
+    m = data.draw(st.integers(1, k - 1))
+    recs = [CallRecord(1, p, s, executed_layer=s % L, expected_layer=s % L) for p in (1, 2) for s in range(m)]
+    v = judge(recs, L, k, [7, 70, 700, 7000][:L])
+    unused = sorted({s % L for s in range(k)} - {s % L for s in range(m)})
+    want = "inconclusive" if m == 1 else "mismatch" if unused else "multi-module"
+    assert (v.verdict, v.unused_layers) == (want, unused if want == "mismatch" else [])
+    assert v.unused_layer_bytes == (sum([7, 70, 700, 7000][j] for j in unused) if want == "mismatch" else 0)
+    if want == "mismatch":
+        assert v.evidence == [f"the steps that were called ran layer s mod {L} ({steps_text(recs)}), but layers "
+                              f"{unused}, which k = {k} schedules, never ran: the proposer made fewer than k draft "
+                              "calls per proposal"]
+
+
 def test_a_crash_is_the_draft_models_unless_said_otherwise():
     recs = [CallRecord(1, 1, 0, executed_layer=0), CallRecord(1, 1, 1, executed_layer=1, expected_layer=1)]
     assert judge(recs, 2, 2, [1, 2], crash=CRASH).verdict == "crashed"
@@ -308,8 +327,11 @@ TENSOR = st.sampled_from([(f"mtp.layers.{j}.mlp.weight", j) for j in range(4)]
                                               max_size=2), st.none() | st.integers(0, 4), st.booleans())
 def test_the_load_check_tells_dropped_layers_from_faults(unexpected, missing, loaded, empty):
     check = {} if empty else {"unexpected": [n for n, _ in unexpected], "missing": missing}
+    for key in ("unexpected", "missing"):  # a check that found none of a kind may leave its key out
+        if not check.get(key, True):
+            del check[key]
     ok, problems = load_verdict(check, loaded, HIDDEN)
-    if empty:
+    if not check:  # no load check made (or an empty record of one): nothing said
         assert (ok, problems) == (None, "")
         return
     dropped = [j for _, j in unexpected if j is not None and loaded is not None and j >= loaded]
