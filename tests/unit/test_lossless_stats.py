@@ -4,6 +4,7 @@ either through exact speculative sampling (the same law) or through the planted 
 so every rate below is reproducible; the bands are about 3 binomial standard errors wide."""
 
 import math
+from statistics import NormalDist
 
 import numpy as np
 import pytest
@@ -427,3 +428,134 @@ def test_law_moments_of_a_law_with_ruled_out_tokens_are_finite():
     p /= p.sum()
     assert h == pytest.approx(float(-(p * np.log(p)).sum()))
     assert var == pytest.approx(float((p * (np.log(p) + h) ** 2).sum())) and lp == pytest.approx(np.log(p[1]))
+
+
+def test_continuation_excess_on_hand_values():
+    """mean(max(log p, -50) + H): a -inf (ruled out) and a -60 log-prob both count as -50; NaN, or a number a backend
+    left unknown (None), stays NaN and is never a crash."""
+    assert stats.continuation_excess([-1.0, float("-inf"), -60.0], [0.5, 1.0, 2.0]) == -32.5
+    assert stats.continuation_excess([-0.25], [0.75]) == 0.5 and stats.continuation_excess([-2, -1], [1, 3]) == 0.5
+    assert math.isnan(stats.continuation_excess([-1.0, float("nan")], [1.0, 1.0]))
+    assert math.isnan(stats.continuation_excess([-1.0, None], [1.0, 1.0]))
+    assert math.isnan(stats.continuation_excess([-1.0, -1.0], [1.0, None]))
+
+
+def test_excess_test_edge_cases():
+    assert stats.excess_test([], [], []) is None
+    assert stats.excess_test([1.0, 2.0, 3.0], [0, 0, 1], [True, False, True]) is None  # prompt 1 has no off side
+    assert stats.excess_test([1.0, 2.0, 3.0], [0, 0, 1], [True, False, False]) is None  # prompt 1 has no on side
+    # one continuation off and one on: S^2 = (3 - 1)^2 / 2 = 2, se = sqrt(2 (1 + 1)) = 2; 0/1 labels read as booleans
+    t = stats.excess_test([3.0, 1.0], [5, 5], [1, 0])
+    assert (t.z, t.diff, t.se, t.excess_on, t.excess_off) == (1.0, 2.0, 2.0, 3.0, 1.0)
+    assert t.p_value == pytest.approx(0.31731050786291415) and (t.num_continuations_on, t.num_continuations_off) == (1, 1)
+    bad = stats.excess_test([0.1, None, 0.2, float("inf")], [0, 0, 0, 0], [True, True, False, False])
+    assert bad.num_nonfinite == 2 and bad.z is None and bad.se is None
+    assert all(math.isnan(v) for v in (bad.p_value, bad.excess_on, bad.excess_off, bad.diff))
+    assert (bad.num_continuations_on, bad.num_continuations_off) == (2, 2)
+    flat = stats.excess_test([1, 1, 1], [0, 0, 0], [True, False, False])
+    assert flat.z is None and flat.se is None and flat.p_value == 1.0 and flat.diff == 0.0
+    # the rounding floor: se <= 1e-12 x max(|x|, 1) is no spread. Below 1 the floor is 1e-12 itself (se is exactly
+    # 1e-12 here: no z; 1.5e-12 is a spread); at 1e6 a spread of 1e-7 (relative 1e-13) is rounding
+    at = stats.excess_test([1e-12, 0.0], [0, 0], [True, False])
+    assert at.z is None and at.p_value == 1.0
+    assert stats.excess_test([1.5e-12, 0.0], [0, 0], [True, False]).z == 1.0
+    big = stats.excess_test([1e6, 1e6 + 1e-7, 1e6, 1e6 + 2e-7], [0, 0, 0, 0], [True, False, True, False])
+    assert big.z is None and big.se is None and big.p_value == 1.0
+
+
+def two_sample(p, lp=0.1, mde=0.05, n_a=96, n_b=96, prompts=12, min_p=1 / 2001, bad=0):
+    return stats.LosslessTest(p, p, p, min_p, -2.0, -2.0 + lp, lp, None, None, mde, n_a, n_b, prompts, 2000, bad)
+
+
+def excess(z, diff):
+    return stats.ExcessTest(z, 2 * stats.lossless.NormalDist().cdf(-abs(z)), 0.0, diff, diff, 0.01, 96, 192)
+
+
+def test_the_why_of_each_inconclusive_branch_word_for_word():
+    ok = two_sample(0.5)
+    assert stats.lossless_verdict([]) == ("inconclusive", "a test is missing: no prompt with continuations in both arms")
+    nan = two_sample(math.nan)
+    assert stats.lossless_verdict([stats.Stage(ok, ok), stats.Stage(ok, nan)]) == (
+        "inconclusive", "non-finite scores: stage 2 A/A: 0 non-finite score(s), p = nan; the scores cannot be tested")
+    assert stats.lossless_verdict([stats.Stage(ok, ok), stats.Stage(ok, two_sample(0.005))]) == (
+        "inconclusive", "A/A control rejects: off against off (stage 2), p = 0.005 < 0.01; two runs without drafting "
+                        "already differ more than sampling explains")
+    assert stats.lossless_verdict([stats.Stage(ok, two_sample(0.01))])[0] == "lossless"  # 0.01 itself passes
+    alarmed = stats.Stage(two_sample(0.02), ok, excess(1.5, 0.015))
+    both = "excess z = +1.5 (+0.015 nats/token); two-sample p = 0.02 (mean target log-prob +0.1)"
+    assert stats.alarm(alarmed) == both
+    assert stats.lossless_verdict([alarmed]) == (
+        "inconclusive", f"alarm not confirmed: {both}; fresh draws must confirm it before a verdict")
+    assert stats.lossless_verdict([stats.Stage(two_sample(0.5, n_a=7), ok)]) == (
+        "inconclusive", "too few continuations: 7 and 96; at least 8 each, to detect anything")
+    assert stats.lossless_verdict([stats.Stage(two_sample(0.5, n_a=7, min_p=0.01), ok)])[1].startswith(stats.TOO_FEW)
+    assert stats.lossless_verdict([stats.Stage(two_sample(0.5, min_p=0.05), ok)])[1].startswith(stats.TOO_FEW)
+    assert stats.lossless_verdict([stats.Stage(two_sample(0.5, mde=None), ok)]) == (
+        "inconclusive", "underpowered: the continuations' scores have no spread, so no detectable shift can be claimed "
+                        "(identical draws say nothing of power)")
+
+
+def test_the_underpowered_why_gives_the_continuations_that_reach_the_bound():
+    """need = n_b (mde / bound)^2 an arm, over the prompts rounded up: 96 x 3^2 = 864, 72 a prompt (exact binary
+    fractions, so no rounding decides the counts)."""
+    weak = stats.Stage(two_sample(0.5, mde=0.375, n_a=90, n_b=96, prompts=12), two_sample(0.5))
+    assert stats.lossless_verdict([weak], max_mde=0.125) == (
+        "inconclusive", "underpowered: the smallest detectable shift (0.375 nats/token) exceeds the bound 0.125; about "
+                        "72 continuations a prompt (864 an arm, 96 now; the detectable shift falls as "
+                        "1 / sqrt(continuations)) would reach it")
+    odd = stats.Stage(two_sample(0.5, mde=0.25, n_b=10, prompts=3), two_sample(0.5))  # 40 an arm, 13.3 a prompt
+    assert "about 14 continuations a prompt (40 an arm, 10 now;" in stats.lossless_verdict([odd], max_mde=0.125)[1]
+    at = stats.Stage(two_sample(0.5, mde=0.125), two_sample(0.5))
+    assert stats.lossless_verdict([at], max_mde=0.125)[0] == "lossless"  # a shift at the bound itself is within it
+    assert stats.lossless_verdict([weak])[0] == "lossless"  # no bound
+
+
+def test_the_why_of_lossy_and_lossless_word_for_word():
+    ok = two_sample(0.5)
+    first = stats.Stage(two_sample(0.02), ok, excess(1.5, 0.015))
+    second = stats.Stage(two_sample(0.001, lp=0.12), ok, excess(2.5, 0.02))
+    assert stats.lossless_verdict([first, second]) == (
+        "lossy", "excess z +1.5, then +2.5 on fresh draws (beyond 1.96 the same way): the drafting arm's tokens are "
+                 "not the target's law (excess +0.015, +0.02 nats/token); two-sample p 0.02, then 0.001 < 0.01 on "
+                 "fresh draws: drafting changes the output law (mean target log-prob +0.1, +0.12 nats/token)")
+    alone = [stats.Stage(two_sample(0.2), ok), stats.Stage(two_sample(0.04), ok)]  # no excess: alarm 0.3, confirm 0.05
+    assert stats.lossless_verdict(alone)[1].startswith("two-sample p 0.2, then 0.04 < 0.05 on fresh draws")
+    gone = stats.lossless_verdict([stats.Stage(two_sample(0.02), ok), stats.Stage(two_sample(0.05), ok)])  # 0.05: not < 0.05
+    assert gone == ("lossless", "no difference detectable at this N (p = 0.02; it would detect a shift of 0.05 "
+                                "nats/token); the first stage's alarm (two-sample p = 0.02 (mean target log-prob +0.1)) "
+                                "did not replicate on fresh draws")
+    assert stats.lossless_verdict([stats.Stage(ok, ok)]) == (
+        "lossless", "no difference detectable at this N (p = 0.5; it would detect a shift of 0.05 nats/token)")
+
+
+def test_alarm_and_confirmation_at_their_exact_points():
+    """Strictly beyond the two-sided points NormalDist().inv_cdf(1 - alpha / 2): 30 % to alarm, 5 % to confirm;
+    the two-sample test at 0.05 / 0.01 beside the excess test, 0.3 / 0.05 alone."""
+    z30, z5 = NormalDist().inv_cdf(1 - 0.3 / 2), NormalDist().inv_cdf(1 - 0.05 / 2)
+    ok = two_sample(0.5)
+    assert stats.alarm(stats.Stage(ok, ok, excess(z30, 0.01))) is None
+    assert stats.alarm(stats.Stage(ok, ok, excess(-math.nextafter(z30, 9), -0.01))).startswith("excess z = -1.04")
+    assert stats.alarm(stats.Stage(two_sample(0.03), ok, excess(0.1, 0.001))).startswith("two-sample p = 0.03")
+    assert stats.alarm(stats.Stage(two_sample(0.05), ok, excess(0.1, 0.001))) is None
+    assert stats.alarm(stats.Stage(two_sample(0.2), ok)).startswith("two-sample p = 0.2")
+    assert stats.alarm(stats.Stage(two_sample(0.3), ok)) is None
+    first = stats.Stage(two_sample(0.02), ok, excess(0.5, 0.005))  # the two-sample test raised it; z1 points up
+    assert stats.confirmation(first, stats.Stage(ok, ok, excess(z5, 0.02))) is None
+    assert stats.confirmation(first, stats.Stage(ok, ok, excess(math.nextafter(z5, 9), 0.02))).startswith("excess z")
+    assert stats.confirmation(first, stats.Stage(ok, ok, excess(-2.5, -0.02))) is None  # the other way
+    assert stats.confirmation(first, stats.Stage(two_sample(0.01), ok, excess(1.0, 0.01))) is None
+    assert stats.confirmation(first, stats.Stage(two_sample(0.0099), ok)).startswith("two-sample p 0.02, then 0.0099")
+    # a second stage without entropies (or a first one): the two-sample test confirms alone, at its level beside one
+    assert stats.confirmation(first, stats.Stage(two_sample(0.03), ok)) is None
+    assert stats.confirmation(stats.Stage(two_sample(0.02), ok), stats.Stage(two_sample(0.03), ok)) is not None
+
+
+def test_nonfinite_names_each_stage_and_test():
+    nonfinite = stats.verdict.nonfinite
+    ok, nan = two_sample(0.5), two_sample(math.nan)
+    bad_excess = stats.ExcessTest(None, math.nan, math.nan, math.nan, math.nan, None, 4, 4, 3)
+    assert nonfinite([stats.Stage(ok, ok, excess(0.5, 0.01))]) is None
+    assert nonfinite([stats.Stage(two_sample(0.5, bad=1), ok), stats.Stage(ok, nan, bad_excess)]) == (
+        "stage 1 off vs on: 1 non-finite score(s); stage 2 A/A: 0 non-finite score(s), p = nan; "
+        "stage 2 excess: 3 non-finite score(s), p = nan")
+    assert nonfinite([stats.Stage(None, two_sample(math.inf))]) == "stage 1 A/A: 0 non-finite score(s), p = inf"

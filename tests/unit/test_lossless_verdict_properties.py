@@ -22,6 +22,7 @@ from mtpbench import stats
 
 SETTINGS = settings(max_examples=300, deadline=None)
 PHI = NormalDist()
+Z_ALARM, Z_CONFIRM = PHI.inv_cdf(1 - 0.3 / 2), PHI.inv_cdf(1 - 0.05 / 2)  # the two-sided 30 % and 5 % points
 
 
 def oracle(stages, max_mde):
@@ -36,14 +37,14 @@ def oracle(stages, max_mde):
     first = stages[0]
     has_excess = first.excess is not None
     z_ok = has_excess and first.excess.z is not None
-    alarmed = (z_ok and abs(first.excess.z) > 1.0364) or first.ab.p_value < (0.05 if has_excess else 0.3)
+    alarmed = (z_ok and abs(first.excess.z) > Z_ALARM) or first.ab.p_value < (0.05 if has_excess else 0.3)
     if alarmed:
         if len(stages) == 1:
             return stats.INCONCLUSIVE, stats.UNCONFIRMED
         second = stages[1]
         if z_ok and second.excess is not None and second.excess.z is not None:
             z1, z2 = first.excess.z, second.excess.z
-            if abs(z2) > 1.9600 and (z1 > 0) == (z2 > 0):
+            if abs(z2) > Z_CONFIRM and (z1 > 0) == (z2 > 0):
                 return stats.LOSSY, None
         if second.ab.p_value < (0.01 if has_excess else 0.05):
             return stats.LOSSY, None
@@ -130,3 +131,82 @@ def test_the_levels_are_the_documented_ones():
     assert (stats.ALARM_EXCESS, stats.CONFIRM_EXCESS, stats.ALARM_AB, stats.CONFIRM_AB, stats.ALARM_AB_ALONE,
             stats.CONFIRM_AB_ALONE, stats.ALPHA_AA) == (0.3, 0.05, 0.05, 0.01, 0.3, 0.05, 0.01)
     assert abs(PHI.inv_cdf(0.85) - 1.0364) < 1e-4 and abs(PHI.inv_cdf(0.975) - 1.9600) < 1e-4
+    assert abs(Z_ALARM - 1.0364) < 1e-4 and abs(Z_CONFIRM - 1.9600) < 1e-4
+
+
+# Past the gates: both tests present and every number finite, so most draws reach the alarm, the confirmation and
+# the power gate (the draws above spend most examples on a missing or non-finite test). Each stage draws its own
+# excess test or none (a backend that lost its entropies between stages must not crash the confirmation).
+boundary_z = st.sampled_from([Z_ALARM, -Z_ALARM, Z_CONFIRM, -Z_CONFIRM, 0.0, 0.5, 1.0, -1.0, 2.5, -2.5,
+                              math.nextafter(Z_ALARM, 9), math.nextafter(Z_CONFIRM, 9), -math.nextafter(Z_CONFIRM, 9)])
+
+
+@st.composite
+def clean_two_sample(draw, aa=False):
+    n = draw(st.sampled_from([7, 8, 96]))
+    p = draw(st.one_of(unit, st.floats(0.0, 1.0), st.just(0.5))) if not aa else draw(st.sampled_from([0.0099, 0.01, 0.5]))
+    return stats.LosslessTest(
+        p_value=p, p_value_scores=0.5, p_value_tokens=0.5,
+        min_p_value=draw(st.sampled_from([1 / 2001, 1 / 2001, 0.049, 0.05])), mean_logprob_a=-2.0,
+        mean_logprob_b=-2.0, logprob_diff=draw(st.floats(-1, 1)), logprob_diff_ci_low=None, logprob_diff_ci_high=None,
+        mde_logprob=draw(st.one_of(st.none(), st.sampled_from([0.05, 0.1, 0.1000001, 0.3]))),
+        num_continuations_a=n, num_continuations_b=draw(st.sampled_from([n, 96, 7])), num_prompts=12,
+        permutations=2000)
+
+
+@st.composite
+def clean_excess(draw):
+    z = draw(st.one_of(st.none(), st.floats(-6, 6), boundary_z, boundary_z))
+    p = 1.0 if z is None else 2 * PHI.cdf(-abs(z))
+    return stats.ExcessTest(z, p, 0.0, 0.0, 0.0 if z is None else z * 0.01, None if z is None else 0.01, 96, 192)
+
+
+@st.composite
+def clean_stages(draw):
+    with_excess = draw(st.booleans())
+    out = []
+    for _ in range(draw(st.integers(1, 2))):
+        has = with_excess if draw(st.integers(0, 4)) else not with_excess  # one stage in five differs
+        out.append(stats.Stage(draw(clean_two_sample()), draw(clean_two_sample(aa=True)),
+                               draw(clean_excess()) if has else None))
+    return out
+
+
+def alarm_parts(first):
+    """What raises the first stage's alarm: 'excess', 'ab', both or neither (the oracle's rule)."""
+    e = first.excess
+    parts = ["excess"] if e is not None and e.z is not None and abs(e.z) > Z_ALARM else []
+    return parts + (["ab"] if first.ab.p_value < (0.05 if e is not None else 0.3) else [])
+
+
+def confirm_parts(first, second):
+    e1, e2 = first.excess, second.excess
+    both_z = e1 is not None and e2 is not None and e1.z is not None and e2.z is not None
+    parts = ["excess"] if both_z and abs(e2.z) > Z_CONFIRM and (e1.z > 0) == (e2.z > 0) else []
+    return parts + (["ab"] if second.ab.p_value < (0.01 if e1 is not None else 0.05) else [])
+
+
+STARTS = {"excess": ("excess z = ", "excess z "), "ab": ("two-sample p = ", "two-sample p ")}
+
+
+@SETTINGS
+@given(clean_stages(), st.one_of(st.none(), st.sampled_from([0.05, 0.1, 0.3])))
+def test_past_the_gates_the_verdict_and_its_why_follow_the_rule(s, max_mde):
+    verdict, why = stats.lossless_verdict(s, max_mde=max_mde)
+    want, reason = oracle(s, max_mde)
+    assert verdict == want, (why, reason)
+    if reason is not None:
+        assert why.startswith(reason), (why, reason)
+    raised = alarm_parts(s[0])
+    said = stats.alarm(s[0])
+    if not raised:
+        assert said is None
+    else:  # each cause in its own clause, in the rule's order, joined by "; "
+        assert [c.split(" = ")[0] for c in said.split("; ")] == [STARTS[r][0][:-3] for r in raised], said
+    if verdict == stats.LOSSY:
+        parts = why.split("; ")
+        assert [p.split(",")[0].rsplit(" ", 1)[0] for p in parts] == [STARTS[r][1].strip()
+                                                                     for r in confirm_parts(*s)], why
+    if verdict == stats.LOSSLESS:
+        assert why.startswith("no difference detectable at this N (p = ")
+        assert why.endswith(" did not replicate on fresh draws" if raised else " nats/token)"), why
