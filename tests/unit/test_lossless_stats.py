@@ -447,7 +447,8 @@ def test_excess_test_edge_cases():
     # one continuation off and one on: S^2 = (3 - 1)^2 / 2 = 2, se = sqrt(2 (1 + 1)) = 2; 0/1 labels read as booleans
     t = stats.excess_test([3.0, 1.0], [5, 5], [1, 0])
     assert (t.z, t.diff, t.se, t.excess_on, t.excess_off) == (1.0, 2.0, 2.0, 3.0, 1.0)
-    assert t.p_value == pytest.approx(0.31731050786291415) and (t.num_continuations_on, t.num_continuations_off) == (1, 1)
+    assert t.p_value == pytest.approx(0.31731050786291415)  # 2 Phi(-1)
+    assert (t.num_continuations_on, t.num_continuations_off) == (1, 1)
     bad = stats.excess_test([0.1, None, 0.2, float("inf")], [0, 0, 0, 0], [True, True, False, False])
     assert bad.num_nonfinite == 2 and bad.z is None and bad.se is None
     assert all(math.isnan(v) for v in (bad.p_value, bad.excess_on, bad.excess_off, bad.diff))
@@ -473,7 +474,8 @@ def excess(z, diff):
 
 def test_the_why_of_each_inconclusive_branch_word_for_word():
     ok = two_sample(0.5)
-    assert stats.lossless_verdict([]) == ("inconclusive", "a test is missing: no prompt with continuations in both arms")
+    assert stats.lossless_verdict([]) == (
+        "inconclusive", "a test is missing: no prompt with continuations in both arms")
     nan = two_sample(math.nan)
     assert stats.lossless_verdict([stats.Stage(ok, ok), stats.Stage(ok, nan)]) == (
         "inconclusive", "non-finite scores: stage 2 A/A: 0 non-finite score(s), p = nan; the scores cannot be tested")
@@ -520,10 +522,10 @@ def test_the_why_of_lossy_and_lossless_word_for_word():
                  "fresh draws: drafting changes the output law (mean target log-prob +0.1, +0.12 nats/token)")
     alone = [stats.Stage(two_sample(0.2), ok), stats.Stage(two_sample(0.04), ok)]  # no excess: alarm 0.3, confirm 0.05
     assert stats.lossless_verdict(alone)[1].startswith("two-sample p 0.2, then 0.04 < 0.05 on fresh draws")
-    gone = stats.lossless_verdict([stats.Stage(two_sample(0.02), ok), stats.Stage(two_sample(0.05), ok)])  # 0.05: not < 0.05
+    gone = stats.lossless_verdict([stats.Stage(two_sample(0.02), ok), stats.Stage(two_sample(0.05), ok)])  # not < 0.05
     assert gone == ("lossless", "no difference detectable at this N (p = 0.02; it would detect a shift of 0.05 "
-                                "nats/token); the first stage's alarm (two-sample p = 0.02 (mean target log-prob +0.1)) "
-                                "did not replicate on fresh draws")
+                                "nats/token); the first stage's alarm (two-sample p = 0.02 (mean target log-prob "
+                                "+0.1)) did not replicate on fresh draws")
     assert stats.lossless_verdict([stats.Stage(ok, ok)]) == (
         "lossless", "no difference detectable at this N (p = 0.5; it would detect a shift of 0.05 nats/token)")
 
