@@ -340,3 +340,20 @@ def test_the_load_check_tells_dropped_layers_from_faults(unexpected, missing, lo
     if dropped:
         want.append(f"dropped at load: MTP layer(s) {sorted(set(dropped))} ({len(dropped)} tensors)")
     assert (ok, problems) == (not missing and not unused, "; ".join(want))
+
+
+def test_layer_0_reuse_names_the_scheduled_layers_that_never_ran_with_their_bytes():
+    recs = [CallRecord(1, p, s, executed_layer=0, expected_layer=s % 3) for p in (1, 2) for s in range(4)]
+    v = judge(recs, 3, 4, [5, 7, 11])
+    assert (v.verdict, v.unused_layers, v.unused_layer_bytes) == ("layer-0 reuse", [1, 2], 18)
+    assert v.evidence == ["every draft step ran layer 0: step 0: layer 0 x2; step 1: layer 0 x2; step 2: layer 0 x2; "
+                          "step 3: layer 0 x2",
+                          "spec_step_idx never reached the model (wrapper received: absent)",
+                          "layers a correct schedule at k = 4 would run but never ran: [1, 2], holding 18 bytes of "
+                          "weights in the checkpoint"]
+
+
+def test_the_vllm_check_says_what_it_could_not_check_after_what_disagrees():
+    recs = [CallRecord(1, 1, s) for s in range(2)]  # no MTP layer ran in either call, one call short of k = 3
+    assert vllm_check(recs, 2, 3, 0, None) == ("vLLM's counters show no drafts; proposals with [2] draft calls, not "
+                                               "k = 3; the layer rule not checked: no MTP layer ran")
