@@ -561,3 +561,125 @@ def test_nonfinite_names_each_stage_and_test():
         "stage 1 off vs on: 1 non-finite score(s); stage 2 A/A: 0 non-finite score(s), p = nan; "
         "stage 2 excess: 3 non-finite score(s), p = nan")
     assert nonfinite([stats.Stage(None, two_sample(math.inf))]) == "stage 1 A/A: 0 non-finite score(s), p = inf"
+
+
+def test_the_two_sample_effect_size_against_hand_computed_values():
+    """Two prompts of unequal sizes. Prompt 0: off {-1, -2, -1.5}, on {-1.2, -0.8}; prompt 1: off {-3, -2}, on
+    {-2.5, -2.1, -2.9, -2.2}. Weights h = nOff nOn / n: 6/5 and 8/6. Each arm's within-prompt variance pooled over
+    prompts: off 1.0 / 3 df, on (0.08 + 0.3875) / 4 df; Welch's df; the interval and the detectable shift from the
+    t quantiles (1 - alpha / 4 for the shift: the combination spends about alpha / 2 on the scores)."""
+    x = [-1.0, -2.0, -1.5, -1.2, -0.8, -3.0, -2.0, -2.5, -2.1, -2.9, -2.2]
+    strata = [0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1]
+    arm = [0, 0, 0, 1, 1, 0, 0, 1, 1, 1, 1]  # 0/1 labels read as booleans (1: drafting on)
+    t = stats.lossless_test_arrays(x, np.zeros((11, 1), int), strata, arm, permutations=50)
+    wp = np.array([6 / 5, 8 / 6]) / (6 / 5 + 8 / 6)
+    mean_a, mean_b = np.array([-1.5, -2.5]), np.array([-1.0, -2.425])
+    va, vb = 1.0 / 3, (0.08 + 0.3875) / 4
+    ca, cb = va * (wp ** 2 / [3, 2]).sum(), vb * (wp ** 2 / [2, 4]).sum()
+    se, df = math.sqrt(ca + cb), (ca + cb) ** 2 / (ca ** 2 / 3 + cb ** 2 / 4)
+    diff = float(wp @ (mean_b - mean_a))
+    assert t.logprob_diff == pytest.approx(diff)
+    assert t.mean_logprob_a == pytest.approx(wp @ mean_a) and t.mean_logprob_b == pytest.approx(wp @ mean_b)
+    half = stats.t_quantile(0.975, df) * se
+    assert (t.logprob_diff_ci_low, t.logprob_diff_ci_high) == pytest.approx((diff - half, diff + half))
+    assert t.mde_logprob == pytest.approx((stats.t_quantile(1 - 0.05 / 4, df) + stats.t_quantile(0.8, df)) * se)
+    assert (t.num_continuations_a, t.num_continuations_b, t.num_prompts, t.permutations) == (5, 6, 2, 50)
+    assert t.min_p_value == 1 / 51  # 10 x 15 labelings, more than 51 draws
+    assert stats.lossless_test_arrays(x, np.zeros((11, 1), int), strata, arm).min_p_value == 1 / 150
+    strict = stats.lossless_test_arrays(x, np.zeros((11, 1), int), strata, arm, permutations=50, alpha=0.01)
+    assert strict.mde_logprob == pytest.approx((stats.t_quantile(1 - 0.01 / 4, df) + stats.t_quantile(0.8, df)) * se)
+    # the same through lossless_test's continuations (alpha passed on)
+    conts = [continuation([1], v) for v in x]
+    a = [c for c, s in zip(conts, arm) if not s]
+    b = [c for c, s in zip(conts, arm) if s]
+    pa, pb = [s for s, r in zip(strata, arm) if not r], [s for s, r in zip(strata, arm) if r]
+    lt = stats.lossless_test(a, b, pa, pb, permutations=50, alpha=0.01)
+    assert lt.mde_logprob == pytest.approx(strict.mde_logprob) and lt.logprob_diff == pytest.approx(diff)
+
+
+def test_the_two_sample_test_at_its_edges():
+    tok = np.zeros((4, 1), int)
+    assert stats.lossless_test_arrays([1.0, 2.0, 3.0], np.zeros((3, 1), int), [0, 0, 1], [0, 1, 1]) is None
+    assert stats.lossless_test_arrays([1.0, 2.0, 3.0], np.zeros((3, 1), int), [0, 0, 1], [0, 1, 0]) is None
+    assert stats.lossless_test_arrays([], np.zeros((0, 1), int), [], []) is None
+    # one continuation an arm in a prompt: a test, with no within-prompt spread for that arm (df 0: no interval)
+    one = stats.lossless_test_arrays([1.0, 2.0, 1.5, 2.5, 1.0, 3.0], np.zeros((6, 1), int), [0, 0, 1, 1, 1, 1],
+                                     [0, 1, 0, 0, 1, 1])
+    assert one is not None and one.num_continuations_a == 3 and one.mde_logprob is not None  # df: off 1, on 1
+    flat_a = stats.lossless_test_arrays([1.0, 2.0, 1.5, 2.5], tok, [0, 0, 1, 1], [0, 1, 0, 1])  # df off 0
+    assert flat_a.mde_logprob is None and flat_a.logprob_diff_ci_low is None
+    flat_b = stats.lossless_test_arrays([1.0, 2.0, 1.5, 2.5], tok, [0, 0, 1, 1], [1, 0, 1, 0])  # df on 0
+    assert flat_b.mde_logprob is None and flat_b.logprob_diff_ci_high is None
+    # the rounding floor: se <= 1e-12 x max(|x|, 1). Off {0, 0}, on {0, d}: se = d / 2
+    at = stats.lossless_test_arrays([0.0, 0.0, 0.0, 2e-12], tok, [0] * 4, [0, 0, 1, 1])
+    assert at.mde_logprob is None and at.logprob_diff_ci_low == at.logprob_diff_ci_high == at.logprob_diff
+    assert stats.lossless_test_arrays([0.0, 0.0, 0.0, 3e-12], tok, [0] * 4, [0, 0, 1, 1]).mde_logprob > 0
+    big = stats.lossless_test_arrays([1e6, 1e6, 1e6, 1e6 + 2e-7], tok, [0] * 4, [0, 0, 1, 1])
+    assert big.mde_logprob is None
+    # identical arms: every labeling ties the observed one, p = 1; separated arms (each continuation its own token,
+    # so every labeling ties on the tokens): only the observed labeling (of 184756) reaches its statistic,
+    # p = 1 / (permutations + 1)
+    same = stats.lossless_test_arrays([1.0] * 4, tok, [0] * 4, [0, 0, 1, 1], permutations=20)
+    assert same.p_value == same.p_value_scores == same.p_value_tokens == 1.0
+    apart = stats.lossless_test_arrays(list(range(20)), np.arange(20)[:, None], [0] * 20, [0] * 10 + [1] * 10,
+                                       permutations=200)
+    assert apart.p_value == apart.p_value_scores == 1 / 201 and apart.p_value_tokens == 1.0
+    assert apart.logprob_diff == 10.0
+    # the permutations follow the seed
+    mid = [0.3, -0.1, 0.4, 0.2, 0.0, 0.5, -0.2, 0.1]
+    ps = {stats.lossless_test_arrays(mid, np.zeros((8, 1), int), [0] * 8, [0, 1] * 4, permutations=30, seed=s).p_value
+          for s in (1, 2, 3)}
+    assert len(ps) > 1
+
+
+def test_the_tokens_statistic_adds_every_prompt():
+    """Prompt 0's arms sample different tokens, prompt 1's the same: the tokens test sees prompt 0."""
+    tokens = np.array([[1]] * 8 + [[2]] * 8 + [[3]] * 16)
+    strata, arm = [0] * 16 + [1] * 16, ([0] * 8 + [1] * 8) * 2
+    t = stats.lossless_test_arrays([0.0] * 32, tokens, strata, arm, permutations=100)
+    assert t.p_value_tokens == 1 / 101 and t.p_value_scores == 1.0
+
+
+def test_lossless_arrays_input_checks():
+    with pytest.raises(ValueError, match="^one prompt per continuation$"):
+        stats.lossless_arrays([continuation([1])], [continuation([1])], prompts_a=[0, 1])
+    with pytest.raises(ValueError, match="^one prompt per continuation$"):
+        stats.lossless_arrays([continuation([1])], [continuation([1])], prompts_b=[0, 1])
+    with pytest.raises(ValueError, match="^an empty continuation$"):
+        stats.lossless_arrays([[]], [continuation([1])])
+    scores, tokens, strata, arm = stats.lossless_arrays([], [])
+    assert tokens.shape == (0, 0) and strata.dtype.kind == "i" and arm.dtype == bool and scores.shape == (0,)
+    # prompt labels of mixed types order by their text, not by comparing an int with a str
+    _, _, strata, arm = stats.lossless_arrays([continuation([1])] * 2, [continuation([1])] * 2, ["b", 1], ["b", 1])
+    assert strata.tolist() == [1, 0, 1, 0] and arm.tolist() == [False, False, True, True]
+
+
+def test_permuted_labels_of_unsorted_prompts_keep_each_prompts_split():
+    strata = np.array([2, 0, 1, 0, 2, 1, 0, 2])
+    arm = np.array([1, 0, 1, 1, 0, 0, 0, 1])  # 0/1 labels
+    z = stats.permuted_labels(strata, arm, 200, seed=1)
+    assert z.dtype == bool and (z[0] == arm.astype(bool)).all()
+    for s in (0, 1, 2):
+        assert (z[:, strata == s].sum(1) == arm[strata == s].sum()).all()
+
+
+def test_score_test_known_answers():
+    """Two tokens, Var 1 and 3: se = sqrt(4) / 2 = 1; D = (-1 + 0.5) + (-2 + 1.5) = -1, z = -1 / 2; the detectable
+    shift at the default alpha 0.025 (two-sided): (Phi^-1(1 - 0.0125) + Phi^-1(0.8)) x se."""
+    t = stats.score_test([-1.0, -2.0], [0.5, 1.5], [1.0, 3.0])
+    phi = NormalDist()
+    assert (t.z, t.mean_excess_logprob, t.se_logprob, t.num_tokens) == (-0.5, -0.5, 1.0, 2)
+    assert t.p_value == pytest.approx(2 * phi.cdf(-0.5))
+    assert t.mde_logprob == pytest.approx(phi.inv_cdf(1 - 0.0125) + phi.inv_cdf(0.8))
+    assert stats.score_test([-1.0, -2.0], [0.5, 1.5], [1.0, 3.0], alpha=0.1).mde_logprob == pytest.approx(
+        phi.inv_cdf(0.95) + phi.inv_cdf(0.8))
+    # every position deterministic: D within 1e-6 a token is rounding (z 0, p 1), beyond it a ruled-out token
+    assert stats.score_test([0.0, 0.0], [0.0, 2e-6], [0.0, 0.0]) == stats.ScoreTest(0.0, 1.0, 1e-6, 0.0, 0.0, 2)
+    assert stats.score_test([-1.0, 0.0], [0.0, 0.0], [0.0, -1.0]) == stats.ScoreTest(None, 0.0, -0.5, 0.0, 0.0, 2)
+    assert stats.score_test([0.0, 0.0], [0.0, 3e-6], [0.0, 0.0]).p_value == 0.0
+    # a number a backend left unknown (None) is not finite: counted, never a crash
+    for lp, h, v in (([-1.0, None], [1.0, 1.0], [0.5, 0.5]), ([-1.0, -1.0], [1.0, None], [0.5, 0.5]),
+                     ([-1.0, -1.0], [1.0, 1.0], [0.5, None])):
+        bad = stats.score_test(lp, h, v)
+        assert bad.num_nonfinite == 1 and bad.num_tokens == 2 and bad.z is None and bad.mde_logprob is None
+        assert all(math.isnan(x) for x in (bad.p_value, bad.mean_excess_logprob, bad.se_logprob))
