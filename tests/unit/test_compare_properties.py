@@ -24,7 +24,7 @@ from mtpbench.compare.page import headline
 from mtpbench.compare.pair import _verdict, check_pct, exit_code, unjudged_beyond, worse_beyond
 from mtpbench.errors import MtpBenchError
 
-FAST = settings(max_examples=300, deadline=None)
+FAST = settings(max_examples=200, deadline=None)
 
 # ---- one metric's verdict -------------------------------------------------------------------------------------
 

@@ -27,7 +27,7 @@ from mtpbench.sweep.page import headline as sweep_headline
 from mtpbench.sweep.page import label
 from mtpbench.trace.page import headline as trace_headline
 
-FAST = settings(max_examples=300, deadline=None)
+FAST = settings(max_examples=200, deadline=None)
 
 # ---- the sweep ------------------------------------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ from mtpbench.matrix.cells import _steps, load_verdict, vllm_check
 from mtpbench.trace.records import ABSENT, CallRecord
 from mtpbench.trace.verdict import judge, layer_per_step, loaded_vs_checkpoint
 
-FAST = settings(max_examples=400, deadline=None)
+FAST = settings(max_examples=250, deadline=None)
 CRASH = "AssertionError: only one step supported"
 
 
