@@ -673,6 +673,9 @@ def test_score_test_known_answers():
     assert t.mde_logprob == pytest.approx(phi.inv_cdf(1 - 0.0125) + phi.inv_cdf(0.8))
     assert stats.score_test([-1.0, -2.0], [0.5, 1.5], [1.0, 3.0], alpha=0.1).mde_logprob == pytest.approx(
         phi.inv_cdf(0.95) + phi.inv_cdf(0.8))
+    wide = stats.score_test([-1.0] * 100, [0.9] * 100, [4.0] * 100)  # se = sqrt(400) / 100 = 0.2
+    assert wide.se_logprob == pytest.approx(0.2)
+    assert wide.mde_logprob == pytest.approx((phi.inv_cdf(1 - 0.0125) + phi.inv_cdf(0.8)) * 0.2)
     # every position deterministic: D within 1e-6 a token is rounding (z 0, p 1), beyond it a ruled-out token
     assert stats.score_test([0.0, 0.0], [0.0, 2e-6], [0.0, 0.0]) == stats.ScoreTest(0.0, 1.0, 1e-6, 0.0, 0.0, 2)
     assert stats.score_test([-1.0, 0.0], [0.0, 0.0], [0.0, -1.0]) == stats.ScoreTest(None, 0.0, -0.5, 0.0, 0.0, 2)
