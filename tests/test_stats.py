@@ -1,13 +1,17 @@
-"""The interval code: quantiles, order statistics, edge cases, and the intervals in a real sweep (coverage on
-synthetic data with a known answer: test_coverage.py)."""
+"""The intervals in a real sweep, against the saved raw numbers (coverage on synthetic data with a known answer:
+tests/unit/test_coverage.py). Each interval of a row must be the one its rule gives from the point's own saved
+requests and repeats: an interval that merely holds its value could not fail (each method, and the sweep's min /
+max on the speedup, makes sure of that)."""
 
 import json
+import statistics
 
 from typer.testing import CliRunner
+from unit.test_compare import rank_interval
 
+from mtpbench import stats
 from mtpbench.cli import app
-
-
+from mtpbench.sweep.load import load_run
 
 
 def test_a_sweep_reports_intervals_in_every_output(tmp_path):
@@ -15,12 +19,34 @@ def test_a_sweep_reports_intervals_in_every_output(tmp_path):
     r = CliRunner().invoke(app, ["sweep", "--k", "0,2", "--mode", "chain", "--num-prompts", "6",
                                  "--max-tokens", "24", "--repeats", "6", "--out", str(out)])
     assert r.exit_code == 0, r.output
-    rows = {x["k"]: x for x in json.loads((out / "summary.json").read_text())["rows"]}
+    rows = {x["k"]: x for x in json.loads((out / "summary.json").read_text())["rows"] if x["category"] == "all"}
     k2 = rows[2]
-    assert k2["acceptance_length_ci_low"] <= k2["acceptance_length"] <= k2["acceptance_length_ci_high"]
-    assert len(k2["acceptance_rate_per_pos_ci_low"]) == 2 and k2["num_repeats"] == 6
-    assert k2["output_tokens_per_sec_ci_low"] <= k2["output_tokens_per_sec"] <= k2["output_tokens_per_sec_ci_high"]
-    assert k2["speedup_ci_low"] <= k2["speedup"] <= k2["speedup_ci_high"]
+    _, points, _ = load_run(out)
+    saved = {p["point"]["k"]: p for p in points}
+    tokps = {k: [x["output_tokens_per_sec"] for x in saved[k]["repeats"]] for k in (0, 2)}
+    assert len(tokps[0]) == len(tokps[2]) == 6 and k2["num_repeats"] == 6
+    # tokens/s: the median of the six repeats, and the order-statistic interval of a median at 6, which is
+    # [min, max] (it covers with 1 - 2 / 2^6 = 96.9 %; the next one in, [x_(2), x_(5)], only 78 %)
+    assert k2["output_tokens_per_sec"] == round(statistics.median(tokps[2]), 2)
+    assert (k2["output_tokens_per_sec_ci_low"], k2["output_tokens_per_sec_ci_high"]) == (
+        round(min(tokps[2]), 2), round(max(tokps[2]), 2))
+    # the speedup: the ratio of the medians, its interval the rank interval of the 36 pairwise ratios
+    # (j = 1 at 6 + 6, computed in the test) widened only by rounding to the shown speedup
+    speedup = k2["output_tokens_per_sec"] / rows[0]["output_tokens_per_sec"]
+    assert k2["speedup"] == round(speedup, 4)
+    lo, hi = rank_interval(tokps[2], tokps[0])
+    assert (k2["speedup_ci_low"], k2["speedup_ci_high"]) == (min(round(lo, 4), k2["speedup"]),
+                                                             max(round(hi, 4), k2["speedup"]))
+    assert hi / lo > 1.0001  # six timed runs a side: the interval is not a point
+    # acceptance: pooled over the point's requests, the interval a bootstrap over those six prompts
+    reqs = saved[2]["requests"]
+    acc, drafts = [q["num_accepted_tokens"] for q in reqs], [q["num_drafts"] for q in reqs]
+    assert len(reqs) == 6 and sum(drafts) > 0
+    assert abs(k2["acceptance_length"] - (1 + sum(acc) / sum(drafts))) < 1e-4
+    ci = stats.ratio_ci(acc, drafts)
+    assert (k2["acceptance_length_ci_low"], k2["acceptance_length_ci_high"]) == (round(1 + ci[0], 4),
+                                                                                  round(1 + ci[1], 4))
+    assert len(k2["acceptance_rate_per_pos_ci_low"]) == 2
     header = (out / "summary.csv").read_text().splitlines()[0].split(",")
     assert {"acceptance_length_ci_low", "acceptance_length_ci_high", "tpot_ms_p50_ci_high"} <= set(header)
     half = (k2["acceptance_length_ci_high"] - k2["acceptance_length_ci_low"]) / 2
