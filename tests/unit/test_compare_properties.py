@@ -231,3 +231,13 @@ def test_a_threshold_that_is_no_percentage_is_refused(pct):
 @pytest.mark.parametrize("pct", [0, 0.0, 5, 1e9])
 def test_a_percentage_of_0_or_more_is_taken(pct):
     assert check_pct(pct) == pct and exit_code({"rows": [], "failed": []}, pct) == 0
+
+
+@pytest.mark.parametrize("diff, higher, tone", [(0.5, True, "good"), (-0.5, True, "warn"), (0.5, False, "warn"),
+                                                (-0.5, False, "good"), (0.0, True, "good")])
+def test_a_row_without_an_interval_that_moved_the_bad_way_keeps_the_page_from_green(diff, higher, tone):
+    better = {"point": "p", "category": "all", "metric": "acceptance_length", "verdict": "better", "rel_diff": 0.1,
+              "diff": 0.2, "b": 2.2, "higher_is_better": True}
+    unjudged = {"point": "p", "category": "all", "metric": "ttft_ms_p50", "verdict": "no interval", "rel_diff": 0.25,
+                "diff": diff, "b": 1.0, "higher_is_better": higher}
+    assert headline({"rows": [better, unjudged], "failed": [], "timings_drifted": False})[1] == tone

@@ -357,3 +357,8 @@ def test_the_vllm_check_says_what_it_could_not_check_after_what_disagrees():
     recs = [CallRecord(1, 1, s) for s in range(2)]  # no MTP layer ran in either call, one call short of k = 3
     assert vllm_check(recs, 2, 3, 0, None) == ("vLLM's counters show no drafts; proposals with [2] draft calls, not "
                                                "k = 3; the layer rule not checked: no MTP layer ran")
+
+
+def test_calls_that_ran_no_layer_name_every_index_the_wrapper_received():
+    recs = [CallRecord(1, 1, s, wrapper_spec_step_idx=idx) for s, idx in ((0, 0), (1, 1), (2, ABSENT))]
+    assert judge(recs, 2, 3, [1, 2]).evidence[1] == "spec_step_idx received by the wrapper: 0, 1, absent"
