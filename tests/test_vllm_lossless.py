@@ -219,7 +219,7 @@ def test_standard_rejection_sampling_on_v1_is_lossy_on_vllm_cpu_and_the_check_na
         # -1.77 nats/token), by 3e-12 near-argmax ones (seen: +0.36), and one run moved the mean by 0.08 only
         # (called lossy all the same); so the lossy call must rest on a test that rejected, not on a size
         assert rec["verdict"] == "lossy", rec["why"]
-        assert rec["test"]["p_value"] < 0.025 or "one-sample z" in rec["why"], rec["why"]
+        assert rec["confirmation"] and ("excess z" in rec["why"] or "two-sample p" in rec["why"]), rec["why"]
         assert "known fault of this vLLM build" in r.output and "_expand_kernel_impl" in r.output
     else:
         assert rec["verdict"].startswith("lossless"), rec["why"]

@@ -196,7 +196,7 @@ def draw_stage(backend, cfg: CheckConfig, ids: list[list[int]], seeds: dict[str,
         arms[name] = {"continuations": _scored([toks[i] for i in keep], [next(lps) for _ in keep]),
                       "prompts": [strata[i] for i in keep],
                       "moments": [next(per_arm) for _ in keep] if moments else None}
-    return {"arms": arms, "log": log, "seeds": seeds, "moments_note": note}
+    return {"arms": arms, "log": {name: log[name] for name in STAGES}, "seeds": seeds, "moments_note": note}
 
 
 def stage_tests(drawn: dict, perm_seed: int) -> tuple[stats.Stage, dict | None]:
