@@ -248,7 +248,8 @@ def run_sampling(backend, cfg: CheckConfig, ids: list[list[int]], prompt_ids: li
     second stage of three arms at fresh seeds and twice the continuations that must show it again on its own
     (``stats.lossless_verdict``)."""
     e = cfg.engine
-    seeds = [dict(zip(STAGES, s)) for s in (arm_seeds(e.seed, 6)[:3], arm_seeds(e.seed, 6)[3:])]
+    six = arm_seeds(e.seed, 6)  # the first three are arm_seeds(e.seed): a first stage as before the second existed
+    seeds = [dict(zip(STAGES, six[:3])), dict(zip(STAGES, six[3:]))]
     perm_seeds = [int(x) for x in np.random.SeedSequence([e.seed, 1]).generate_state(2)]
     first = draw_stage(backend, cfg, ids, seeds[0], cfg.per_prompt)
     stages = [stage_tests(first, perm_seeds[0])]
@@ -258,16 +259,14 @@ def run_sampling(backend, cfg: CheckConfig, ids: list[list[int]], prompt_ids: li
         second = draw_stage(backend, cfg, ids, seeds[1], 2 * cfg.per_prompt)
         stages.append(stage_tests(second, perm_seeds[1]))
     verdict, why = stats.lossless_verdict([s for s, _ in stages], max_mde=cfg.max_mde)
-    ab, fit = stages[0][0].ab, stages[0][1]
+    ab = stages[0][0].ab
     return {
         "verdict": SAMPLING_LOSSLESS if verdict == stats.LOSSLESS else verdict, "why": why,
         **_stage_record(first, *stages[0]), "score_tests_unavailable": first["moments_note"],
         "alarm": raised, "confirmation": None if second is None else _stage_record(second, *stages[1]),
         "detectable_shift": None if ab is None else stats.detectable_shift(ab),
         "max_detectable_shift": cfg.max_mde,
-        "levels": {"alarm_excess": stats.ALARM_EXCESS, "confirm_excess": stats.CONFIRM_EXCESS,
-                   "alarm_two_sample": stats.ALARM_AB if fit else stats.ALARM_AB_ALONE,
-                   "confirm_two_sample": stats.CONFIRM_AB if fit else stats.CONFIRM_AB_ALONE},
+        "levels": stats.verdict.levels(stages[0][0]),
         "alpha_aa": stats.ALPHA_AA,
         "num_prompts": len(ids), "samples_per_prompt": cfg.per_prompt,
         "per_prompt": per_prompt_means(first["arms"], prompt_ids),

@@ -1,6 +1,6 @@
 """Statistics from saved numbers (numpy only: no torch, no I/O): ``intervals`` (a point's intervals and a
-difference between two runs), ``lossless`` (check-lossless's tests) and ``verdict`` (its sampling verdict). All are re-exported
-here: ``from mtpbench import stats; stats.ratio_ci(...)``."""
+difference between two runs), ``lossless`` (check-lossless's tests) and ``verdict`` (its sampling verdict). All
+are re-exported here: ``from mtpbench import stats; stats.ratio_ci(...)``."""
 
 from mtpbench.stats.intervals import (  # noqa: F401
     LEVEL,

@@ -115,9 +115,16 @@ class Stage:
     excess: ExcessTest | None = None
 
 
-def _levels(stage: Stage) -> tuple[float, float]:
+def two_sample_levels(stage: Stage) -> tuple[float, float]:
     """The two-sample test's (alarm, confirm) levels: its own share beside the excess test, or the whole budget."""
     return (ALARM_AB, CONFIRM_AB) if stage.excess is not None else (ALARM_AB_ALONE, CONFIRM_AB_ALONE)
+
+
+def levels(stage: Stage) -> dict[str, float]:
+    """Every level the verdict reads for this stage, by name (lossless.json's ``levels``)."""
+    alarm_ab, confirm_ab = two_sample_levels(stage)
+    return {"alarm_excess": ALARM_EXCESS, "confirm_excess": CONFIRM_EXCESS, "alarm_two_sample": alarm_ab,
+            "confirm_two_sample": confirm_ab}
 
 
 def _two_sided(alpha: float) -> float:
@@ -130,7 +137,7 @@ def alarm(stage: Stage) -> str | None:
     e = stage.excess
     if e is not None and e.z is not None and abs(e.z) > _two_sided(ALARM_EXCESS):
         found.append(f"excess z = {e.z:+.3g} ({e.diff:+.3g} nats/token)")
-    if stage.ab is not None and stage.ab.p_value < _levels(stage)[0]:
+    if stage.ab is not None and stage.ab.p_value < two_sample_levels(stage)[0]:
         found.append(f"two-sample p = {stage.ab.p_value:.3g} (mean target log-prob {stage.ab.logprob_diff:+.3g})")
     return "; ".join(found) or None
 
@@ -146,7 +153,7 @@ def confirmation(first: Stage, second: Stage) -> str | None:
             found.append(f"excess z {e1.z:+.3g}, then {e2.z:+.3g} on fresh draws (beyond "
                          f"{_two_sided(CONFIRM_EXCESS):.3g} the same way): the drafting arm's tokens are not the "
                          f"target's law (excess {e1.diff:+.3g}, {e2.diff:+.3g} nats/token)")
-    level = _levels(first)[1]
+    level = two_sample_levels(first)[1]
     if second.ab.p_value < level:
         found.append(f"two-sample p {first.ab.p_value:.3g}, then {second.ab.p_value:.3g} < {level:g} on fresh draws: "
                      f"drafting changes the output law (mean target log-prob {first.ab.logprob_diff:+.3g}, "
