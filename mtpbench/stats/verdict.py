@@ -144,15 +144,17 @@ def alarm(stage: Stage) -> str | None:
 
 def confirmation(first: Stage, second: Stage) -> str | None:
     """Why the second stage, drawn afresh after ``first`` raised an alarm, shows the fault again on its own: the
-    excess test beyond CONFIRM_EXCESS's two-sided point in the first stage's direction, or the two-sample test below
-    CONFIRM_AB; None when it does not (chance does not replicate)."""
+    excess test beyond CONFIRM_EXCESS's two-sided point in the first stage's direction (either way where the first
+    stage's z is exactly 0, which has none), or the two-sample test below CONFIRM_AB; None when it does not (chance
+    does not replicate)."""
     found = []
     e1, e2 = first.excess, second.excess
     if e1 is not None and e2 is not None and e1.z is not None and e2.z is not None:
-        if abs(e2.z) > _two_sided(CONFIRM_EXCESS) and (e1.z > 0) == (e2.z > 0):
-            found.append(f"excess z {e1.z:+.3g}, then {e2.z:+.3g} on fresh draws (beyond "
-                         f"{_two_sided(CONFIRM_EXCESS):.3g} the same way): the drafting arm's tokens are not the "
-                         f"target's law (excess {e1.diff:+.3g}, {e2.diff:+.3g} nats/token)")
+        if abs(e2.z) > _two_sided(CONFIRM_EXCESS) and (e1.z == 0 or (e1.z > 0) == (e2.z > 0)):
+            way = "" if e1.z == 0 else " the same way"
+            found.append(f"excess z {e1.z:+.3g}, then {e2.z:+.3g} on fresh draws (beyond {_two_sided(CONFIRM_EXCESS):.3g}"
+                         f"{way}): the drafting arm's tokens are not the target's law (excess {e1.diff:+.3g}, "
+                         f"{e2.diff:+.3g} nats/token)")
     level = two_sample_levels(first)[1]
     if second.ab.p_value < level:
         found.append(f"two-sample p {first.ab.p_value:.3g}, then {second.ab.p_value:.3g} < {level:g} on fresh draws: "

@@ -512,6 +512,19 @@ def test_the_underpowered_why_gives_the_continuations_that_reach_the_bound():
     assert stats.lossless_verdict([weak])[0] == "lossless"  # no bound
 
 
+def test_a_first_stage_without_direction_is_confirmed_either_way():
+    """An alarm from the two-sample test alone, with the first stage's excess z exactly 0: that z has no direction,
+    so fresh draws beyond 1.96 either way confirm the fault (once read as "down", so only a negative z did)."""
+    ok = two_sample(0.5)
+    first = stats.Stage(two_sample(0.02), ok, excess(0.0, 0.0))
+    for z in (2.5, -2.5):
+        second = stats.Stage(two_sample(0.5), ok, excess(z, 0.02 if z > 0 else -0.02))
+        assert stats.lossless_verdict([first, second]) == (
+            "lossy", f"excess z +0, then {z:+.3g} on fresh draws (beyond 1.96): the drafting arm's tokens are not the "
+                     f"target's law (excess +0, {0.02 if z > 0 else -0.02:+.3g} nats/token)")
+    assert stats.lossless_verdict([first, stats.Stage(two_sample(0.5), ok, excess(1.5, 0.01))])[0] == "lossless"
+
+
 def test_the_why_of_lossy_and_lossless_word_for_word():
     ok = two_sample(0.5)
     first = stats.Stage(two_sample(0.02), ok, excess(1.5, 0.015))

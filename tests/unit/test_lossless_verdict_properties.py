@@ -44,7 +44,7 @@ def oracle(stages, max_mde):
         second = stages[1]
         if z_ok and second.excess is not None and second.excess.z is not None:
             z1, z2 = first.excess.z, second.excess.z
-            if abs(z2) > Z_CONFIRM and (z1 > 0) == (z2 > 0):
+            if abs(z2) > Z_CONFIRM and (z1 == 0 or (z1 > 0) == (z2 > 0)):  # z1 = 0: no direction
                 return stats.LOSSY, None
         if second.ab.p_value < (0.01 if has_excess else 0.05):
             return stats.LOSSY, None
@@ -188,7 +188,7 @@ def alarm_parts(first):
 def confirm_parts(first, second):
     e1, e2 = first.excess, second.excess
     both_z = e1 is not None and e2 is not None and e1.z is not None and e2.z is not None
-    parts = ["excess"] if both_z and abs(e2.z) > Z_CONFIRM and (e1.z > 0) == (e2.z > 0) else []
+    parts = ["excess"] if both_z and abs(e2.z) > Z_CONFIRM and (e1.z == 0 or (e1.z > 0) == (e2.z > 0)) else []
     return parts + (["ab"] if second.ab.p_value < (0.01 if e1 is not None else 0.05) else [])
 
 
