@@ -61,10 +61,16 @@ def test_native_validation_runs_each_batch_size_fixed_and_says_so(native_tune):
     assert v["per_batch_size"] and not v["dynamic"]
     arms = {(r["load"], r["arm"]) for r in v["rows"]}
     assert arms == {(b, a) for b in (1, 2) for a in ("schedule", "best fixed k here", "best single k")}
+    sched = {r["load"]: r for r in v["rows"] if r["arm"] == "schedule"}
     for r in v["rows"]:
         if r["arm"] != "schedule":
-            assert r["verdict"] in ("within noise", "schedule faster", "schedule slower")
-            assert r["schedule_ratio_ci_low"] <= r["schedule_ratio"] <= r["schedule_ratio_ci_high"]
+            # the ratio is the two arms' medians (rounded to 0.01 tokens/s in the rows), the verdict the interval's
+            # side of 1, both recomputed here from the rule
+            s = sched[r["load"]]["output_tokens_per_sec"] / r["output_tokens_per_sec"]
+            assert r["schedule_ratio"] == pytest.approx(s, rel=1e-3), (r, s)
+            lo, hi = r["schedule_ratio_ci_low"], r["schedule_ratio_ci_high"]
+            assert lo < hi, r
+            assert r["verdict"] == ("schedule faster" if lo > 1 else "schedule slower" if hi < 1 else "within noise")
     assert "the schedule is per batch size" in (out / "tune.md").read_text()
     assert (out / "validate" / "b1" / "fixed" / "run.json").is_file()
 
