@@ -1,8 +1,9 @@
-"""The built-in models and what a model name means: ``resolve_model_dir`` ('builtin', 'builtin-glm', a local
+"""The built-in models and what a model name means: ``resolve_model_dir`` (a name of ``BUILTIN_MODELS``, a local
 directory, or a hub id already in the local cache), and ``builtin-glm``, the built-in model in GLM-4.5's
 checkpoint format: the config and tensor names vLLM's ``Glm4MoeMTP`` loads, written from the built-in MiMo-style
 target and the shipped fine-tuned MTP tensors, and read back into MiMo's names for the native engine
-(``mimo_from_glm``)."""
+(``mimo_from_glm``); ``builtin-glm-tp``, builtin-glm with a zero fourth attention head in every block, so that
+tensor parallel 2 and 4 can shard it (``builtin_tp``)."""
 
 from __future__ import annotations
 
@@ -11,17 +12,23 @@ import json
 import os
 from pathlib import Path
 
+from mtpbench.builtin_tp import PAD_KEY, TP_FORMAT_VERSION, TP_PADDED_HEADS, pad_heads, padded_config, unpad_heads
 from mtpbench.checkpoint import read_config
 from mtpbench.errors import MtpBenchError
 from mtpbench.paths import BUILTIN_MODEL_DIR, GLM_MTP_DIR, cache_dir
 
+# the model names mtpbench builds itself (every other name is a directory or a hub id)
+BUILTIN_MODELS = ("builtin", "builtin-glm", "builtin-glm-tp")
+
 
 def resolve_model_dir(model: str) -> Path:
-    """'builtin', 'builtin-glm', a local directory, or a hub id already in the local Hugging Face cache."""
+    """A name of BUILTIN_MODELS, a local directory, or a hub id already in the local Hugging Face cache."""
     if model == "builtin":
         return BUILTIN_MODEL_DIR
     if model == "builtin-glm":
         return builtin_glm_dir()
+    if model == "builtin-glm-tp":
+        return builtin_glm_tp_dir()
     path = Path(model)
     if path.is_dir() or model.count("/") != 1 or path.exists():
         return path
@@ -160,8 +167,10 @@ def glm_tensors(state: dict, cfg: dict) -> dict:
 
 def mimo_from_glm(state: dict, cfg: dict, where: Path | str = "checkpoint") -> dict:
     """The inverse of glm_tensors, for the native engine: a GLM-4.5 checkpoint that mtpbench wrote (its config is
-    glm_config's, its routed experts zero, every MTP head the lm_head) as MiMo-named tensors. Anything else is
-    an MtpBenchError: the native engine has no MoE routing."""
+    glm_config's, its routed experts zero, every MTP head the lm_head) as MiMo-named tensors; builtin-glm-tp's
+    padded heads are checked to be zero and dropped first. Anything else is an MtpBenchError: the native engine
+    has no MoE routing."""
+    state, cfg = unpad_heads(state, cfg, str(where))
     want = glm_config(cfg)
     bad = next((k for k in want if cfg.get(k) != want[k]), None)
     if bad is not None:
@@ -204,38 +213,67 @@ def builtin_glm_source() -> tuple[dict, bytes, dict]:
     return {**state, **mtp}, mtp_bytes, recipe
 
 
-def write_glm(src: Path, state: dict, mtp_bytes: bytes, recipe: dict, out: Path) -> Path:
-    """Write the GLM-4.5 form of ``state`` (MiMo-named, DeepSeek-style MTP layers fine-tuned from ``src``'s by
-    ``recipe``) to ``out``, atomically (aside, then renamed). The same inputs give the same bytes."""
+def write_model_dir(out: Path, tensors: dict, config: dict, copy_from: Path, provenance: dict) -> Path:
+    """Write a checkpoint directory atomically (aside, then renamed): ``tensors``, ``config``, the tokenizer and
+    data files of ``copy_from``, and ``provenance`` as derived_from.json. The same inputs give the same bytes."""
     import shutil
 
     from safetensors.torch import save_file
 
-    src, out = Path(src), Path(out)
-    cfg = read_config(src)
     tmp = out.with_name(out.name + f".partial-{os.getpid()}")
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    tensors = {k: v.contiguous().clone() for k, v in glm_tensors(state, cfg).items()}
-    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    (tmp / "config.json").write_text(json.dumps(glm_config(cfg), indent=2) + "\n")
+    save_file({k: v.contiguous().clone() for k, v in tensors.items()}, str(tmp / "model.safetensors"),
+              metadata={"format": "pt"})
+    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "prompts.jsonl",
                  "train_log.json"):
-        if (src / name).exists():
-            shutil.copyfile(src / name, tmp / name)
-    (tmp / "derived_from.json").write_text(json.dumps({
+        if (copy_from / name).exists():
+            shutil.copyfile(copy_from / name, tmp / name)
+    (tmp / "derived_from.json").write_text(json.dumps(provenance, indent=2) + "\n")
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    return out
+
+
+def write_glm(src: Path, state: dict, mtp_bytes: bytes, recipe: dict, out: Path) -> Path:
+    """Write the GLM-4.5 form of ``state`` (MiMo-named, DeepSeek-style MTP layers fine-tuned from ``src``'s by
+    ``recipe``) to ``out``, atomically. The same inputs give the same bytes."""
+    src, out = Path(src), Path(out)
+    cfg = read_config(src)
+    return write_model_dir(out, glm_tensors(state, cfg), glm_config(cfg), src, {
         "format": "glm4_moe", "format_version": GLM_FORMAT_VERSION,
         "target": "the source's target tensors, copied (MiMo-format checkpoint)",
         "source_model_safetensors_sha256": hashlib.sha256((src / "model.safetensors").read_bytes()).hexdigest(),
         "mtp_layers": "the source's MTP layers fine-tuned as a chain in DeepSeek's convention, target frozen "
                       "(mtpbench.train.finetune_mtp)",
         "mtp_safetensors_sha256": hashlib.sha256(mtp_bytes).hexdigest(), "finetune": recipe,
-        "rule": "mtpbench.checkpoint.glm_tensors"}, indent=2) + "\n")
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
-    return out
+        "rule": "mtpbench.checkpoint.glm_tensors"})
+
+
+def write_glm_tp(src: Path, out: Path, pad: int = TP_PADDED_HEADS) -> Path:
+    """Write ``src`` (a GLM-4.5 directory mtpbench wrote, unpadded) with ``pad`` zero attention heads in every
+    block (builtin_tp.pad_heads) to ``out``, atomically. The same inputs give the same bytes."""
+    from safetensors.torch import load_file
+
+    src, out = Path(src), Path(out)
+    cfg = read_config(src)
+    provenance = {
+        "format": "glm4_moe", "format_version": GLM_FORMAT_VERSION, "tp_format_version": TP_FORMAT_VERSION,
+        "source": "builtin-glm (mtpbench.builtin.builtin_glm_dir): every tensor copied, the attention ones padded",
+        "source_model_safetensors_sha256": hashlib.sha256((src / "model.safetensors").read_bytes()).hexdigest(),
+        "padded_heads": pad, "config_key": PAD_KEY,
+        "padding": f"{pad} attention head(s) of zeros appended to every attention block, target and MTP layers: "
+                   "zero q/k/v_proj rows (weights and biases) and zero o_proj columns, head_dim kept, so "
+                   f"num_attention_heads = num_key_value_heads {cfg['num_attention_heads']} -> "
+                   f"{cfg['num_attention_heads'] + pad} divide by the tensor-parallel size and the outputs stay "
+                   "the source's (a zero head adds exactly 0)",
+        "rule": "mtpbench.builtin_tp.pad_heads",
+        "source_derived_from": json.loads((src / "derived_from.json").read_text())}
+    return write_model_dir(out, pad_heads(load_file(str(src / "model.safetensors")), cfg, pad),
+                           padded_config(cfg, pad), src, provenance)
 
 
 def builtin_glm_dir(cache: Path | None = None) -> Path:
@@ -251,6 +289,23 @@ def builtin_glm_dir(cache: Path | None = None) -> Path:
         return out
     try:
         return write_glm(BUILTIN_MODEL_DIR, *builtin_glm_source(), out)
+    except OSError:  # another process finished the same directory first
+        if (out / "config.json").exists():
+            return out
+        raise
+
+
+def builtin_glm_tp_dir(cache: Path | None = None) -> Path:
+    """``builtin-glm-tp``: builtin-glm with a zero fourth attention head in every block (its 4 heads divide by a
+    tensor-parallel size of 2 or 4), derived from builtin-glm once and cached under
+    ``~/.cache/mtpbench/builtin-glm-tp-<key>`` (the key follows builtin-glm's, TP_FORMAT_VERSION and the padding)."""
+    glm = builtin_glm_dir(cache)
+    key = hashlib.sha256(f"{TP_FORMAT_VERSION}|{TP_PADDED_HEADS}|{glm.name}".encode()).hexdigest()[:16]
+    out = glm.parent / f"builtin-glm-tp-{key}"
+    if (out / "config.json").exists():
+        return out
+    try:
+        return write_glm_tp(glm, out)
     except OSError:  # another process finished the same directory first
         if (out / "config.json").exists():
             return out

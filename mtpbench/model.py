@@ -347,14 +347,16 @@ class MiMoModel(nn.Module):
 def load_model(model_dir: Path, device="cpu", dtype=torch.float32) -> MiMoModel:
     """Load a MiMo-format checkpoint for inference (fused weights). A checkpoint without MTP layers
     loads too: it can still run k = 0. A GLM-4.5-format checkpoint written by mtpbench (``builtin-glm``)
-    loads as the same tensors under MiMo's names, computed in DeepSeek style (see builtin.mimo_from_glm)."""
+    loads as the same tensors under MiMo's names, computed in DeepSeek style (see builtin.mimo_from_glm), with
+    builtin-glm-tp's zero padded heads dropped (builtin_tp.unpad_heads)."""
     from safetensors.torch import load_file
 
     from mtpbench.builtin import GLM_ARCH, mimo_from_glm
+    from mtpbench.builtin_tp import unpadded_config
 
     cfg = read_config(model_dir)
     glm = cfg.get("architectures") == [GLM_ARCH]
-    m = MiMoModel(ModelArgs.from_config({**cfg, "mtp_style": "deepseek"} if glm else cfg))
+    m = MiMoModel(ModelArgs.from_config({**unpadded_config(cfg), "mtp_style": "deepseek"} if glm else cfg))
     try:
         state = load_file(str(Path(model_dir) / "model.safetensors"))
     except Exception as e:  # missing file, corrupt file

@@ -66,9 +66,10 @@ def model_or_profile(arg: Optional[str], profile: Optional[str]) -> tuple[Option
     """A positional MODEL_OR_PROFILE is a model directory, a profile name or a .toml file."""
     if arg is None:
         return None, profile
+    from mtpbench.builtin import BUILTIN_MODELS
     from mtpbench.config import list_profiles
 
-    if arg in ("builtin", "builtin-glm") or Path(arg).is_dir() or (arg.count("/") == 1 and not Path(arg).exists()
+    if arg in BUILTIN_MODELS or Path(arg).is_dir() or (arg.count("/") == 1 and not Path(arg).exists()
                                                    and not arg.endswith(".toml")):
         return arg, profile  # a directory, or a hub id (resolved from the local Hugging Face cache)
     if arg in list_profiles() or arg.endswith(".toml"):

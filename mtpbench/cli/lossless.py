@@ -78,7 +78,9 @@ def check_lossless(
 def refuse(model, backend, server, temperature, threads, max_detectable_shift, fail_if_lossy,
            allow_inconclusive) -> None:
     """Exit 2 on options that contradict each other, before anything is loaded."""
-    if model is not None and model not in ("builtin", "builtin-glm") and not Path(model).is_dir() \
+    from mtpbench.builtin import BUILTIN_MODELS
+
+    if model is not None and model not in BUILTIN_MODELS and not Path(model).is_dir() \
             and model.count("/") != 1:
         fail(f"model directory not found: {model}")
     if threads is not None and threads < 1:
