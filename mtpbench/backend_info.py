@@ -37,8 +37,8 @@ class BackendInfo:
     @property
     def offline_vllm(self) -> bool:
         """``vllm.LLM`` in a worker process mtpbench starts: --force-spec-step-idx and trace-layers reach its
-        draft model there (so it must be one process: tensor_parallel_size 1, traced eagerly), and it runs no
-        data parallel but under external_launcher."""
+        draft model on every rank there (``backends.vllm.plugin``, traced eagerly), and it runs no data parallel
+        but under external_launcher."""
         return self.vllm and not self.served
 
 

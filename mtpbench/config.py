@@ -88,6 +88,12 @@ class SweepConfig:
         check_draft_model(self)
         return drafter_layers(self.mtp_dir) if self.draft_model else num_mtp_layers(self.model_dir)
 
+    def parallel_layout(self) -> dict:
+        """How the engine is sharded, as vLLM names it (every result file and the fingerprint record it)."""
+        return {"tensor_parallel_size": self.tensor_parallel_size, "pipeline_parallel_size": self.pipeline_parallel_size,
+                "data_parallel_size": self.data_parallel_size,
+                "distributed_executor_backend": self.distributed_executor_backend}
+
     def to_json(self) -> dict:
         """JSON-safe: tuples as lists, an infinite request rate as the string "inf"."""
         def safe(v):
@@ -288,9 +294,6 @@ def validate(cfg: SweepConfig, checkpoint_layers: int | None) -> None:
             if cfg.draft_model and L != checkpoint_layers:
                 raise MtpBenchError(f"--mtp-layers {L}: a separate draft checkpoint runs whole "
                                     f"({checkpoint_layers} layers)")
-    if info(cfg.backend).offline_vllm and cfg.force_spec_step_idx and cfg.tensor_parallel_size > 1:
-        raise MtpBenchError("--force-spec-step-idx needs the vLLM engine in one process: "
-                            f"use tensor_parallel_size 1 (got {cfg.tensor_parallel_size})")
     check_draft_model(cfg)
     check_runner_option(cfg)
     if cfg.engine_args.get("disable_log_stats"):

@@ -24,3 +24,12 @@ class CallRecord:
     forced: bool = False  # --force-spec-step-idx put the step into this call
     predictor: str = ""  # the module between wrapper and layers whose forward ran (its path)
     layers_run: str = ""  # every layer that ran in this call, in order ("0 1 2"), when there were several
+    rank: int = 0  # the engine's global rank that recorded it (every tensor-parallel rank runs each draft call)
+
+
+def by_rank(records: list[CallRecord]) -> dict[int, list[CallRecord]]:
+    """The records of each rank, in the order recorded."""
+    out: dict[int, list[CallRecord]] = {}
+    for r in records:
+        out.setdefault(r.rank, []).append(r)
+    return out

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from mtpbench.backend_info import info
 from mtpbench.errors import MtpBenchError
-from mtpbench.trace.records import CallRecord
+from mtpbench.trace.records import CallRecord, by_rank
 from mtpbench.trace.report import STEP_HEADERS, heatmap, model_label, provenance_versions, step_table, trace_csv
-from mtpbench.trace.verdict import judge, layer_per_step, loaded_vs_checkpoint
+from mtpbench.trace.verdict import judge_ranks, layer_per_step, loaded_vs_checkpoint
 
 
 EAGER_NOTE = ("eager (enforce_eager): compiled modules and replayed CUDA graphs, which Model Runner V2 uses by "
@@ -41,17 +41,19 @@ def run_trace(cfg, k: int, mode: str = "reuse", backend=None) -> dict:
         data = backend.trace_point(cfg, mode, k, L, prompts)
     except (RuntimeError, OSError) as e:  # the engine did not start (a crash while drafting is a verdict)
         raise MtpBenchError(f"the {cfg.backend} engine could not run the trace: {e}") from None
-    records: list[CallRecord] = data["records"]
+    records: list[CallRecord] = data["records"]  # every drafting rank's (one rank: a process of its own)
+    ranks = by_rank(records) if records else {}
+    data["records"] = ranks[min(ranks)] if ranks else []  # the reference rank's: the tables and the heatmap
 
     # weight bytes per layer as stored in the checkpoint: the same figure for every backend, whatever
     # form (dtype, prepacked) the engine keeps them in
     all_bytes = mtp_layer_bytes(cfg.mtp_dir, drafter=bool(cfg.draft_model))
     layer_bytes = (all_bytes + [0] * data["num_layers"])[: data["num_layers"]]
-    v = judge(records, data["num_layers"], k, layer_bytes, data["crash"], data.get("crash_in_draft", True))
+    v = judge_ranks(ranks, data["num_layers"], k, layer_bytes, data["crash"], data.get("crash_in_draft", True))
     # the layers asked of the engine (the derived checkpoint's L) against those it holds
     v.evidence += loaded_vs_checkpoint(L, data["num_layers"], all_bytes)
     out = Path(cfg.out)
-    _write(out, cfg, _summary(cfg, k, mode, L, data, v), records)
+    _write(out, cfg, _summary(cfg, k, mode, L, data, v), records)  # trace.csv: every rank's records
     return json.loads((out / "trace.json").read_text())
 
 
@@ -68,9 +70,6 @@ def _traceable(cfg, k: int):
     if facts.served:
         raise MtpBenchError("trace-layers wraps the draft model in mtpbench's own process: use --backend vllm "
                             "(a served engine's modules are out of reach)")
-    if facts.offline_vllm and cfg.tensor_parallel_size > 1:
-        raise MtpBenchError("tracing needs the vLLM engine in one process: use tensor_parallel_size 1 "
-                            f"(got {cfg.tensor_parallel_size})")
     return cfg, max(cfg.mtp_layers) if cfg.mtp_layers else n_layers
 
 
@@ -94,7 +93,10 @@ def _summary(cfg, k: int, mode: str, L: int, data: dict, v) -> dict:
             "notes": data.get("notes") or [],
             "crash": data["crash"], "per_step": [dict(zip(STEP_HEADERS, row)) for row in
                                                  step_table(records, data["num_layers"])],
-            "acceptance_by_layer": attribution, "num_drafts": drafts,
+            "acceptance_by_layer": attribution, "num_drafts": drafts, "parallel": cfg.parallel_layout(),
+            "ranks": [{key: r.get(key) for key in ("rank", "tp_rank", "pp_rank", "drafter")}
+                      | {"num_draft_calls": len(r["records"]) if r.get("records") is not None else None}
+                      for r in data.get("ranks") or []],
             "config": cfg.to_json(), "provenance": provenance()}
 
 

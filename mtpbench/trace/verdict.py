@@ -18,7 +18,7 @@ class Verdict:
 
 
 VERDICTS = ("multi-module", "layer-0 reuse", "swallowed", "multi-layer calls", "mismatch", "inconclusive",
-            "crashed", "engine error")
+            "crashed", "engine error", "ranks disagree")
 
 
 def _is_zero_or_absent(v) -> bool:
@@ -166,3 +166,56 @@ def layer_per_step(records: list[CallRecord]) -> dict[int, int | None]:
     for r in records:
         out.setdefault(r.draft_step, Counter())[r.executed_layer] += 1
     return {s: c.most_common(1)[0][0] for s, c in sorted(out.items())}
+
+
+def rank_disagreement(ranks: dict[int, list[CallRecord]]) -> str | None:
+    """Where the drafting ranks' traces differ, in words, or None. Every rank of a tensor-parallel engine runs the
+    same draft calls on its shard of each layer, so they agree when each recorded the same draft calls (batch,
+    proposal, draft step) running the same MTP layers; the lowest rank is the reference."""
+    if len(ranks) < 2:
+        return None
+    ref_rank, *others = sorted(ranks)
+    ref = ranks[ref_rank]
+
+    def key(r: CallRecord) -> tuple:
+        return r.batch, r.proposal, r.draft_step, r.executed_layer, r.layers_run
+
+    found = []
+    for rank in others:
+        mine = ranks[rank]
+        if [key(r) for r in mine] == [key(r) for r in ref]:
+            continue
+        diff = next((i for i, (a, b) in enumerate(zip(ref, mine)) if key(a) != key(b)), None)
+        if diff is None:
+            found.append(f"rank {rank} recorded {len(mine)} draft calls, rank {ref_rank} {len(ref)}")
+            continue
+        a, b = ref[diff], mine[diff]
+        n = sum(key(x) != key(y) for x, y in zip(ref, mine))
+        found.append(f"rank {rank} ran {_ran_words(b)} at batch {b.batch}, proposal {b.proposal}, step {b.draft_step} "
+                     f"where rank {ref_rank} ran {_ran_words(a)} at batch {a.batch}, proposal {a.proposal}, step "
+                     f"{a.draft_step} ({n} of {min(len(ref), len(mine))} draft calls differ)")
+    return "; ".join(found) or None
+
+
+def _ran_words(r: CallRecord) -> str:
+    return {-1: f"layers {r.layers_run}", None: "no MTP layer"}.get(r.executed_layer, f"layer {r.executed_layer}")
+
+
+def judge_ranks(ranks: dict[int, list[CallRecord]], num_layers: int, k: int, layer_bytes: list[int],
+                crash: str | None = None, crash_in_draft: bool = True) -> Verdict:
+    """``judge`` on a sharded engine's trace, one record list per drafting rank: the lowest rank's verdict where
+    all ranks agree (said in the evidence), "ranks disagree" where one ran other layers or other calls than its
+    peers (each rank's own verdict in the evidence), whatever each would be on its own."""
+    if not ranks:
+        return judge([], num_layers, k, layer_bytes, crash, crash_in_draft)
+    first = min(ranks)
+    v = judge(ranks[first], num_layers, k, layer_bytes, crash, crash_in_draft)
+    if len(ranks) < 2 or v.verdict in ("crashed", "engine error"):
+        return v
+    diff = rank_disagreement(ranks)
+    if diff is None:
+        v.evidence.append(f"all {len(ranks)} drafting ranks ({', '.join(map(str, sorted(ranks)))}) recorded the same "
+                          f"{len(ranks[first])} draft calls, each running the same MTP layers")
+        return v
+    own = "; ".join(f"rank {r}: {judge(ranks[r], num_layers, k, layer_bytes).verdict}" for r in sorted(ranks))
+    return Verdict("ranks disagree", [diff, f"each rank on its own: {own}"], v.unused_layers, v.unused_layer_bytes)

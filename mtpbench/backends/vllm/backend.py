@@ -51,7 +51,10 @@ class VllmBackend(BackendBase):
         from mtpbench.trace.records import CallRecord
 
         data = self._run_worker(cfg, k, mtp_layers, prompts, "trace")
-        data["records"] = [CallRecord(**r) for r in data["records"]]
+        # every drafting rank's records (the reference rank's alone where no rank answered after a crash)
+        ranks = [r for r in data.get("ranks") or [] if r.get("records") is not None]
+        data["records"] = ([CallRecord(**{**rec, "rank": r["rank"]}) for r in ranks for rec in r["records"]]
+                           if ranks else [CallRecord(**r) for r in data["records"]])
         return data
 
     def _run_worker(self, cfg: SweepConfig, k: int, mtp_layers: int, prompts: list[Prompt], op: str) -> dict:

@@ -11,6 +11,8 @@ from mtpbench.config import SweepConfig
 from mtpbench.errors import MtpBenchError
 from mtpbench.paths import SHIMS_DIR
 
+PLUGIN = "mtpbench_trace"  # the entry points' name (plugin.NAME; this module imports no vLLM)
+
 
 def check_num_speculative_tokens(k: int, n_predict: int) -> str | None:
     """vLLM's rule (SpeculativeConfig): k <= n_predict, or k divisible by n_predict."""
@@ -67,6 +69,9 @@ def engine_env(model_dir=None, runner: str | None = None) -> dict:
 
     env = dict(os.environ)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the CPU build reserves ~21 GiB otherwise
+    plugins = env.get("VLLM_PLUGINS")
+    if plugins is not None and PLUGIN not in plugins.split(","):  # an allowlist: mtpbench's must be on it
+        env["VLLM_PLUGINS"] = ",".join(filter(None, [plugins, PLUGIN]))
     if model_dir is not None and needs_torchvision_shim(model_dir):
         shims = str(SHIMS_DIR.resolve() / "torchvision")
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [shims, env.get("PYTHONPATH")]))

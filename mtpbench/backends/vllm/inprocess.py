@@ -1,47 +1,52 @@
-"""Reaching into an in-process vLLM engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, one worker): its draft and
-target models, the model runner it built, the MTP bytes it holds, and prompts as it takes them."""
+"""Reaching into a vLLM engine whose core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): the model
+runner its ranks built and the MTP bytes they hold (through ``collective_rpc``, so at any parallel layout: the
+methods are ``plugin``'s), its draft and target models where it has one worker, and prompts as it takes them."""
 
 from __future__ import annotations
 
 import os
 
-from mtpbench.backends.vllm.expand import expand_kernel_fault
 from mtpbench.errors import MtpBenchError
 from mtpbench.prompts import Prompt
 
 
 def engine_worker(llm):
-    """vLLM's worker of an in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0)."""
+    """vLLM's worker of an in-process engine with one worker (VLLM_ENABLE_V1_MULTIPROCESSING=0, uniproc
+    executor); at any other layout the engine's ranks are reached with ``llm.collective_rpc`` (``plugin``)."""
     try:
         return llm.llm_engine.model_executor.driver_worker.worker
     except AttributeError:
-        raise MtpBenchError("cannot reach vLLM's worker: tracing needs the engine in-process "
-                            "(VLLM_ENABLE_V1_MULTIPROCESSING=0) and a single worker") from None
+        raise MtpBenchError("cannot reach vLLM's worker in this process: the engine runs several workers "
+                            "(reach them with collective_rpc, mtpbench.backends.vllm.plugin)") from None
 
 
 def engine_models(llm):
-    """(draft model, target model) of an in-process engine. ``worker.get_draft_model()`` reaches the drafter
-    on both runners: V1's ``model_runner.drafter.model``, V2's ``model_runner.speculator.model``."""
-    worker = engine_worker(llm)
-    runner = worker.model_runner
-    draft = worker.get_draft_model() if hasattr(worker, "get_draft_model") else None
-    if draft is None:
-        draft = getattr(getattr(runner, "drafter", None) or getattr(runner, "speculator", None), "model", None)
+    """(draft model, target model) of an in-process engine with one worker (``plugin.worker_models``)."""
+    from mtpbench.backends.vllm.plugin import worker_models
+
+    draft, target = worker_models(engine_worker(llm))
     if draft is None:
         raise MtpBenchError("this vLLM engine has no draft model (is speculative decoding on?)")
-    return draft, runner.get_model()
+    return draft, target
 
 
 def engine_runner(llm, asked: str | None) -> dict:
-    """The model runner the engine built and the class that drafts (``runners.observed``), whether its
-    timings measure Triton's interpreter, and the notes a reader needs."""
-    from mtpbench.runners import INTERPRETED_NOTE, label, observed
+    """The model runner the engine built and the class that drafts (``runners.observed``, asked of every rank:
+    the drafting ranks must agree), whether its timings measure Triton's interpreter, and the notes a reader
+    needs."""
+    from mtpbench.runners import INTERPRETED_NOTE, label
 
-    ran = observed(engine_worker(llm).model_runner)
+    ranks = llm.collective_rpc("mtpbench_runner")
+    drafting = [r for r in ranks if r["drafter"]] or ranks
+    ran = {"runner": drafting[0]["runner"], "drafter": drafting[0]["drafter"]}
+    if any((r["runner"], r["drafter"]) != (ran["runner"], ran["drafter"]) for r in drafting):
+        raise MtpBenchError("the engine's ranks built different model runners or drafters: " + ", ".join(
+            f"rank {r['rank']} {label(r['runner'], r['drafter'])}" for r in ranks))
     ran["interpreted"] = ran["runner"] == "v2" and os.environ.get("TRITON_INTERPRET") == "1"
-    # V2 verifies with its own sampler; V1's goes through the expand step (after the engine registered its
-    # kernel overrides, as this in-process engine has)
-    ran["sampler_fault"] = expand_kernel_fault() if ran["runner"] == "v1" and ran["drafter"] else None
+    # V2 verifies with its own sampler; V1's goes through the expand step, probed in the ranks (their start-up
+    # registered the platform's kernel overrides)
+    ran["sampler_fault"] = (next(filter(None, llm.collective_rpc("mtpbench_expand_fault")), None)
+                            if ran["runner"] == "v1" and ran["drafter"] else None)
     notes = [INTERPRETED_NOTE] if ran["interpreted"] else []
     if asked and asked != ran["runner"]:
         notes.append(f"asked for vLLM model runner {asked.upper()}, the engine ran {label(ran['runner'])}")
@@ -49,15 +54,11 @@ def engine_runner(llm, asked: str | None) -> dict:
 
 
 def held_mtp_bytes(llm) -> int | None:
-    """Bytes of the MTP layers' parameters in the engine's draft model (None: out of reach)."""
-    from mtpbench.trace.hooks import discover
-
-    try:
-        draft, _ = engine_models(llm)
-        layers = discover(draft).layers
-    except MtpBenchError:
-        return None
-    return sum(t.numel() * t.element_size() for m in layers for t in m.parameters())
+    """Bytes of the MTP layers' parameters the engine holds, summed over its ranks (a tensor-parallel engine
+    holds each rank's shard, and each rank its own copy of what is not sharded, such as norms); None: out of
+    reach on some rank."""
+    held = llm.collective_rpc("mtpbench_held_mtp_bytes")
+    return None if None in held else sum(held)
 
 
 def engine_prompts(llm, group: list[Prompt]) -> list:

@@ -22,7 +22,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from mtpbench.backends.vllm import scores
+from mtpbench.backends.vllm import plugin, scores
 from mtpbench.backends.vllm.counters import counter_delta, per_request_acceptance, read_spec_counters
 from mtpbench.backends.vllm.inprocess import engine_models, engine_prompts, engine_runner, held_mtp_bytes
 from mtpbench.metrics import BatchRecord, PointRun, RequestRecord
@@ -69,35 +69,44 @@ def timed_run(llm, params, groups, k: int, requests: list, records: list) -> Non
                                           prompt_id=p.id, context_tokens=p.context_tokens))
 
 
-def trace(llm, cfg: dict, k: int, prompts: list[Prompt], force: bool, asked: str | None = None) -> dict:
+def trace(llm, cfg: dict, k: int, prompts: list[Prompt], force: bool, asked: str | None = None,
+          force_ranks: list[int] | None = None) -> dict:
+    """One traced generation on every rank of the engine (``plugin``'s collective_rpc methods): ``ranks`` holds
+    each rank's records; the merge and the rank agreement are the verdict's (``trace.verdict.judge_ranks``).
+    ``force_ranks``: force spec_step_idx on these global ranks only (a test's planted fault)."""
     from vllm import SamplingParams
-
-    from mtpbench.trace.hooks import LayerTracer
 
     ran = engine_runner(llm, asked)
     del ran["interpreted"]  # a trace records no timing
-    draft, target = engine_models(llm)
-    tracer = LayerTracer(draft, target, force_spec_step_idx=force).install()
     params = SamplingParams(temperature=cfg["temperature"], max_tokens=cfg["max_tokens"], ignore_eos=True)
     before = read_spec_counters(llm)
     crash = None
-    tracer.enabled = True  # after start-up: profiling and dummy runs also call the model
+    # after start-up: profiling and dummy runs also call the model
+    llm.collective_rpc("mtpbench_trace_start", kwargs={"force": force, "force_ranks": force_ranks})
     try:
         for group in batches(prompts, cfg["batch_size"]):
-            tracer.start_batch()
+            llm.collective_rpc("mtpbench_trace_batch")
             llm.generate(engine_prompts(llm, group), params, use_tqdm=False)
     except Exception as e:  # e.g. MiMo's assert spec_step_idx == 0 under --force-spec-step-idx
         crash = f"{type(e).__name__}: {e}".strip()[:2000]
-    finally:
-        tracer.enabled = False
-        tracer.remove()
+    try:
+        ranks = llm.collective_rpc("mtpbench_trace_stop")
+    except Exception as e:  # the crash took the engine's workers down: no records survive
+        if crash is None:
+            raise
+        return {"records": [], "ranks": [], "crash": f"{crash} (the engine's workers did not answer after it: "
+                f"{type(e).__name__}: {e})"[:2000], **ran, "crash_in_draft": False, "num_layers": 0,
+                "num_drafts": 0, "num_accepted_tokens_per_pos": [], "structure": {}}
     after = read_spec_counters(llm) if crash is None else before
-    st = tracer.structure
+    drafting = [r for r in ranks if r["drafter"]]
+    if not drafting:
+        raise RuntimeError("no rank of this engine holds a draft model (is speculative decoding on?)")
     delta = counter_delta(before, after, k)
-    return {"records": [asdict(r) for r in tracer.records], "crash": crash, **ran,
-            "crash_in_draft": tracer.draft_error is not None, "num_layers": len(st.layers),
-            "num_drafts": delta["num_drafts"],
-            "num_accepted_tokens_per_pos": delta["num_accepted_tokens_per_pos"], "structure": st.describe()}
+    return {"records": drafting[0]["records"], "ranks": ranks, "crash": crash, **ran,
+            "crash_in_draft": any(r["draft_error"] is not None for r in drafting),
+            "num_layers": drafting[0]["num_layers"], "num_drafts": delta["num_drafts"],
+            "num_accepted_tokens_per_pos": delta["num_accepted_tokens_per_pos"],
+            "structure": drafting[0]["structure"]}
 
 
 # ---- the ops: each takes the engine and the spec and returns the result (``engine_ran``: the engine's facts)
@@ -105,9 +114,7 @@ def trace(llm, cfg: dict, k: int, prompts: list[Prompt], force: bool, asked: str
 def run_op(llm, spec: dict) -> dict:
     cfg, k = spec["config"], spec["k"]
     if cfg.get("force_spec_step_idx", False) and k > 0:  # the PR's proposal, applied at run time; not recorded
-        from mtpbench.trace.hooks import force_spec_step_idx
-
-        force_spec_step_idx(*engine_models(llm))
+        llm.collective_rpc("mtpbench_force_spec_step_idx")
     ran = engine_runner(llm, spec.get("runner"))
     run = measure(llm, cfg, k, [Prompt(**p) for p in spec["prompts"]])
     run.mtp_weight_bytes = held_mtp_bytes(llm) if k > 0 else 0
@@ -119,7 +126,7 @@ def run_op(llm, spec: dict) -> dict:
 
 def trace_op(llm, spec: dict) -> dict:
     return trace(llm, spec["config"], spec["k"], [Prompt(**p) for p in spec["prompts"]],
-                 spec["config"].get("force_spec_step_idx", False), spec.get("runner"))
+                 spec["config"].get("force_spec_step_idx", False), spec.get("runner"), spec.get("force_ranks"))
 
 
 def inspect_op(llm, spec: dict) -> dict:
@@ -151,6 +158,7 @@ def start_engine(spec: dict):
     from vllm import LLM
     from vllm.engine.arg_utils import EngineArgs
 
+    plugin.register()  # this process's engine core and a one-worker engine, whatever VLLM_PLUGINS allows
     kwargs = dict(spec["engine_kwargs"])
     if spec["k"] > 0 and "per_request_spec_decode_metrics" in EngineArgs.__dataclass_fields__:
         # each request's verify steps (vLLM refuses the setting without a speculative config: the k = 0
