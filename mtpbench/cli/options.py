@@ -51,6 +51,16 @@ METRICS_CREDENTIALS_HELP = "Send the API key and headers to --metrics-url's orig
 
 
 @dataclass(frozen=True)
+class Parallel:
+    """How vLLM spreads the model over devices."""
+    tensor_parallel_size: Annotated[Optional[int], typer.Option(help="vLLM tensor_parallel_size.")] = None
+    pipeline_parallel_size: Annotated[Optional[int], typer.Option(help="vLLM pipeline_parallel_size.")] = None
+    data_parallel_size: Annotated[Optional[int], typer.Option(help="vLLM data_parallel_size.")] = None
+    distributed_executor_backend: Annotated[Optional[str], typer.Option(help="vLLM distributed_executor_backend: mp, ray, uni or external_launcher.")] = None
+    gpu_memory_utilization: Annotated[Optional[float], typer.Option(help="vLLM gpu_memory_utilization.")] = None
+
+
+@dataclass(frozen=True)
 class ServerAccess:
     """How an attached --server is reached: its key, headers, TLS and where its counters are read."""
     api_key_env: Annotated[Optional[str], typer.Option(help=API_KEY_ENV_HELP)] = None

@@ -9,19 +9,9 @@ import typer
 
 from mtpbench.cli.common import (connection_options, engine_args, fail, ints, model_or_profile, rates, show,
                                  strs)
-from mtpbench.cli.options import (Dtype, EngineArg, ForceSpecStepIdx, MaxModelLen, ModelOrProfile, Runner, Seed,
-                                  ServerAccess, grouped)
+from mtpbench.cli.options import (Dtype, EngineArg, ForceSpecStepIdx, MaxModelLen, ModelOrProfile, Parallel, Runner,
+                                  Seed, ServerAccess, grouped)
 from mtpbench.errors import MtpBenchError
-
-
-@dataclass(frozen=True)
-class Parallel:
-    """How vLLM spreads the model over devices."""
-    tensor_parallel_size: Annotated[Optional[int], typer.Option(help="vLLM tensor_parallel_size.")] = None
-    pipeline_parallel_size: Annotated[Optional[int], typer.Option(help="vLLM pipeline_parallel_size.")] = None
-    data_parallel_size: Annotated[Optional[int], typer.Option(help="vLLM data_parallel_size.")] = None
-    distributed_executor_backend: Annotated[Optional[str], typer.Option(help="vLLM distributed_executor_backend: mp, ray, uni or external_launcher.")] = None
-    gpu_memory_utilization: Annotated[Optional[float], typer.Option(help="vLLM gpu_memory_utilization.")] = None
 
 
 @dataclass(frozen=True)

@@ -8,17 +8,22 @@ from typing import Annotated, Optional
 
 import typer
 
-from mtpbench.cli.common import engine_args, fail, model_or_profile, strs
-from mtpbench.cli.options import RUNNER_HELP, Dtype, ForceSpecStepIdx, MaxModelLen, ModelOrProfile, Runner
+from dataclasses import asdict, replace
+
+from mtpbench.cli.common import connection_options, engine_args, fail, model_or_profile, strs
+from mtpbench.cli.options import (RUNNER_HELP, Dtype, ForceSpecStepIdx, MaxModelLen, ModelOrProfile, Parallel, Runner,
+                                  ServerAccess, grouped)
 from mtpbench.errors import MtpBenchError
 
 TRACE_DEFAULTS = {"k": (3,), "mode": ("reuse",), "num_prompts": 2, "max_tokens": 32, "out": "trace"}
 EXPECTED = {"multi-module": "multi-module", "layer-0-reuse": "layer-0 reuse", None: None}
 
 
+@grouped
 def trace_layers(
     model: ModelOrProfile = None,
-    backend: Annotated[Optional[str], typer.Option(help="native or vllm.")] = None,
+    backend: Annotated[Optional[str], typer.Option(help="native, vllm (offline engine) or vllm-server (a server mtpbench launches with its trace plugin).")] = None,
+    server: Annotated[Optional[str], typer.Option(help="URL of a running vLLM server to trace: it must serve mtpbench's trace plugin (VLLM_PLUGINS=mtpbench_trace, --enforce-eager; docs/trace-layers.md). Implies --backend vllm-server.")] = None,
     k: Annotated[Optional[int], typer.Option("--k", help="num_speculative_tokens (draft steps per proposal) [default: 3].")] = None,
     mtp_layers: Annotated[Optional[int], typer.Option(help="MTP layers to load (default: all the checkpoint has).")] = None,
     mode: Annotated[Optional[str], typer.Option(help="Native drafting mode: reuse or chain [default: reuse].")] = None,
@@ -33,18 +38,23 @@ def trace_layers(
     dtype: Dtype = None,
     max_model_len: MaxModelLen = None,
     engine_arg: Annotated[Optional[list[str]], typer.Option(help="Extra vllm.LLM argument KEY=VALUE (repeatable).")] = None,
+    parallel: Parallel = Parallel(),
+    access: ServerAccess = ServerAccess(),
     profile: Annotated[Optional[str], typer.Option(help="Profile name or .toml path.")] = None,
     out: Annotated[Optional[str], typer.Option(help="Output directory for trace.csv, trace.json, layers.png [default: trace].")] = None,
 ) -> None:
-    """Record which MTP layer ran at every draft step, and say whether drafting is right."""
+    """Record which MTP layer ran at every draft step on every rank, and say whether drafting is right."""
     from mtpbench.config import resolve
     from mtpbench.trace.run import run_trace
 
     if expect not in EXPECTED:
         fail(f"--expect takes multi-module or layer-0-reuse, got {expect!r}")
     model, profile = model_or_profile(model, profile)
-    engine = dict(model=model, backend=backend, method=None, draft_model=draft_model, dtype=dtype,
-                  engine_args=engine_args(engine_arg))
+    if server and backend not in (None, "vllm-server"):
+        fail(f"--server traces a running vLLM server: it takes --backend vllm-server, not {backend}")
+    reach, header_values = connection_options(access)
+    engine = dict(model=model, backend="vllm-server" if server else backend, method=None, draft_model=draft_model,
+                  dtype=dtype, engine_args=engine_args(engine_arg), server=server, **asdict(parallel), **reach)
     if synthetic:
         engine = synthetic_engine(synthetic, engine, profile, mtp_layers, Path(out or TRACE_DEFAULTS["out"]))
     try:
@@ -53,6 +63,7 @@ def trace_layers(
                            max_tokens=max_tokens, max_model_len=max_model_len,
                            force_spec_step_idx=force_spec_step_idx, runner=runner, out=out,
                            k=None if k is None else (k,)), profile, defaults=TRACE_DEFAULTS)
+        cfg = replace(cfg, header_values=header_values)
         # a profile may list several k and modes: trace the largest k, first mode
         summary = run_trace(cfg, max(cfg.k), cfg.mode[0])
     except MtpBenchError as e:

@@ -33,14 +33,20 @@ def run_trace(cfg, k: int, mode: str = "reuse", backend=None) -> dict:
     cfg, L = _traceable(cfg, k)
     facts = info(cfg.backend)
     prompts = prompt_set(cfg.prompts, cfg.num_prompts, cfg.model_dir, cfg.chat_template).prompts
-    if backend is None:
+    started = backend is None
+    if started:
         backend = get_backend(cfg.backend)
         backend.start(cfg)
+    if cfg.server and backend.grid_k():  # an attached server drafts its own k
+        k = backend.grid_k()
     mode = facts.drafting_mode or mode
     try:
         data = backend.trace_point(cfg, mode, k, L, prompts)
     except (RuntimeError, OSError) as e:  # the engine did not start (a crash while drafting is a verdict)
         raise MtpBenchError(f"the {cfg.backend} engine could not run the trace: {e}") from None
+    finally:
+        if started:  # a launched server stops here; an engine in a worker process has ended already
+            backend.close()
     records: list[CallRecord] = data["records"]  # every drafting rank's (one rank: a process of its own)
     ranks = by_rank(records) if records else {}
     data["records"] = ranks[min(ranks)] if ranks else []  # the reference rank's: the tables and the heatmap
@@ -67,9 +73,9 @@ def _traceable(cfg, k: int):
     validate(cfg, n_layers)
     cfg = with_runner(cfg)
     facts = info(cfg.backend)
-    if facts.served:
-        raise MtpBenchError("trace-layers wraps the draft model in mtpbench's own process: use --backend vllm "
-                            "(a served engine's modules are out of reach)")
+    if facts.served and cfg.force_spec_step_idx:
+        raise MtpBenchError("--force-spec-step-idx changes what the engine computes: trace it offline (--backend "
+                            "vllm), not on a server")
     return cfg, max(cfg.mtp_layers) if cfg.mtp_layers else n_layers
 
 

