@@ -64,8 +64,10 @@ def trace_layers(
                            force_spec_step_idx=force_spec_step_idx, runner=runner, out=out,
                            k=None if k is None else (k,)), profile, defaults=TRACE_DEFAULTS)
         cfg = replace(cfg, header_values=header_values)
+        if cfg.server and k is None:  # an attached server's k is its own, whatever a profile or default says
+            cfg = replace(cfg, k=())
         # a profile may list several k and modes: trace the largest k, first mode
-        summary = run_trace(cfg, max(cfg.k), cfg.mode[0])
+        summary = run_trace(cfg, max(cfg.k) if cfg.k else None, cfg.mode[0])
     except MtpBenchError as e:
         fail(str(e))
     print_trace(summary)

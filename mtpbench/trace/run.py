@@ -18,8 +18,9 @@ EAGER_NOTE = ("eager (enforce_eager): compiled modules and replayed CUDA graphs,
               "default on a GPU, run no Python forward, so a trace runs eagerly to see the wrappers")
 
 
-def run_trace(cfg, k: int, mode: str = "reuse", backend=None) -> dict:
-    """Trace one short generation and write trace.csv, trace.json and layers.png into ``cfg.out``.
+def run_trace(cfg, k: int | None, mode: str = "reuse", backend=None) -> dict:
+    """Trace one short generation and write trace.csv, trace.json and layers.png into ``cfg.out``. ``k`` None: an
+    attached server's own (its /metrics).
 
     ``backend`` may be passed in already started (tests use it to set the native fault switches).
     """
@@ -37,8 +38,11 @@ def run_trace(cfg, k: int, mode: str = "reuse", backend=None) -> dict:
     if started:
         backend = get_backend(cfg.backend)
         backend.start(cfg)
-    if cfg.server and backend.grid_k():  # an attached server drafts its own k
+    if k is None:
         k = backend.grid_k()
+        if not k:
+            raise MtpBenchError(f"the server at {cfg.server} does not expose num_speculative_tokens in /metrics: "
+                                "give --k")
     mode = facts.drafting_mode or mode
     try:
         data = backend.trace_point(cfg, mode, k, L, prompts)
@@ -68,7 +72,7 @@ def _traceable(cfg, k: int):
     from mtpbench.config import validate, with_runner
 
     n_layers = cfg.num_mtp_layers()
-    if k < 1:
+    if k is not None and k < 1:
         raise MtpBenchError(f"--k must be >= 1 to trace drafting, got {k}")
     validate(cfg, n_layers)
     cfg = with_runner(cfg)
@@ -99,11 +103,22 @@ def _summary(cfg, k: int, mode: str, L: int, data: dict, v) -> dict:
             "notes": data.get("notes") or [],
             "crash": data["crash"], "per_step": [dict(zip(STEP_HEADERS, row)) for row in
                                                  step_table(records, data["num_layers"])],
-            "acceptance_by_layer": attribution, "num_drafts": drafts, "parallel": cfg.parallel_layout(),
+            "acceptance_by_layer": attribution, "num_drafts": drafts, "parallel": _layout(cfg, data.get("ranks")),
             "ranks": [{key: r.get(key) for key in ("rank", "tp_rank", "pp_rank", "drafter")}
                       | {"num_draft_calls": len(r["records"]) if r.get("records") is not None else None}
                       for r in data.get("ranks") or []],
             "config": cfg.to_json(), "provenance": provenance()}
+
+
+def _layout(cfg, ranks: list[dict] | None) -> dict:
+    """The engine's parallel layout: as configured, or for an attached server as its ranks answered (the sizes
+    counted from their tensor and pipeline parallel ranks; the rest unknown from outside)."""
+    if not cfg.server:
+        return cfg.parallel_layout()
+    ranks = ranks or []
+    return {"tensor_parallel_size": len({r.get("tp_rank") for r in ranks}) or None,
+            "pipeline_parallel_size": len({r.get("pp_rank") for r in ranks}) or None,
+            "data_parallel_size": None, "distributed_executor_backend": None, "from": "the server's ranks"}
 
 
 def _write(out, cfg, summary: dict, records: list[CallRecord]) -> None:
