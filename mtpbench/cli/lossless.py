@@ -3,14 +3,14 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from mtpbench.cli.common import connection_options, engine_args, fail
-from mtpbench.cli.options import Dtype, EngineArg, MaxModelLen, Runner, ServerAccess, grouped
+from mtpbench.cli.options import Dtype, EngineArg, MaxModelLen, Parallel, Runner, ServerAccess, grouped
 from mtpbench.errors import MtpBenchError
 
 
@@ -34,6 +34,7 @@ def check_lossless(
     runner: Runner = None,
     max_model_len: MaxModelLen = None,
     engine_arg: EngineArg = None,
+    parallel: Parallel = Parallel(),
     speculative_config: Annotated[Optional[str], typer.Option(help="vLLM only: a JSON object merged into the drafting arm's speculative_config, e.g. '{\"rejection_sample_method\": \"synthetic\", \"synthetic_acceptance_rates\": [0.9, 0.8]}' (vLLM's lossy control; V2 only on a CPU) or '{\"rejection_sample_method\": \"block\"}'.")] = None,
     server: Annotated[Optional[str], typer.Option(help="URL of a running vLLM server that drafts (implies --backend vllm-server; needs --baseline-server).")] = None,
     baseline_server: Annotated[Optional[str], typer.Option(help="URL of a running vLLM server of the same model without drafting: the k = 0 arms of an attached --server. It gets the same API key, headers and TLS settings as --server (both are servers you named); --metrics-url applies to --server only.")] = None,
@@ -59,7 +60,8 @@ def check_lossless(
                               mtp_layers=None if mtp_layers is None else (mtp_layers,), prompts=prompts,
                               num_prompts=num_prompts, max_tokens=max_tokens, temperature=temperature,
                               batch_size=batch_size, seed=seed, device=device, dtype="auto" if server and dtype is None else dtype, runner=runner,
-                              max_model_len=max_model_len, engine_args=extra, server=server, out=out, **reach),
+                              max_model_len=max_model_len, engine_args=extra, server=server, out=out, **asdict(parallel),
+                              **reach),
                          None, CHECK_DEFAULTS)
         cfg = CheckConfig(replace(engine, header_values=header_values), samples_per_prompt=samples_per_prompt,
                           planted_lossy=planted_lossy, planted_subtle=planted_subtle,
