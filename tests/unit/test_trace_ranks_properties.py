@@ -57,7 +57,8 @@ def copy_of(draw, ref: list[CallRecord], rank: int) -> list[CallRecord]:
     for r in out:
         r.rank = rank
         if draw(st.integers(0, 3)) == 0:
-            r.wrapper_spec_step_idx, r.predictor_spec_step_idx = draw(st.sampled_from([(ABSENT, ABSENT), (1, 0), (2, 2)]))
+            r.wrapper_spec_step_idx, r.predictor_spec_step_idx = draw(st.sampled_from([(ABSENT, ABSENT), (1, 0),
+                                                                                        (2, 2)]))
             r.num_tokens, r.forced = draw(st.integers(1, 9)), draw(st.booleans())
     return out
 
