@@ -89,10 +89,12 @@ class SweepConfig:
         return drafter_layers(self.mtp_dir) if self.draft_model else num_mtp_layers(self.model_dir)
 
     def parallel_layout(self) -> dict:
-        """How the engine is sharded, as vLLM names it (every result file and the fingerprint record it)."""
-        return {"tensor_parallel_size": self.tensor_parallel_size, "pipeline_parallel_size": self.pipeline_parallel_size,
-                "data_parallel_size": self.data_parallel_size,
-                "distributed_executor_backend": self.distributed_executor_backend}
+        """How the engine is sharded, as vLLM names it (every result file and the fingerprint record it); an
+        ``--engine-arg`` of the same name wins, as it does in the engine's arguments (``engine_kwargs``)."""
+        own = {"tensor_parallel_size": self.tensor_parallel_size, "pipeline_parallel_size": self.pipeline_parallel_size,
+               "data_parallel_size": self.data_parallel_size,
+               "distributed_executor_backend": self.distributed_executor_backend}
+        return {key: self.engine_args.get(key, value) for key, value in own.items()}
 
     def to_json(self) -> dict:
         """JSON-safe: tuples as lists, an infinite request rate as the string "inf"."""

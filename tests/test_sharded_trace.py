@@ -105,10 +105,6 @@ def test_trace_json_names_the_two_drafting_ranks(traces):
                             for r in (0, 1)]
 
 
-@pytest.mark.xfail(strict=True, reason="--engine-arg tensor_parallel_size=2 reaches the engine (engine_args."
-                   "engine_kwargs lets engine_args override the config's fields) but not SweepConfig."
-                   "tensor_parallel_size, which trace.json's 'parallel' reads (config.SweepConfig.parallel_layout): "
-                   "it says 1 and executor None")
 def test_trace_json_records_the_parallel_layout(traces):
     """trace.json's "parallel": the layout the engine ran, given as engine arguments. Seconds after the traces."""
     one, _, _ = traces(1)

@@ -56,13 +56,12 @@ def check_lossless(
     try:
         engine = resolve(dict(model=model, backend="vllm-server" if server else backend,
                               k=(() if server else None) if k is None else (k,),  # attached: the server's k
-                              mode=None if mode is None else (mode,),
-                              mtp_layers=None if mtp_layers is None else (mtp_layers,), prompts=prompts,
-                              num_prompts=num_prompts, max_tokens=max_tokens, temperature=temperature,
-                              batch_size=batch_size, seed=seed, device=device, dtype="auto" if server and dtype is None else dtype, runner=runner,
-                              max_model_len=max_model_len, engine_args=extra, server=server, out=out, **asdict(parallel),
-                              **reach),
-                         None, CHECK_DEFAULTS)
+                              mode=None if mode is None else (mode,), prompts=prompts,
+                              mtp_layers=None if mtp_layers is None else (mtp_layers,), num_prompts=num_prompts,
+                              max_tokens=max_tokens, temperature=temperature, batch_size=batch_size, seed=seed,
+                              device=device, runner=runner, dtype="auto" if server and dtype is None else dtype,
+                              max_model_len=max_model_len, engine_args=extra, server=server, out=out,
+                              **asdict(parallel), **reach), None, CHECK_DEFAULTS)
         cfg = CheckConfig(replace(engine, header_values=header_values), samples_per_prompt=samples_per_prompt,
                           planted_lossy=planted_lossy, planted_subtle=planted_subtle,
                           max_mde=DEFAULT_MAX_MDE if max_detectable_shift is None else max_detectable_shift,
