@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import secrets
 import sys
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -60,7 +59,7 @@ def test_a_launched_server_is_traced_as_the_offline_engine(offline, tmp_path):
 def running_server(log: Path, plugins: str, api_key: str | None = None):
     """A server a user started on builtin-glm at k = 2 (not under mtpbench's control), with ``VLLM_PLUGINS``
     set to ``plugins`` and the key, if any, in ``VLLM_API_KEY``."""
-    from mtpbench.backends.vllm_server import free_port, http_get, server_env
+    from mtpbench.backends.vllm_server import free_port, server_env, wait_healthy
     from mtpbench.builtin import resolve_model_dir
     from mtpbench.procguard import Guarded
 
@@ -74,15 +73,7 @@ def running_server(log: Path, plugins: str, api_key: str | None = None):
     server = Guarded(cmd, log, env=env)
     try:
         url = f"http://127.0.0.1:{port}"
-        end = time.monotonic() + 300
-        while True:
-            assert server.running() and time.monotonic() < end, server.log_tail()
-            try:
-                if http_get(url + "/health", timeout=2)[0] == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.5)
+        wait_healthy(url, server.running, 300)
         yield url
     finally:
         server.stop()
