@@ -198,8 +198,11 @@ def serving_plot(out: Path, rows: list[PointResult], plt) -> Path:
         bare.append(_hollow(a1, pts, [r.k for r in pts], "output_tokens_per_sec", line.get_color()))
     for k, L, rate in sorted({(r.k, r.mtp_layers, r.request_rate) for r in ok if r.k > 0},
                              key=lambda x: tuple(-1 if v is None else v for v in x)):
-        pts = sorted((r for r in ok if (r.k, r.mtp_layers, r.request_rate) == (k, L, rate)),
-                     key=lambda r: r.concurrency)
+        # a load at which the server drafted nothing (a dynamic schedule's k = 0 range) has no AL to draw
+        pts = sorted((r for r in ok if (r.k, r.mtp_layers, r.request_rate) == (k, L, rate)
+                      and r.acceptance_length is not None), key=lambda r: r.concurrency)
+        if not pts:
+            continue
         a2.errorbar([r.concurrency for r in pts], [r.acceptance_length for r in pts], capsize=3,
                     yerr=_yerr(pts, "acceptance_length"), marker="o",
                     label=f"k={k}, L={'?' if L is None else L}" + ("" if rate is None else f", {rate:g}/s"))
@@ -211,7 +214,8 @@ def serving_plot(out: Path, rows: list[PointResult], plt) -> Path:
            title="Acceptance length vs concurrency")
     for a in (a1, a2):
         a.grid(alpha=0.3)
-        a.legend(fontsize=7)
+        if a.get_legend_handles_labels()[0]:
+            a.legend(fontsize=7)
     if any(bare):
         fig.suptitle("hollow markers: " + NO_INTERVAL, fontsize=7)
     return _save(fig, out / "serving.png", plt, rows)

@@ -230,6 +230,27 @@ def test_plots_draw_a_row_whose_per_position_rates_are_unknown(tmp_path):
     assert "per_position.png" in names and (tmp_path / "per_position.png").stat().st_size > 0
 
 
+def test_the_serving_plot_skips_a_load_at_which_the_server_drafted_nothing(tmp_path):
+    """A dynamic schedule's server at a load where it runs k = 0 under its speculative config: the point has no AL
+    while the other load's has an interval; the AL panel drew None + an error bar (TypeError, seen in a served
+    tune --validate)."""
+    from dataclasses import replace
+
+    from mtpbench.sweep.plots import plots
+
+    req = [RequestRecord("all", 4, [1] * 8, 0.1, 0.5)]
+    rows = [summarize("vllm-server", GridPoint("vllm", 0, 2, concurrency=1), "all", req, [BatchRecord("all", 1.0)],
+                      None),
+            replace(summarize("vllm-server", GridPoint("vllm", 2, 2, concurrency=1), "all", req,
+                              [BatchRecord("all", 1.0, 54, 108, 55, [35, 20])], None),
+                    acceptance_length_ci_low=1.9, acceptance_length_ci_high=2.1),
+            summarize("vllm-server", GridPoint("vllm", 2, 2, concurrency=8), "all", req,
+                      [BatchRecord("all", 1.0, 0, 0, 0, [0, 0])], None)]
+    assert rows[1].acceptance_length is not None and rows[2].acceptance_length is None
+    assert "serving.png" in {p.name for p in plots(tmp_path, rows)}
+    assert (tmp_path / "serving.png").stat().st_size > 0
+
+
 def test_a_step_that_drafted_nothing_is_no_draft_by_position_either():
     # the second step proposed no drafts (vLLM's per_step_drafted 0): counted by neither num_drafts nor position
     counts = request_acceptance(2, [1, 0, 2], [2, 0, 2], first_position=10)
