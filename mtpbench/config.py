@@ -14,8 +14,11 @@ from pathlib import Path
 
 from mtpbench.backend_info import REGISTRY, info
 from mtpbench.builtin import resolve_model_dir
-from mtpbench.checkpoint import no_mtp_layers
+from mtpbench.checkpoint import no_mtp_layers, read_config
+from mtpbench.environment import installed_vllm
 from mtpbench.errors import MtpBenchError
+from mtpbench.layout import Machine, refusal
+from mtpbench.runners import cpu_build
 
 MODES = ("reuse", "chain")
 DTYPES = ("float32", "bfloat16", "float16", "auto")
@@ -302,6 +305,7 @@ def validate(cfg: SweepConfig, checkpoint_layers: int | None) -> None:
         raise MtpBenchError("--engine-arg disable_log_stats=true would switch off the spec-decode counters "
                             "mtpbench reads: leave it out")
     validate_serving(cfg)
+    check_parallel_layout(cfg)
     check_options(cfg)
     check_writable(Path(cfg.out))
 
@@ -371,6 +375,19 @@ def validate_serving(cfg: SweepConfig) -> None:
         raise MtpBenchError(f"--server takes an http:// or https:// URL, got {cfg.server!r}")
     if not 0 <= cfg.server_port < 65536:
         raise MtpBenchError(f"--port must be 0..65535, got {cfg.server_port}")
+
+
+def check_parallel_layout(cfg: SweepConfig) -> None:
+    """A layout vLLM refuses, or pipeline parallel certain to fail on it, before any engine starts (``layout``)."""
+    if not info(cfg.backend).vllm or cfg.server:  # an attached server's layout is its own
+        return
+    drafter = None if "speculative_config" in cfg.engine_args else cfg.draft_model  # sharded as the target
+    models = {name: read_config(resolve_model_dir(name)) for name in filter(None, (cfg.model, drafter))}
+    machine = Machine(installed_vllm() if cpu_build() else None, len(os.sched_getaffinity(0)),
+                      os.environ.get("VLLM_CPU_OMP_THREADS_BIND"))
+    eager = bool(cfg.engine_args.get("enforce_eager") or (info(cfg.backend).offline_vllm and cfg.force_spec_step_idx))
+    if problem := refusal(cfg.parallel_layout(), models, machine, any(cfg.k), eager):
+        raise MtpBenchError(problem)
 
 
 def check_writable(out: Path) -> None:
