@@ -36,7 +36,10 @@ def engine_runner(llm, asked: str | None) -> dict:
     needs."""
     from mtpbench.runners import INTERPRETED_NOTE, label
 
-    ranks = llm.collective_rpc("mtpbench_runner")
+    try:
+        ranks = llm.collective_rpc("mtpbench_runner")
+    except Exception as e:  # the first call of every op: a rank without the plugin fails it
+        raise MtpBenchError(plugin_missing(f"{type(e).__name__}: {e}") or f"{type(e).__name__}: {e}") from None
     drafting = [r for r in ranks if r["drafter"]] or ranks
     ran = {"runner": drafting[0]["runner"], "drafter": drafting[0]["drafter"]}
     if any((r["runner"], r["drafter"]) != (ran["runner"], ran["drafter"]) for r in drafting):
@@ -51,6 +54,17 @@ def engine_runner(llm, asked: str | None) -> dict:
     if asked and asked != ran["runner"]:
         notes.append(f"asked for vLLM model runner {asked.upper()}, the engine ran {label(ran['runner'])}")
     return {**ran, "notes": notes}
+
+
+def plugin_missing(error: str) -> str | None:
+    """What to do, in one line, where a rank answered a ``collective_rpc`` call as one without mtpbench's plugin
+    (vLLM: "'CPUWorker' object has no attribute 'mtpbench_runner'", or "Method ... is not implemented"); None for
+    any other error."""
+    if "mtpbench_" not in error or not ("has no attribute" in error or "not implemented" in error):
+        return None
+    return ("a rank of the engine runs without mtpbench's vLLM plugin: install mtpbench in the Python that runs vLLM "
+            "on every node, and where a node sets VLLM_PLUGINS, name mtpbench_trace in it (docs/sharding.md#ray); "
+            f"vLLM said: {error[:300]}")
 
 
 def held_mtp_bytes(llm) -> int | None:
