@@ -152,3 +152,19 @@ def test_a_rank_that_runs_another_layer_than_its_peers_is_found(tmp_path):
         f"batch {first.batch}, proposal {first.proposal}, step 1 ({n} of {len(ref)} draft calls differ)",
         "each rank on its own: rank 0: layer-0 reuse; rank 1: multi-module"]
     assert 0 < n < len(ref) == len(ranks[1])
+
+
+def test_model_runner_v2_at_tp_2_chains_the_layers_on_both_ranks(tmp_path):
+    """V2 (Triton's interpreter on a CPU, mtpbench's shim) at TP = 2 with the options of their own name: GLM's MTP
+    honours the index V2 passes, so step s runs layer s mod 3 on both ranks (2 min under load here; untimed)."""
+    out = tmp_path / "v2"
+    r = CliRunner().invoke(app, ["trace-layers", "builtin-glm-tp", "--backend", "vllm", "--runner", "v2", "--k", "2",
+                                 "--dtype", "float32", "--tensor-parallel-size", "2", "--num-prompts", "2",
+                                 "--max-tokens", "8", "--out", str(out)])
+    assert r.exit_code == 0, (r.output, r.exception)
+    t = json.loads((out / "trace.json").read_text())
+    assert (t["verdict"], t["runner"], t["drafter"]) == ("multi-module", "v2", "MultiModuleMTPSpeculator")
+    assert [s["ran layer:count"].split(":")[0] for s in t["per_step"]] == ["0", "1"]
+    assert [(x["rank"], x["tp_rank"], x["drafter"]) for x in t["ranks"]] == [(0, 0, True), (1, 1, True)]
+    assert t["evidence"][-1].startswith("all 2 drafting ranks (0, 1) recorded the same")
+    assert t["parallel"]["tensor_parallel_size"] == 2
