@@ -321,12 +321,15 @@ def test_ratio_ci_at_its_edges():
     assert stats.ratio_ci(one[:4], [1.0] * 4) is None  # fewer than MIN_PROMPTS
     assert stats.ratio_ci(one, [1.0] * 6) is None  # not paired
     assert stats.ratio_ci(one, [0.0] * 5) is None and stats.ratio_ci(one, [1, -1, 0, 0, 0]) is None  # no drafts
+    num = [1, 3, 4, 5, 7]  # drafts that sum to 1 are drafts: the ratios (and t) of 5 num over 1 each
+    assert close(stats.ratio_ci(num, [0.2] * 5), bootstrap_t([[5 * v for v in num], [1] * 5], oracle_counts(5, 2000, 0),
+                                                             ratio_parts))
     # most resamples hold the one prompt that accepts: the low end falls below 0, and a ratio of counts cannot
     lo, hi = stats.ratio_ci([0, 0, 0, 0, 9], [1] * 5)
     assert lo == 0.0 and hi > 1.8
     lo, _ = stats.ratio_ci_batch([[0, 0, 0, 0, 9]] * 2, [[1, 1, 1, 1, -0.5], [1] * 5])  # a negative count: no floor
     assert lo[0] < 0 and lo[1] == 0.0  # each data set by its own counts
-    num = [1, 3, 4, 5, 7]  # se exactly 1 (4 +- 1): an interval, not the point of a set with no spread
+    # se exactly 1 (4 +- 1): an interval, not the point of a set with no spread
     assert close(stats.ratio_ci(num, [1] * 5), bootstrap_t([num, [1] * 5], oracle_counts(5, 2000, 0), ratio_parts))
     with np.errstate(over="ignore", invalid="ignore"):  # no finite end: no interval, not an infinite one
         assert stats.ratio_ci([1e200, 0, 0, 0, 0], [1] * 5) is None  # se beyond float range: [0, inf]
