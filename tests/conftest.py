@@ -54,13 +54,27 @@ def pytest_configure(config):
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, share))
 
 
-@pytest.fixture(autouse=True)
-def _sharded_engines_bind_their_own_cores(request, monkeypatch):
+def _drop_the_workers_binding(node, monkeypatch) -> None:
+    if node.get_closest_marker("sharded") and os.environ.get("PYTEST_XDIST_WORKER"):
+        monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _sharded_modules_bind_their_own_cores(request):
     """A sharded engine binds one core group a rank (vllm-cpu refuses a single group for two ranks: "Given number
     of CPU id list ['0'] doesn't match local world size 2"): under xdist the worker's one-group share above is
-    dropped for tests marked ``sharded``, so mtpbench splits the cores itself (``engine_args.with_cpu_binding``)."""
-    if request.node.get_closest_marker("sharded") and os.environ.get("PYTEST_XDIST_WORKER"):
-        monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    dropped for tests marked ``sharded``, so mtpbench splits the cores itself (``engine_args.with_cpu_binding``).
+    Module-scoped for modules marked as a whole: an autouse fixture runs before the other fixtures of its scope,
+    so a module's shared engines (``scope="module"`` fixtures) start without the share too."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        _drop_the_workers_binding(request.node, monkeypatch)
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _sharded_tests_bind_their_own_cores(request, monkeypatch):
+    """The same for a test marked ``sharded`` on its own in an unmarked module."""
+    _drop_the_workers_binding(request.node, monkeypatch)
 
 
 def pytest_collection_modifyitems(config, items):

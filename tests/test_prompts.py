@@ -56,3 +56,14 @@ def test_context_dimension_gives_rows_the_plot_and_says_when_the_window_is_too_s
     points = json.loads((out / "chain-L3-k2-ctx256.json").read_text())["requests"]
     assert all(q["context_tokens"] >= 254 and q["num_prompt_tokens"] > 254 for q in points)
     assert (out / "acceptance_vs_context.png").stat().st_size > 1000
+
+
+def test_a_sweep_whose_every_point_failed_exits_1_with_its_summary_written(tmp_path):
+    """Nothing measured is not a result: a script reading the exit code must not take it for one."""
+    out = tmp_path / "none"
+    r = CliRunner().invoke(app, ["sweep", "--k", "0,2", "--mode", "chain", "--num-prompts", "2", "--max-tokens", "8",
+                                 "--context-tokens", "4096", "--repeats", "1", "--out", str(out)])
+    assert r.exit_code == 1, r.output
+    assert "every point of the sweep failed" in r.output
+    rows = json.loads((out / "summary.json").read_text())["rows"]
+    assert len(rows) == 2 and all(x["status"] == "failed" for x in rows)

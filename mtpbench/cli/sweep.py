@@ -83,6 +83,9 @@ def sweep(
         fail(str(e))
     show(rows, cfg.out)
     typer.echo(f"\nwrote {cfg.out}/summary.csv, summary.json and plots")
+    if rows and all(r.status != "ok" for r in rows):  # nothing measured: a script must not read it as a result
+        typer.echo(f"error: every point of the sweep failed (each one's error is in {cfg.out}/summary.json)", err=True)
+        raise typer.Exit(1)
 
 
 def with_progress(run, *args):

@@ -140,6 +140,15 @@ def test_the_levels_are_the_documented_ones():
     assert abs(Z_ALARM - 1.0364) < 1e-4 and abs(Z_CONFIRM - 1.9600) < 1e-4
 
 
+def test_the_recorded_levels_are_the_ones_the_stage_is_judged_at():
+    """lossless.json's ``levels``: the two-sample test's share depends on whether the excess test ran beside it."""
+    beside = stats.Stage(None, None, stats.ExcessTest(0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 10, 10))
+    assert stats.verdict.levels(beside) == {"alarm_excess": 0.3, "confirm_excess": 0.05, "alarm_two_sample": 0.05,
+                                            "confirm_two_sample": 0.01}
+    assert stats.verdict.levels(stats.Stage(None, None)) == {"alarm_excess": 0.3, "confirm_excess": 0.05,
+                                                         "alarm_two_sample": 0.3, "confirm_two_sample": 0.05}
+
+
 # Past the gates: both tests present and every number finite, so most draws reach the alarm, the confirmation and
 # the power gate (the draws above spend most examples on a missing or non-finite test). Each stage draws its own
 # excess test or none (a backend that lost its entropies between stages must not crash the confirmation).
