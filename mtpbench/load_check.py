@@ -115,3 +115,20 @@ class LoadCheck:
         return {"loads": self.loads, "checkpoint_tensors": len(self.yielded), "unexpected": unexpected,
                 "missing": sorted({f"{ld['model']}: {n}" for ld in self.loads for n in ld["missing"]}),
                 "ok": not unexpected and not any(ld["missing"] for ld in self.loads)}
+
+
+def merge_reports(ranks: list[dict]) -> dict:
+    """One report from each rank's (``{"rank": r, "report": ...}``, ``plugin.mtpbench_load_check``): a tensor-parallel
+    rank loads a shard of each parameter from every checkpoint tensor. A checkpoint tensor is unexpected where no
+    rank consumed it; a parameter is missing where a rank left it unwritten (named with that rank where there are
+    several). One rank: its report as it is."""
+    ranks = sorted(ranks, key=lambda r: r["rank"])
+    if len(ranks) == 1:
+        return ranks[0]["report"]
+    reports = [r["report"] for r in ranks]
+    unexpected = sorted(set.intersection(*(set(x["unexpected"]) for x in reports)))
+    missing = sorted(f"rank {r['rank']}: {n}" for r in ranks for n in r["report"]["missing"])
+    return {"loads": reports[0]["loads"], "checkpoint_tensors": max(x["checkpoint_tensors"] for x in reports),
+            "unexpected": unexpected, "missing": missing, "ok": not unexpected and not missing,
+            "ranks": [{"rank": r["rank"], "ok": r["report"]["ok"], "missing": len(r["report"]["missing"]),
+                       "unexpected": len(r["report"]["unexpected"])} for r in ranks]}

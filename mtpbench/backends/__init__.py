@@ -64,7 +64,7 @@ class BackendBase:
     greedy_divergences: Callable | None = None
     # trace-layers: (cfg, mode, k, mtp_layers, prompts) -> the tracer's records and counters
     trace_point: Callable | None = None
-    # trace-matrix: (cfg, k, prompts, forces, cpu=, workers=) -> one checkpoint loaded under load_check and traced
+    # trace-matrix: (cfg, k, prompts, forces, cpus=, workers=) -> one checkpoint loaded under load_check and traced
     # once per entry of forces (as the engine drafts, and with spec_step_idx forced); vLLM's
     inspect: Callable | None = None
 

@@ -113,16 +113,18 @@ def print_trace(summary: dict) -> None:
         typer.echo(f"  - {line}")
 
 
+@grouped
 def trace_matrix(
     arch: Annotated[Optional[str], typer.Option(help="Comma-separated architectures [default: every one mtpbench synth --list can run].")] = None,
     k: Annotated[Optional[int], typer.Option("--k", help="num_speculative_tokens [default: 2L per architecture].")] = None,
-    jobs: Annotated[Optional[int], typer.Option(help="Engines side by side [default: one per core, as free memory allows].")] = None,
+    jobs: Annotated[Optional[int], typer.Option(help="Engines side by side [default: one per core (a core a rank when sharded), as free memory allows].")] = None,
     max_tokens: Annotated[int, typer.Option(help="Output tokens of the traced prompt.")] = 12,
     runner: Annotated[Optional[str], typer.Option(help="Comma-separated vLLM model runners, e.g. v1,v2 [default: the one vLLM picks here]. " + RUNNER_HELP)] = None,
+    parallel: Parallel = Parallel(),
     out: Annotated[str, typer.Option(help="Output directory for matrix.csv, .json, .md, .png.")] = "matrix",
 ) -> None:
-    """Every runnable vLLM MTP architecture x {as vLLM drafts, forced spec_step_idx}: one verdict per cell.
-    Ctrl-C stops the engines and writes the architectures that finished (exit code 130)."""
+    """Every runnable vLLM MTP architecture x {as vLLM drafts, forced spec_step_idx}: one verdict per cell, at any
+    tensor parallel size (every rank load-checked and traced; ranks that disagree are a verdict). Ctrl-C stops the engines and writes the architectures that finished (exit code 130)."""
     from mtpbench.matrix import MatrixInterrupted, run_matrix
 
     def on_cell(c) -> None:
@@ -135,7 +137,7 @@ def trace_matrix(
         from mtpbench.runners import parse_runners
 
         run_matrix(list(strs(arch)) if arch else None, Path(out), k, jobs, max_tokens, on_cell,
-                   runners=parse_runners(runner))
+                   runners=parse_runners(runner), layout=asdict(parallel))
     except MtpBenchError as e:
         fail(str(e))
     except MatrixInterrupted as e:

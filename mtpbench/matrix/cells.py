@@ -103,8 +103,8 @@ def load_verdict(check: dict, loaded_layers: int | None, hidden_layers: int) -> 
 
 def cells_for(arch, k: int, L: int, data: dict | None, error: str, verdict: str, hidden_layers: int = 0,
                runner: str = "") -> list[Cell]:
-    from mtpbench.trace.records import CallRecord
-    from mtpbench.trace.verdict import judge, loaded_vs_checkpoint
+    from mtpbench.trace.records import by_rank, rank_records
+    from mtpbench.trace.verdict import judge_ranks, loaded_vs_checkpoint
 
     cells = []
     check = (data or {}).get("load_check") or {}
@@ -121,10 +121,11 @@ def cells_for(arch, k: int, L: int, data: dict | None, error: str, verdict: str,
     for drafting, tr in zip(DRAFTING, data["traces"]):
         # each trace's own engine (a trace after a crash runs in a fresh one); one that did not start: the first's
         tr_ran, drafter = tr.get("runner") or ran, tr.get("drafter") or first[0].get("drafter") or ""
-        records = [CallRecord(**r) for r in tr["records"]]
+        ranks = by_rank(rank_records(tr))
+        records = ranks[min(ranks)] if ranks else []  # the reference rank's: the cell's steps
         n = tr["num_layers"]
         bytes_ = data.get("layer_bytes", [])
-        v = judge(records, n, k, (bytes_ + [0] * n)[:n], tr["crash"], tr.get("crash_in_draft", True))
+        v = judge_ranks(ranks, n, k, (bytes_ + [0] * n)[:n], tr["crash"], tr.get("crash_in_draft", True))
         v.evidence += loaded_vs_checkpoint(L, n, bytes_) + tr.get("notes", [])
         cells.append(Cell(drafting=drafting, loaded_layers=n, verdict=v.verdict,
                           layer_per_step=_steps(records, k, "executed_layer"),

@@ -11,8 +11,9 @@ from mtpbench.matrix.cells import DRAFTING, INTERRUPTED, Cell, load_cells, runne
 
 
 def write_matrix(out: Path, cells: list[Cell], version: str, wall_s: float, jobs: int,
-                 interrupted: bool = False, saved_provenance: dict | None = None) -> None:
-    """The four files; ``saved_provenance``: a rebuild's, kept as the matrix recorded it."""
+                 interrupted: bool = False, saved_provenance: dict | None = None, layout: dict | None = None) -> None:
+    """The four files; ``saved_provenance``: a rebuild's, kept as the matrix recorded it; ``layout``: every engine's
+    parallel layout as given (none: one rank)."""
 
     from mtpbench.environment import provenance
     from mtpbench.files import blank_none, csv_text, write_json, write_text
@@ -21,9 +22,9 @@ def write_matrix(out: Path, cells: list[Cell], version: str, wall_s: float, jobs
     write_text(out / "matrix.csv", csv_text([f.name for f in fields(Cell)], (blank_none(c) for c in cells)))
     prov = saved_provenance if saved_provenance is not None else provenance()
     write_json(out / "matrix.json", {"vllm": version, "wall_s": round(wall_s, 1), "jobs": jobs,
-                                     "interrupted": interrupted, "cells": [asdict(c) for c in cells],
-                                     "provenance": prov})
-    write_text(out / "matrix.md", markdown(cells, version, wall_s, jobs, cpu_of(saved_provenance)))
+                                     "interrupted": interrupted, "layout": layout or {},
+                                     "cells": [asdict(c) for c in cells], "provenance": prov})
+    write_text(out / "matrix.md", markdown(cells, version, wall_s, jobs, cpu_of(saved_provenance), layout))
     plot(out / "matrix.png", cells, version)
     from mtpbench.html.pages import render
     from mtpbench.matrix.page import page
@@ -55,7 +56,7 @@ def rebuild(out: Path) -> list[Cell]:
         raise MtpBenchError(f"{path}: no cells (not a trace-matrix file)")
     cells = load_cells(data["cells"], str(path))
     write_matrix(Path(out), cells, data.get("vllm", "unknown"), data.get("wall_s") or 0.0, data.get("jobs") or 1,
-                 bool(data.get("interrupted")), data.get("provenance") or {})
+                 bool(data.get("interrupted")), data.get("provenance") or {}, data.get("layout") or {})
     return cells
 
 
@@ -109,15 +110,16 @@ def headers(cells: list[Cell]) -> list[str]:
     return out + ["load check", "vs vLLM"]
 
 
-def markdown(cells: list[Cell], version: str, wall_s: float, jobs: int, cpu: str | None = None) -> str:
-    """``cpu``: the CPU the matrix ran on (None: this machine's)."""
+def markdown(cells: list[Cell], version: str, wall_s: float, jobs: int, cpu: str | None = None,
+             layout: dict | None = None) -> str:
+    """``cpu``: the CPU the matrix ran on (None: this machine's); ``layout``: the engines' parallel layout."""
     from tabulate import tabulate
 
     from mtpbench.environment import cpu_summary
 
     # the CPU's flags pick vLLM's CPU paths (AMX: AMX_MLA, else CPU_MLA): a cell that did not start may be the CPU's
     head = (f"MTP layer matrix, vLLM {version}, k = {k_text(cells)}, {len(set(c.arch for c in cells))} architectures, "
-            f"{wall_s:.0f} s with {jobs} engine(s) side by side, CPU: {cpu or cpu_summary()}\n\n")
+            f"{wall_s:.0f} s with {jobs} engine(s) side by side{layout_text(layout)}, CPU: {cpu or cpu_summary()}\n\n")
     stopped = {c.arch for c in cells if c.verdict == INTERRUPTED}
     if stopped:
         head += (f"**Partial matrix**: interrupted (Ctrl-C) before {len(stopped)} of "
@@ -127,7 +129,19 @@ def markdown(cells: list[Cell], version: str, wall_s: float, jobs: int, cpu: str
     return head + f"Model runners:{key}\n\n" + tabulate(rows(cells), headers=headers(cells), tablefmt="github") + "\n"
 
 
+def layout_text(layout: dict | None) -> str:
+    """", each at tensor parallel 2 (mp), every rank traced" for a sharded matrix; "" for one rank."""
+    layout = {key: value for key, value in (layout or {}).items() if value not in (None, 1)}
+    if not layout:
+        return ""
+    names = {"tensor_parallel_size": "tensor parallel", "pipeline_parallel_size": "pipeline parallel",
+             "data_parallel_size": "data parallel", "distributed_executor_backend": "executor"}
+    return ", each at " + ", ".join(f"{names.get(key, key)} {value}" for key, value in layout.items()) + \
+        ", every rank traced"
+
+
 COLORS = {"multi-module": "#7fc97f", "layer-0 reuse": "#fdc086", "swallowed": "#f0027f", "mismatch": "#e31a1c",
+          "ranks disagree": "#6a3d9a",
           "multi-layer calls": "#80b1d3", "inconclusive": "#dddddd", "crashed": "#bf5b17",
           "engine error": "#999999", "did not start": "#666666", "build failed": "#666666",
           INTERRUPTED: "#f4f4f4"}

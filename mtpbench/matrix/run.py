@@ -39,13 +39,16 @@ class MatrixInterrupted(KeyboardInterrupt):
         self.finished, self.total = finished, total
 
 
-def run_arch(arch, k: int | None, max_tokens: int, cpu: int | None, workers=None, runner: str | None = None) -> list[Cell]:
+def run_arch(arch, k: int | None, max_tokens: int, cpus: list[int] | None, workers=None, runner: str | None = None,
+             layout: dict | None = None) -> list[Cell]:
     """Build (or reuse), start, load-check and trace one architecture on one vLLM model runner (None: the
-    one vLLM picks here), through the vLLM backend's ``inspect``; failures become cells. ``workers``: a
+    one vLLM picks here), through the vLLM backend's ``inspect``; failures become cells. ``cpus``: one core a rank
+    for the engine's threads (None: vLLM's or mtpbench's own binding); ``layout``: the parallel layout
+    (``SweepConfig.parallel_layout``'s keys), every rank traced and load-checked; ``workers``: a
     ``procguard.Workers`` that can stop this architecture's engines (Ctrl-C)."""
     from mtpbench.backends import get_backend
     from mtpbench.checkpoint import drafter_layers, mtp_layer_bytes, num_hidden_layers, num_mtp_layers, read_config
-    from mtpbench.config import SweepConfig
+    from mtpbench.config import SweepConfig, check_parallel_layout
     from mtpbench.prompts import prompt_set
     from mtpbench.runners import resolve
     from mtpbench.synth import cached
@@ -63,9 +66,14 @@ def run_arch(arch, k: int | None, max_tokens: int, cpu: int | None, workers=None
     # the engine a `trace-layers --synthetic` run would start, with the same speculative config
     cfg = SweepConfig(model=str(model), backend="vllm", method=arch.method, dtype="bfloat16", max_model_len=512,
                       max_tokens=max_tokens, draft_model=str(mtp_dir) if arch.separate_draft else None,
-                      engine_args={**arch.engine_args, "enforce_eager": True}, runner=runner)
+                      engine_args={**arch.engine_args, "enforce_eager": True}, runner=runner, **(layout or {}))
     try:
-        data = get_backend("vllm").inspect(cfg, k, prompts, [d == "forced" for d in DRAFTING], cpu=cpu, workers=workers)
+        check_parallel_layout(cfg)  # heads or KV heads that do not divide: vLLM's refusal, in one line
+    except MtpBenchError as e:
+        return cells_for(arch, k, declared, None, str(e), "did not start", runner=runner)
+    try:
+        data = get_backend("vllm").inspect(cfg, k, prompts, [d == "forced" for d in DRAFTING], cpus=cpus,
+                                           workers=workers)
     except Exception as e:  # RuntimeError from the worker, or a result that cannot be read
         return cells_for(arch, k, declared, None, f"{type(e).__name__}: {e}"[:2000], "did not start", runner=runner)
     data["layer_bytes"] = mtp_layer_bytes(mtp_dir, drafter=arch.separate_draft)
@@ -110,10 +118,19 @@ def _failed(arch, k: int | None, runner: str | None, error: str, verdict: str) -
     return cells_for(arch, k or 2 * arch.mtp_layers, arch.mtp_layers, None, error, verdict, runner=runner)
 
 
+def _sharding(layout: dict | None, jobs: int | None) -> tuple[dict, int, int]:
+    """The layout's given entries, the ranks of each engine, and the engines side by side (a core a rank)."""
+    layout = {key: value for key, value in (layout or {}).items() if value is not None}
+    ranks = (layout.get("tensor_parallel_size") or 1) * (layout.get("pipeline_parallel_size") or 1)
+    return layout, ranks, jobs or max(1, default_jobs() // ranks)
+
+
 def run_matrix(names: list[str] | None, out: Path, k: int | None = None, jobs: int | None = None,
-               max_tokens: int = 12, on_cell=None, runners: list[str | None] = (None,)) -> list[Cell]:
+               max_tokens: int = 12, on_cell=None, runners: list[str | None] = (None,),
+               layout: dict | None = None) -> list[Cell]:
     """Every named architecture's cells on every runner (None: the one vLLM picks here), written to ``out``.
-    Ctrl-C stops the engines, writes the architectures that finished (the rest ``interrupted``) and raises
+    ``layout``: every engine's parallel layout (tensor parallel: each engine takes a core a rank). Ctrl-C stops
+    the engines, writes the architectures that finished (the rest ``interrupted``) and raises
     ``MatrixInterrupted``."""
     from mtpbench.config import check_writable
     from mtpbench.environment import require_vllm
@@ -125,7 +142,7 @@ def run_matrix(names: list[str] | None, out: Path, k: int | None = None, jobs: i
     table = archs()
     names = _checked_names(names, table, k, jobs, max_tokens)
     runners = list(dict.fromkeys(resolve(r) for r in runners))  # decided here, before any engine has a shim
-    jobs = jobs or default_jobs()
+    layout, ranks, jobs = _sharding(layout, jobs)
     out = Path(out)
     check_writable(out)
     t0 = time.perf_counter()
@@ -136,16 +153,16 @@ def run_matrix(names: list[str] | None, out: Path, k: int | None = None, jobs: i
     tasks = sorted(((n, r) for n in names for r in runners), key=lambda t: (t[1] != "v2", names.index(t[0])))
 
     def one(name: str, runner: str) -> list[Cell]:
-        with lock:
-            cpu = free.pop(0) if jobs > 1 and free else None
+        with lock:  # side by side: a core a rank, taken from the free ones
+            cpus = [free.pop(0) for _ in range(ranks)] if jobs > 1 and len(free) >= ranks else None
         try:
-            cells = run_arch(table[name], k, max_tokens, cpu, workers, runner)
+            cells = run_arch(table[name], k, max_tokens, cpus, workers, runner, layout)
         except Exception as e:  # whatever else goes wrong with one architecture is its cells, not the matrix's
             cells = _failed(table[name], k, runner, f"{type(e).__name__}: {e}"[:2000], "did not start")
         finally:
-            if cpu is not None:
+            if cpus is not None:
                 with lock:
-                    free.append(cpu)
+                    free.extend(cpus)
         if on_cell and not workers.stopped:  # after Ctrl-C, a stopped engine's cells are not results
             for c in cells:
                 on_cell(c)
@@ -162,9 +179,9 @@ def run_matrix(names: list[str] | None, out: Path, k: int | None = None, jobs: i
         workers.stop()
         pool.shutdown(wait=False, cancel_futures=True)
         cells = [c for (n, r) in order for c in done.get((n, r)) or _failed(table[n], k, r, "", INTERRUPTED)]
-        write_matrix(out, cells, version, time.perf_counter() - t0, jobs, interrupted=True)
+        write_matrix(out, cells, version, time.perf_counter() - t0, jobs, interrupted=True, layout=layout)
         raise MatrixInterrupted(sum(all((n, r) in done for r in runners) for n in names), len(names)) from None
     pool.shutdown()
     cells = [c for t in order for c in results[t]]
-    write_matrix(out, cells, version, time.perf_counter() - t0, jobs)
+    write_matrix(out, cells, version, time.perf_counter() - t0, jobs, layout=layout)
     return cells

@@ -33,3 +33,11 @@ def by_rank(records: list[CallRecord]) -> dict[int, list[CallRecord]]:
     for r in records:
         out.setdefault(r.rank, []).append(r)
     return out
+
+
+def rank_records(trace: dict) -> list[CallRecord]:
+    """Every drafting rank's records of one engine's trace (``backends.vllm.worker.trace``), each with its rank:
+    from ``ranks`` where the ranks answered, else the reference rank's ``records`` (after a crash no rank may)."""
+    ranks = [r for r in trace.get("ranks") or [] if r.get("records") is not None]
+    return ([CallRecord(**{**rec, "rank": r["rank"]}) for r in ranks for rec in r["records"]] if ranks
+            else [CallRecord(**r) for r in trace["records"]])

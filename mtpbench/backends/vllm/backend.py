@@ -48,13 +48,10 @@ class VllmBackend(BackendBase):
         pass  # every engine lives and ends in its own worker process
 
     def trace_point(self, cfg: SweepConfig, mode: str, k: int, mtp_layers: int, prompts: list[Prompt]) -> dict:
-        from mtpbench.trace.records import CallRecord
+        from mtpbench.trace.records import rank_records
 
         data = self._run_worker(cfg, k, mtp_layers, prompts, "trace")
-        # every drafting rank's records (the reference rank's alone where no rank answered after a crash)
-        ranks = [r for r in data.get("ranks") or [] if r.get("records") is not None]
-        data["records"] = ([CallRecord(**{**rec, "rank": r["rank"]}) for r in ranks for rec in r["records"]]
-                           if ranks else [CallRecord(**r) for r in data["records"]])
+        data["records"] = rank_records(data)  # every drafting rank's
         return data
 
     def _run_worker(self, cfg: SweepConfig, k: int, mtp_layers: int, prompts: list[Prompt], op: str) -> dict:
@@ -67,18 +64,19 @@ class VllmBackend(BackendBase):
                 "prompts": [asdict(p) for p in prompts]}
         return call_worker(spec)
 
-    def inspect(self, cfg: SweepConfig, k: int, prompts: list[Prompt], forces: list[bool], cpu: int | None = None,
-                workers: Workers | None = None, timeout: float = 900) -> dict:
+    def inspect(self, cfg: SweepConfig, k: int, prompts: list[Prompt], forces: list[bool],
+                cpus: list[int] | None = None, workers: Workers | None = None, timeout: float = 900) -> dict:
         """trace-matrix's look at one checkpoint (``cfg.model`` as it is, on ``cfg.runner``): one engine loaded
         under ``mtpbench.load_check``, one trace per entry of ``forces`` (False: as vLLM drafts, True: with
         ``--force-spec-step-idx``). A trace that crashed leaves the rest to a fresh engine (a failed request
         can leave the engine unable to schedule); where that one does not start, its trace is a crash that
-        says so. ``cpu``: the one core the engine's threads bind to (engines side by side); ``workers``: stops
+        says so. Every rank is load-checked and traced (``plugin``). ``cpus``: one core a rank for the engine's
+        threads (engines side by side); ``workers``: stops
         the engines from another thread (Ctrl-C). Raises where the first engine does not start."""
         spec = {"op": "inspect", "config": cfg.to_json(), "k": k,
                 "engine_kwargs": engine_kwargs(cfg, str(cfg.model_dir), k), "trace_forces": list(forces),
                 "load_check": True, "prompts": [asdict(p) for p in prompts], "runner": cfg.runner}
-        env = {} if cpu is None else {"VLLM_CPU_OMP_THREADS_BIND": str(cpu)}
+        env = {} if cpus is None else {"VLLM_CPU_OMP_THREADS_BIND": "|".join(map(str, cpus))}
         data = call_worker(spec, env=env, timeout=timeout, workers=workers)
         while len(data["traces"]) < len(forces):  # the engine crashed in a trace: the rest in a fresh one
             try:

@@ -7,7 +7,8 @@ enables both where a deployment allowlists plugins:
   worker, each Ray actor) before the worker is built. It adds the ``mtpbench_*`` methods below to vLLM's
   ``WorkerWrapperBase``, which every executor (uniproc, mp, Ray) calls ``collective_rpc`` methods on, so
   ``llm.collective_rpc("mtpbench_trace_start")`` reaches every rank. It installs nothing and costs nothing until
-  such a call.
+  such a call. Under ``MTPBENCH_LOAD_CHECK=1`` (trace-matrix's engines) it also installs ``load_check`` in each
+  process before the rank loads its shard; ``mtpbench_load_check`` returns each rank's report.
 - ``vllm.endpoint_plugins`` -> ``TraceEndpoint``: two routes on a server's app, under ``/v1`` so a server's
   ``--api-key`` guards them like the completions API: ``POST /v1/mtpbench/trace/start`` and
   ``POST /v1/mtpbench/trace/stop`` (the records of every rank since the start). vLLM loads endpoint plugins only
@@ -18,6 +19,8 @@ them are pure (``mtpbench.trace.records``, ``mtpbench.trace.verdict``).
 """
 
 from __future__ import annotations
+
+import os
 
 NAME = "mtpbench_trace"
 START_ROUTE = "/v1/mtpbench/trace/start"
@@ -128,6 +131,16 @@ def mtpbench_expand_fault(self) -> str | None:
     return expand_kernel_fault()
 
 
+def mtpbench_load_check(self) -> dict | None:
+    """This rank's ``load_check`` report (the check installed at registration under ``MTPBENCH_LOAD_CHECK=1``),
+    with the rank; None where no check was installed in this process."""
+    if _LOAD_CHECK is None:
+        return None
+    _, target = worker_models(self.worker)
+    _LOAD_CHECK.after_build(target)
+    return {**rank_of(self.worker), "report": _LOAD_CHECK.report()}
+
+
 def _drop_tracer(wrapper):
     tracer = getattr(wrapper, "_mtpbench_tracer", None)
     if tracer is not None:
@@ -138,7 +151,9 @@ def _drop_tracer(wrapper):
 
 
 METHODS = (mtpbench_trace_start, mtpbench_trace_batch, mtpbench_trace_stop, mtpbench_force_spec_step_idx,
-           mtpbench_held_mtp_bytes, mtpbench_runner, mtpbench_expand_fault)
+           mtpbench_held_mtp_bytes, mtpbench_runner, mtpbench_expand_fault, mtpbench_load_check)
+LOAD_CHECK_ENV = "MTPBENCH_LOAD_CHECK"
+_LOAD_CHECK = None  # this process's load check (trace-matrix's engines), installed before any model loads
 
 
 def register() -> None:
@@ -152,6 +167,11 @@ def register() -> None:
 
     for fn in METHODS:
         setattr(WorkerWrapperBase, fn.__name__, fn)
+    global _LOAD_CHECK
+    if _LOAD_CHECK is None and os.environ.get(LOAD_CHECK_ENV) == "1":
+        from mtpbench.load_check import LoadCheck
+
+        _LOAD_CHECK = LoadCheck().install()
 
 
 class TraceEndpoint:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from mtpbench.backends.vllm import plugin, scores
 from mtpbench.backends.vllm.counters import counter_delta, per_request_acceptance, read_spec_counters
-from mtpbench.backends.vllm.inprocess import engine_models, engine_prompts, engine_runner, held_mtp_bytes
+from mtpbench.backends.vllm.inprocess import engine_prompts, engine_runner, held_mtp_bytes
 from mtpbench.metrics import BatchRecord, PointRun, RequestRecord
 from mtpbench.procguard import end_with_parent
 from mtpbench.prompts import Prompt, batches
@@ -158,22 +158,26 @@ def start_engine(spec: dict):
     from vllm import LLM
     from vllm.engine.arg_utils import EngineArgs
 
+    if spec.get("load_check"):  # in this process and every rank's (they inherit the environment)
+        os.environ[plugin.LOAD_CHECK_ENV] = "1"
     plugin.register()  # this process's engine core and a one-worker engine, whatever VLLM_PLUGINS allows
     kwargs = dict(spec["engine_kwargs"])
     if spec["k"] > 0 and "per_request_spec_decode_metrics" in EngineArgs.__dataclass_fields__:
         # each request's verify steps (vLLM refuses the setting without a speculative config: the k = 0
         # baseline runs without it; the recorded engine_kwargs say so)
         kwargs.setdefault("per_request_spec_decode_metrics", "detailed")
-    check = None
-    if spec.get("load_check"):
-        from mtpbench.load_check import LoadCheck
-
-        check = LoadCheck().install()
     t0 = time.perf_counter()
     llm = LLM(**kwargs)
     startup = time.perf_counter() - t0
-    if check is not None and spec["k"] > 0:
-        check.after_build(engine_models(llm)[1])
+    check = None
+    if spec.get("load_check"):
+        from mtpbench.load_check import merge_reports
+
+        ranks = [r for r in llm.collective_rpc("mtpbench_load_check") if r is not None]
+        if not ranks:
+            raise RuntimeError("no rank of this engine ran mtpbench's load check (is mtpbench's vLLM plugin "
+                               "allowed by VLLM_PLUGINS?)")
+        check = merge_reports(ranks)
     return llm, kwargs, startup, check
 
 
@@ -187,7 +191,7 @@ def worker(spec_path: str, result_path: str) -> None:
         data.update({"startup_s": round(startup, 3), "engine": {"engine": "vllm", "engine_kwargs": kwargs,
                                                                  **data.pop("engine_ran", {})}})
         if check is not None:
-            data["load_check"] = check.report()
+            data["load_check"] = check
     except Exception as e:  # reported as a failed point by the parent
         data = {"error": f"{type(e).__name__}: {e}".strip()[:2000]}
     Path(result_path).write_text(json.dumps(data))
