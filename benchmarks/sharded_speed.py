@@ -28,7 +28,9 @@ from mtpbench.sweep import run_sweep
 
 
 def layouts(ray_address: str | None) -> dict[str, dict]:
-    out = {"TP = 1": {}, "TP = 2, mp": {"tensor_parallel_size": 2, "distributed_executor_backend": "mp"}}
+    # the mp executor at TP = 1 too (a worker process, as at TP = 2), so the ratios measure the sharding alone
+    out = {"TP = 1, mp": {"tensor_parallel_size": 1, "distributed_executor_backend": "mp"},
+           "TP = 2, mp": {"tensor_parallel_size": 2, "distributed_executor_backend": "mp"}}
     if ray_address:
         out["TP = 2, Ray"] = {"tensor_parallel_size": 2, "distributed_executor_backend": "ray"}
     return out
@@ -59,6 +61,8 @@ def main() -> None:
     ap.add_argument("--ray-address", default=None, help="a Ray cluster for the TP = 2 Ray layout (RAY_ADDRESS)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    if args.k < 1 or args.rounds < 1:
+        raise SystemExit("--k and --rounds must be >= 1 (k = 0 runs in every round as the baseline)")
     if args.ray_address:
         os.environ["RAY_ADDRESS"] = args.ray_address
     out = Path(args.out or tempfile.mkdtemp(prefix="mtpbench-sharded-"))
@@ -78,7 +82,7 @@ def main() -> None:
     def med(name, what, kk):
         return statistics.median(r[what][kk] for r in runs[name])
 
-    base = "TP = 1"
+    base = "TP = 1, mp"
     print(f"{'layout':<14} {'start-up k=0, s':>16} {f'start-up k={k}, s':>16} {'tok/s k=0':>10} {f'tok/s k={k}':>10}"
           f"  {'start-up / TP1':>15} {f'tok/s k={k} / TP1':>16}")
     for name in runs:

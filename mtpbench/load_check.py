@@ -121,7 +121,8 @@ def merge_reports(ranks: list[dict]) -> dict:
     """One report from each rank's (``{"rank": r, "report": ...}``, ``plugin.mtpbench_load_check``): a tensor-parallel
     rank loads a shard of each parameter from every checkpoint tensor. A checkpoint tensor is unexpected where no
     rank consumed it; a parameter is missing where a rank left it unwritten (named with that rank where there are
-    several). One rank: its report as it is."""
+    several). One rank: its report as it is. ``loads`` is the lowest rank's (the models it loaded, with their
+    parameter counts); ``ranks`` says, rank by rank, how many missing and unused it found."""
     ranks = sorted(ranks, key=lambda r: r["rank"])
     if len(ranks) == 1:
         return ranks[0]["report"]

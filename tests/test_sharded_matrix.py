@@ -66,3 +66,15 @@ def test_the_load_check_finds_a_fault_on_every_rank_of_a_tp_2_engine(tmp_path):
         assert any("DeepseekV3ForCausalLM: " in m and "layers.0.self_attn.o_proj.weight" in m for m in mine), mine
         assert any("DeepSeekMTP: " in m and "o_proj" in m for m in mine), mine
     assert len(data["traces"][0]["ranks"]) == 2
+
+
+@pytest.mark.parametrize("args, why", [
+    (["--tensor-parallel-size", "0"], "--tensor-parallel-size must be >= 1, got 0"),
+    (["--distributed-executor-backend", "foo"], "unknown --distributed-executor-backend 'foo'"),
+    (["--data-parallel-size", "2"], "vllm.LLM does not run data parallel in one process"),
+])
+def test_a_bad_layout_is_one_line_before_any_engine_and_nothing_written(tmp_path, args, why):
+    out = tmp_path / "m"
+    r = CliRunner().invoke(app, ["trace-matrix", "--arch", "glm-4.5", *args, "--out", str(out)])
+    assert r.exit_code == 2 and why in r.output and len(r.output.strip().splitlines()) == 1, r.output
+    assert not out.exists()

@@ -83,7 +83,6 @@ def test_a_served_tp_2_tune_accepts_as_a_tp_1_sweep(tmp_path):
     """Launched servers at TP = 1 (a sweep) and TP = 2 (a tune over concurrency 1 and 2, whose sweep is an ordinary
     served sweep); k = 0 and 2 each: four servers, about 5 minutes here. At concurrency 1 the same spec-decode
     counters from /metrics and the same tokens; the layout in every server's arguments and in tune.json."""
-    got = {}
     one = tmp_path / "served1"
     run("sweep", "builtin-glm-tp", "--backend", "vllm-server", "--k", "0,2", *SMALL, "--concurrency", "1",
         "--repeats", "3", "--tensor-parallel-size", "1", "--out", str(one))
@@ -94,6 +93,7 @@ def test_a_served_tp_2_tune_accepts_as_a_tp_1_sweep(tmp_path):
     for tp in (1, 2):
         assert got[tp]["engine"]["server_args"]["tensor_parallel_size"] == tp
     assert point(tune / "sweeps" / "served", "k0-c2")["engine"]["server_args"]["tensor_parallel_size"] == 2
+    assert sum(b["num_accepted_tokens"] or 0 for b in got[1]["batches"]) > 0  # it drafted, and accepted
     for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_accepted_tokens_per_pos"):
         assert [b[key] for b in got[2]["batches"]] == [b[key] for b in got[1]["batches"]], key
     assert [r["output_token_ids"] for r in got[2]["requests"]] == [r["output_token_ids"] for r in got[1]["requests"]]

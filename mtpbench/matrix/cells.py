@@ -103,7 +103,7 @@ def load_verdict(check: dict, loaded_layers: int | None, hidden_layers: int) -> 
 
 def cells_for(arch, k: int, L: int, data: dict | None, error: str, verdict: str, hidden_layers: int = 0,
                runner: str = "") -> list[Cell]:
-    from mtpbench.trace.records import by_rank, rank_records
+    from mtpbench.trace.records import drafting_ranks, rank_records
     from mtpbench.trace.verdict import judge_ranks, loaded_vs_checkpoint
 
     cells = []
@@ -121,7 +121,7 @@ def cells_for(arch, k: int, L: int, data: dict | None, error: str, verdict: str,
     for drafting, tr in zip(DRAFTING, data["traces"]):
         # each trace's own engine (a trace after a crash runs in a fresh one); one that did not start: the first's
         tr_ran, drafter = tr.get("runner") or ran, tr.get("drafter") or first[0].get("drafter") or ""
-        ranks = by_rank(rank_records(tr))
+        ranks = drafting_ranks(rank_records(tr), tr.get("ranks"))
         records = ranks[min(ranks)] if ranks else []  # the reference rank's: the cell's steps
         n = tr["num_layers"]
         bytes_ = data.get("layer_bytes", [])

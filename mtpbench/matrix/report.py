@@ -21,8 +21,9 @@ def write_matrix(out: Path, cells: list[Cell], version: str, wall_s: float, jobs
     out.mkdir(parents=True, exist_ok=True)
     write_text(out / "matrix.csv", csv_text([f.name for f in fields(Cell)], (blank_none(c) for c in cells)))
     prov = saved_provenance if saved_provenance is not None else provenance()
+    layout = {key: value for key, value in (layout or {}).items() if key in LAYOUT_NAMES}
     write_json(out / "matrix.json", {"vllm": version, "wall_s": round(wall_s, 1), "jobs": jobs,
-                                     "interrupted": interrupted, "layout": layout or {},
+                                     "interrupted": interrupted, "layout": layout,
                                      "cells": [asdict(c) for c in cells], "provenance": prov})
     write_text(out / "matrix.md", markdown(cells, version, wall_s, jobs, cpu_of(saved_provenance), layout))
     plot(out / "matrix.png", cells, version)
@@ -129,15 +130,18 @@ def markdown(cells: list[Cell], version: str, wall_s: float, jobs: int, cpu: str
     return head + f"Model runners:{key}\n\n" + tabulate(rows(cells), headers=headers(cells), tablefmt="github") + "\n"
 
 
+LAYOUT_NAMES = {"tensor_parallel_size": "tensor parallel", "pipeline_parallel_size": "pipeline parallel",
+                "data_parallel_size": "data parallel", "distributed_executor_backend": "executor"}
+
+
 def layout_text(layout: dict | None) -> str:
-    """", each at tensor parallel 2 (mp), every rank traced" for a sharded matrix; "" for one rank."""
-    layout = {key: value for key, value in (layout or {}).items() if value not in (None, 1)}
-    if not layout:
+    """", each at tensor parallel 2, executor mp, every rank traced" for a matrix of engines with several ranks;
+    "" for one rank."""
+    layout = {key: value for key, value in (layout or {}).items() if key in LAYOUT_NAMES and value is not None}
+    if all(layout.get(key, 1) == 1 for key in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")):
         return ""
-    names = {"tensor_parallel_size": "tensor parallel", "pipeline_parallel_size": "pipeline parallel",
-             "data_parallel_size": "data parallel", "distributed_executor_backend": "executor"}
-    return ", each at " + ", ".join(f"{names.get(key, key)} {value}" for key, value in layout.items()) + \
-        ", every rank traced"
+    return ", each at " + ", ".join(f"{LAYOUT_NAMES[key]} {value}" for key, value in layout.items()
+                                    if value != 1) + ", every rank traced"
 
 
 COLORS = {"multi-module": "#7fc97f", "layer-0 reuse": "#fdc086", "swallowed": "#f0027f", "mismatch": "#e31a1c",

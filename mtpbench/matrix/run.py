@@ -119,10 +119,16 @@ def _failed(arch, k: int | None, runner: str | None, error: str, verdict: str) -
 
 
 def _sharding(layout: dict | None, jobs: int | None) -> tuple[dict, int, int]:
-    """The layout's given entries, the ranks of each engine, and the engines side by side (a core a rank)."""
+    """The layout's given entries (checked as sweep checks them: one line for a size below 1, an unknown executor,
+    offline data parallel), the ranks of each engine, and the engines side by side: a core a rank, so at most the
+    cores divided by the ranks when sharded."""
+    from mtpbench.config import SweepConfig, validate_serving
+
     layout = {key: value for key, value in (layout or {}).items() if value is not None}
+    validate_serving(SweepConfig(backend="vllm", **layout))
     ranks = (layout.get("tensor_parallel_size") or 1) * (layout.get("pipeline_parallel_size") or 1)
-    return layout, ranks, jobs or max(1, default_jobs() // ranks)
+    fit = max(1, len(usable_cpus()) // ranks)
+    return layout, ranks, min(jobs, fit) if jobs and ranks > 1 else jobs or max(1, default_jobs() // ranks)
 
 
 def run_matrix(names: list[str] | None, out: Path, k: int | None = None, jobs: int | None = None,

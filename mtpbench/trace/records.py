@@ -41,3 +41,13 @@ def rank_records(trace: dict) -> list[CallRecord]:
     ranks = [r for r in trace.get("ranks") or [] if r.get("records") is not None]
     return ([CallRecord(**{**rec, "rank": r["rank"]}) for r in ranks for rec in r["records"]] if ranks
             else [CallRecord(**r) for r in trace["records"]])
+
+
+def drafting_ranks(records: list[CallRecord], ranks: list[dict] | None) -> dict[int, list[CallRecord]]:
+    """Each drafting rank's records, lowest rank first: by the records' ranks, and an empty list for a rank that
+    holds a drafter but recorded nothing (its tracer never ran), so the rank agreement sees it."""
+    out = by_rank(records)
+    for r in ranks or []:
+        if r.get("drafter"):
+            out.setdefault(r["rank"], [])
+    return dict(sorted(out.items()))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from mtpbench.backend_info import info
 from mtpbench.errors import MtpBenchError
-from mtpbench.trace.records import CallRecord, by_rank
+from mtpbench.trace.records import CallRecord, drafting_ranks
 from mtpbench.trace.report import STEP_HEADERS, heatmap, model_label, provenance_versions, step_table, trace_csv
 from mtpbench.trace.verdict import judge_ranks, layer_per_step, loaded_vs_checkpoint
 
@@ -52,7 +52,7 @@ def run_trace(cfg, k: int | None, mode: str = "reuse", backend=None) -> dict:
         if started:  # a launched server stops here; an engine in a worker process has ended already
             backend.close()
     records: list[CallRecord] = data["records"]  # every drafting rank's (one rank: a process of its own)
-    ranks = by_rank(records) if records else {}
+    ranks = drafting_ranks(records, data.get("ranks"))
     data["records"] = ranks[min(ranks)] if ranks else []  # the reference rank's: the tables and the heatmap
 
     # weight bytes per layer as stored in the checkpoint: the same figure for every backend, whatever

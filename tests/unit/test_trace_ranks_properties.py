@@ -289,3 +289,18 @@ def test_a_crash_passes_through_whatever_the_ranks_recorded():
     assert judge_ranks(ranks, 2, 2, [1, 2], CRASH, crash_in_draft=False) == Verdict("engine error", [
         f"the engine raised outside the draft model (not a drafting verdict): {CRASH}"])
 
+
+
+def test_a_drafting_rank_that_recorded_nothing_is_a_rank_that_disagrees():
+    """A rank whose tracer never ran (records None) or recorded no call still counts: dropping it from the ranks
+    would leave the others' verdict standing as if every rank agreed."""
+    from mtpbench.trace.records import drafting_ranks
+
+    ref = [CallRecord(1, 1, s, executed_layer=s % 2, expected_layer=s % 2, rank=0) for s in range(2)]
+    answers = [{"rank": 0, "drafter": True, "records": []}, {"rank": 1, "drafter": True, "records": None},
+               {"rank": 2, "drafter": False, "records": None}]
+    ranks = drafting_ranks(ref, answers)
+    assert ranks == {0: ref, 1: []}
+    v = judge_ranks(ranks, 2, 2, [1, 1])
+    assert v.verdict == "ranks disagree" and "rank 1 recorded 0 draft calls, rank 0 2" in v.evidence[0], v.evidence
+    assert drafting_ranks(ref, None) == {0: ref} and drafting_ranks([], None) == {}

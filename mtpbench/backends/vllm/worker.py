@@ -158,8 +158,11 @@ def start_engine(spec: dict):
     from vllm import LLM
     from vllm.engine.arg_utils import EngineArgs
 
-    if spec.get("load_check"):  # in this process and every rank's (they inherit the environment)
+    if spec.get("load_check"):  # in this process and every rank's: mp workers inherit it, Ray actors are given it
         os.environ[plugin.LOAD_CHECK_ENV] = "1"
+        extra = os.environ.get("VLLM_RAY_EXTRA_ENV_VARS_TO_COPY", "")
+        if plugin.LOAD_CHECK_ENV not in extra.split(","):
+            os.environ["VLLM_RAY_EXTRA_ENV_VARS_TO_COPY"] = ",".join(filter(None, (extra, plugin.LOAD_CHECK_ENV)))
     plugin.register()  # this process's engine core and a one-worker engine, whatever VLLM_PLUGINS allows
     kwargs = dict(spec["engine_kwargs"])
     if spec["k"] > 0 and "per_request_spec_decode_metrics" in EngineArgs.__dataclass_fields__:
@@ -173,10 +176,11 @@ def start_engine(spec: dict):
     if spec.get("load_check"):
         from mtpbench.load_check import merge_reports
 
-        ranks = [r for r in llm.collective_rpc("mtpbench_load_check") if r is not None]
-        if not ranks:
-            raise RuntimeError("no rank of this engine ran mtpbench's load check (is mtpbench's vLLM plugin "
-                               "allowed by VLLM_PLUGINS?)")
+        answers = llm.collective_rpc("mtpbench_load_check")
+        ranks = [r for r in answers if r is not None]
+        if len(ranks) < len(answers):  # a rank whose process never saw the variable before its model loaded
+            raise RuntimeError(f"{len(answers) - len(ranks)} of the engine's {len(answers)} ranks ran no load check "
+                               f"({plugin.LOAD_CHECK_ENV}=1 did not reach their processes before the model loaded)")
         check = merge_reports(ranks)
     return llm, kwargs, startup, check
 
