@@ -248,9 +248,9 @@ def test_each_ray_engine_put_one_rank_on_each_raylet(runs, cluster):
 
 
 def test_ray_trace_matrix_load_checks_and_traces_both_actors(cluster, tmp_path):
-    """``trace-matrix --arch glm-4.5`` on Ray at TP = 2: the load check runs in both Ray actors (its variable is
-    passed on through VLLM_RAY_EXTRA_ENV_VARS_TO_COPY; a rank without it fails the engine's start, which would make
-    the cells "did not start") and both actors' traces agree, with TP = 1's cells. One engine, ~2 min under load."""
+    """``trace-matrix --arch glm-4.5`` on Ray at TP = 2: the load check runs in both Ray actors (a rank that did not
+    get MTPBENCH_LOAD_CHECK fails the engine's start, which would make the cells "did not start") and both actors'
+    traces agree, with TP = 1's cells. One engine: 36 s on the idle EPYC, the cluster's start included."""
     out = tmp_path / "m"
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv("RAY_ADDRESS", raising=False)

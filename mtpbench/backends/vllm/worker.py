@@ -158,7 +158,8 @@ def start_engine(spec: dict):
     from vllm import LLM
     from vllm.engine.arg_utils import EngineArgs
 
-    if spec.get("load_check"):  # in this process and every rank's: mp workers inherit it, Ray actors are given it
+    if spec.get("load_check"):  # in this process and every rank's: mp workers inherit it, Ray actors are given
+        # it with the driver's environment (vLLM 0.32), or where vLLM copies a narrower list, through this one
         os.environ[plugin.LOAD_CHECK_ENV] = "1"
         extra = os.environ.get("VLLM_RAY_EXTRA_ENV_VARS_TO_COPY", "")
         if plugin.LOAD_CHECK_ENV not in extra.split(","):
