@@ -124,7 +124,8 @@ def trace_matrix(
     out: Annotated[str, typer.Option(help="Output directory for matrix.csv, .json, .md, .png.")] = "matrix",
 ) -> None:
     """Every runnable vLLM MTP architecture x {as vLLM drafts, forced spec_step_idx}: one verdict per cell, at any
-    tensor parallel size (every rank load-checked and traced; ranks that disagree are a verdict). Ctrl-C stops the engines and writes the architectures that finished (exit code 130)."""
+    tensor parallel size (every rank load-checked and traced; ranks that disagree are a verdict). Ctrl-C stops the
+    engines and writes the architectures that finished (exit code 130)."""
     from mtpbench.matrix import MatrixInterrupted, run_matrix
 
     def on_cell(c) -> None:
