@@ -80,6 +80,12 @@ def running_server(log: Path, plugins: str, api_key: str | None = None):
 
 
 def test_a_running_server_with_the_plugin_is_traced_behind_its_key(offline, tmp_path, monkeypatch):
+    """Behind its key, directly and through a TLS terminator that needs the test CA and a gateway header (a
+    recording proxy sees the key and the header on the trace routes too)."""
+    from proxies import Proxy, TestCA
+
+    tag = "gw-tag-" + secrets.token_hex(8)
+    ca = TestCA(tmp_path / "tls")
     with running_server(tmp_path / "server.log", "mtpbench_trace", KEY) as url:
         refused = trace("--server", url, "--out", str(tmp_path / "nokey"), env={"OPENAI_API_KEY": ""})
         one_line_error(refused, "wants an API key (HTTP 401)")
@@ -89,10 +95,22 @@ def test_a_running_server_with_the_plugin_is_traced_behind_its_key(offline, tmp_
         r = trace("--server", url, "--api-key-env", "TRACE_KEY", "--num-prompts", "2", "--max-tokens", "16",
                   "--out", str(out), env={"TRACE_KEY": KEY})
         assert r.exit_code == 0, r.output
+        secured = tmp_path / "tls-attached"
+        with Proxy(int(url.rsplit(":", 1)[1]), tls=ca) as terminator:
+            r = trace("--server", terminator.url, "--ca-cert", str(ca.ca_path), "--header", f"X-Gateway-Tag: {tag}",
+                      "--num-prompts", "2", "--max-tokens", "16", "--out", str(secured), env={"OPENAI_API_KEY": KEY})
+        assert r.exit_code == 0, r.output
     got = json.loads((out / "trace.json").read_text())
     same_trace(got, offline)
     assert got["parallel"]["tensor_parallel_size"] == 1 and got["parallel"]["from"] == "the server's ranks"
-    assert not [p for p in out.rglob("*") if p.is_file() and KEY in p.read_text(errors="replace")]
+    same_trace(json.loads((secured / "trace.json").read_text()), offline)
+    routes = [q for q in terminator.requests if q.path.startswith("/v1/mtpbench/trace/")]
+    assert {q.path for q in routes} == {"/v1/mtpbench/trace/start", "/v1/mtpbench/trace/stop"}
+    seen = {(q.headers.get("authorization"), q.headers.get("x-gateway-tag")) for q in routes}
+    assert seen == {(f"Bearer {KEY}", tag)}
+    for d in (out, secured):
+        assert not [p for p in d.rglob("*") if p.is_file() and (KEY in p.read_text(errors="replace")
+                                                               or tag in p.read_text(errors="replace"))]
 
 
 def test_a_running_server_without_the_plugin_says_how_to_enable_it(tmp_path):
