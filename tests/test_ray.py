@@ -44,6 +44,8 @@ TRACE = ["--backend", "vllm", "--k", str(K), "--dtype", "float32", "--runner", "
 STARTED = "Ray runtime started."
 ADDRESS = r"ray start --address='([^']+)'"  # what the head tells a joining node: this machine's IP and the port
 START_TIMEOUT_S = 180
+RAYLET_ATTEMPTS = 3
+REGISTER_TIMEOUT = "The current node timed out during startup"
 
 
 def free_port() -> int:
@@ -114,9 +116,17 @@ def cluster():
                               "--include-dashboard", "false", "--temp-dir", tmp, *common],
                              Path(tmp) / "head.log", env, int_grace_s=5, term_grace_s=15))
         address = wait_for(nodes[0], "the head raylet", ADDRESS)[1]
-        nodes.append(Guarded([ray, "start", "--address", address, *common],
-                             Path(tmp) / "node2.log", env, int_grace_s=5, term_grace_s=15))
-        wait_for(nodes[1], "the second raylet", re.escape(STARTED))
+        for attempt in range(1, RAYLET_ATTEMPTS + 1):  # Ray gives a joining raylet a fixed 30 s to register with the
+            # head (ray/_private/node.py): under a loaded CI machine it can miss that and exit; start it again then
+            nodes.append(Guarded([ray, "start", "--address", address, *common],
+                                 Path(tmp) / f"node2-{attempt}.log", env, int_grace_s=5, term_grace_s=15))
+            try:
+                wait_for(nodes[-1], "the second raylet", re.escape(STARTED))
+                break
+            except AssertionError:
+                if attempt == RAYLET_ATTEMPTS or REGISTER_TIMEOUT not in nodes[-1].log_path.read_text(errors="replace"):
+                    raise
+                nodes.pop().stop()
         yield address
     finally:
         started = members(nodes)
