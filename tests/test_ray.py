@@ -93,6 +93,22 @@ def naming(marker: str) -> list[str]:
     return out
 
 
+def drop_stale_port_segments() -> list[str]:
+    """Unlink the CPU shared-memory segments that engines on Ray killed before mtpbench released them
+    (``plugin.mtpbench_release_shm``) left on this machine, ``/dev/shm/<port>-...-cpushm_<rank>``, mapped by no
+    process: a Ray engine that gets such a port fails to start ("create shm in SHMManager failed. errno: 17", shown
+    with a planted segment; this machine's /dev/shm held 33 such ports when a CI run's Ray engine did not start)."""
+    stale = {p.name for p in Path("/dev/shm").glob("*-cpushm_*") if re.fullmatch(r"\d+-.+-cpushm_\d+", p.name)}
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            stale -= {line.rsplit("/", 1)[-1] for line in maps.read_text().splitlines() if "/dev/shm/" in line}
+        except OSError:  # a process that ended, or one not ours to read
+            continue
+    for name in stale:
+        (Path("/dev/shm") / name).unlink(missing_ok=True)
+    return sorted(stale)
+
+
 @pytest.fixture(scope="module")
 def cluster():
     """Two raylets on this machine (``ray start --block``, each under mtpbench's process guard, so nothing of them
@@ -101,6 +117,7 @@ def cluster():
     process of the cluster is left."""
     if importlib.util.find_spec("ray") is None and os.environ.get("CI") != "true":
         pytest.skip("ray is not installed: pip install -e '.[test]'")
+    drop_stale_port_segments()
     tmp = tempfile.mkdtemp(prefix="mtpbench-ray-", dir="/tmp")  # short: Ray's socket paths live under it
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SHIM), os.environ.get("PYTHONPATH")])),
            "RAY_USAGE_STATS_ENABLED": "0"}
@@ -214,6 +231,11 @@ def test_ray_sweep_at_tp_2_as_at_tp_1(runs):
     assert sorted(points1) == sorted(points2) == ["k0.json", f"vllm-L3-k{K}.json"]
     assert points2 == points1
     assert all(len(tokens) == 16 for tokens, _, _ in points1["k0.json"])
+    for name in points2:  # each engine unlinked its ranks' CPU shared memory, named by its TCP port on Ray: a
+        # segment left behind fails a later engine that gets the same port ("create shm ... errno: 17")
+        released = json.loads((out2 / name).read_text())["engine"]["shm_released"]
+        assert [re.sub(r"^\d+-", "PORT-", n) for n in released] == [f"PORT-tp:0-[0-1]-cpushm_{r}" for r in (0, 1)]
+        assert not any((Path("/dev/shm") / n).exists() for n in released), released
 
 
 def test_ray_trace_at_tp_2_as_at_tp_1_on_both_ranks(runs):
@@ -271,6 +293,6 @@ def test_ray_trace_matrix_load_checks_and_traces_both_actors(cluster, tmp_path):
     assert data["layout"] == {"tensor_parallel_size": 2, "distributed_executor_backend": "ray"}
     cells = {c["drafting"]: c for c in data["cells"]}
     assert [(c["verdict"], c["layer_per_step"]) for c in cells.values()] == \
-        [("layer-0 reuse", "0 0 0 0"), ("multi-module", "0 1 0 1")], [c["error"] for c in cells.values()]
+        [("layer-0 reuse", "0 0 0 0"), ("multi-module", "0 1 0 1")], "\n".join(c["error"] for c in cells.values())
     for c in cells.values():
         assert c["load_ok"] and "all 2 drafting ranks (0, 1) recorded the same" in c["evidence"], c

@@ -11,6 +11,7 @@ module took 34 minutes at load 15 before the tunes and the served check joined i
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -52,6 +53,17 @@ def test_a_tp_2_sweep_drafts_and_accepts_as_tp_1(sweeps):
     rows = {tp: {r["k"]: r for r in json.loads((sweeps[tp] / "summary.json").read_text())["rows"]} for tp in (1, 2)}
     assert rows[2][2]["acceptance_length"] == rows[1][2]["acceptance_length"] > 1
     assert rows[2][2]["acceptance_rate_per_pos"] == rows[1][2]["acceptance_rate_per_pos"]
+
+
+def test_each_tp_2_engine_unlinks_its_shared_memory(sweeps):
+    """mtpbench's worker exits without vLLM's teardown; before it does, every rank unlinks the engine's CPU
+    shared-memory segments (named by the engine's file store on mp, by its port on Ray, where a segment left
+    behind fails a later engine given the same port). TP = 1 makes none."""
+    for name in ("k0", "vllm-L3-k2"):
+        assert point(sweeps[1], name)["engine"]["shm_released"] == []
+        released = point(sweeps[2], name)["engine"]["shm_released"]
+        assert [n.split("-", 1)[1] for n in released] == [f"tp:0-[0-1]-cpushm_{r}" for r in (0, 1)], released
+        assert not any((Path("/dev/shm") / n).exists() for n in released), released
 
 
 def test_the_layout_is_in_the_run_and_compare_names_it(sweeps, tmp_path):

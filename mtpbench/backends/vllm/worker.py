@@ -186,6 +186,16 @@ def start_engine(spec: dict):
     return llm, kwargs, startup, check
 
 
+def release_shm(llm) -> list[str]:
+    """The CPU shared-memory segments every rank unlinked (``plugin.mtpbench_release_shm``): this process exits
+    without vLLM's teardown, which would have unlinked them. Best effort: a rank that cannot answer in 30 s
+    leaves its segments (a later engine on Ray that gets the same port then fails to start)."""
+    try:
+        return sorted(name for names in llm.collective_rpc("mtpbench_release_shm", timeout=30) for name in names)
+    except Exception:  # the result is measured already
+        return []
+
+
 def worker(spec_path: str, result_path: str) -> None:
     spec = json.loads(Path(spec_path).read_text())
     try:
@@ -197,6 +207,7 @@ def worker(spec_path: str, result_path: str) -> None:
                                                                  **data.pop("engine_ran", {})}})
         if check is not None:
             data["load_check"] = check
+        data["engine"]["shm_released"] = release_shm(llm)
     except Exception as e:  # reported as a failed point by the parent
         data = {"error": f"{type(e).__name__}: {e}".strip()[:2000]}
     Path(result_path).write_text(json.dumps(data))
