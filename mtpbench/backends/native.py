@@ -177,6 +177,38 @@ class NativeBackend(BackendBase):
                 "structure": st.describe(),
                 **totals}
 
+    def drafter_point(self, cfg: SweepConfig, mode: str, k: int, mtp_layers: int, prompts: list[Prompt],
+                      modules: dict, plant=None) -> dict:
+        """check-drafter's capture: each prompt generated on its own (batch 1) with ``drafter.capture`` on the
+        draft and target models; ``plant(generation)`` plants a wiring fault first and returns its undo
+        (``drafter.faults``: tests, docs)."""
+        from mtpbench.drafter.capture import DraftCapture
+
+        calls, targets, sequences, totals = [], [], [], {"num_drafts": 0, "num_accepted_tokens_per_pos": [0] * k}
+        for p in prompts:
+            ids = self.encode([p])
+            g = self.generation(cfg, ids, k, mode, mtp_layers, cfg.max_tokens)
+            undo = plant(g) if plant is not None else None
+            cap = DraftCapture(g.drafter, g.target, modules).install()
+            cap.proposal, cap.enabled = len(targets), True
+            try:
+                for _ in g:
+                    pass
+            finally:
+                cap.remove()
+                if undo is not None:
+                    undo()
+            if cap.missing:
+                raise MtpBenchError(f"the draft model has no module for {', '.join(cap.missing)}")
+            calls += cap.calls
+            targets += cap.targets
+            sequences.append(ids[0] + g.tokens[0])
+            totals["num_drafts"] += g.counts[0].num_drafts
+            totals["num_accepted_tokens_per_pos"] = [a + b for a, b in zip(
+                totals["num_accepted_tokens_per_pos"], g.counts[0].num_accepted_tokens_per_pos)]
+        return {"calls": calls, "targets": targets, "sequences": sequences, "dtype": str(self.dtype).removeprefix(
+            "torch."), "engine": "mtpbench-native", **totals}
+
     def run_point(self, cfg: SweepConfig, point: GridPoint, prompts: list[Prompt]) -> PointRun:
         from mtpbench.telemetry import GpuSampler
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import typer
 
-from mtpbench.cli import info, lossless, models, results, sweep, trace, tune
+from mtpbench.cli import drafter, info, lossless, models, results, sweep, trace, tune
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Benchmark and diagnose multi-token-prediction (MTP) speculative decoding.\n\n"
@@ -28,6 +28,7 @@ app.command("trace-layers")(trace.trace_layers)
 app.command("synth")(models.synth)
 app.command("trace-matrix")(trace.trace_matrix)
 app.command("check-lossless")(lossless.check_lossless)
+app.command("check-drafter")(drafter.check_drafter)
 app.command("tune")(tune.tune)
 app.command("report")(results.report)
 app.command("compare")(results.compare)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 KINDS = [("tune.json", "mtpbench.tune.page"), ("summary.json", "mtpbench.sweep.page"),
          ("matrix.json", "mtpbench.matrix.page"), ("trace.json", "mtpbench.trace.page"),
-         ("compare.json", "mtpbench.compare.page"), ("lossless.json", "mtpbench.lossless.page")]
+         ("compare.json", "mtpbench.compare.page"), ("lossless.json", "mtpbench.lossless.page"),
+         ("drafter.json", "mtpbench.drafter.page")]
 
 
 def kind_of(out: Path) -> str | None:

@@ -15,6 +15,7 @@ tensors of layers >= L left out of the shards that hold them, every other file l
 from __future__ import annotations
 
 from dataclasses import asdict, replace
+from pathlib import Path
 
 from mtpbench.backends import BackendBase
 from mtpbench.backends.vllm.engine_args import engine_kwargs, engine_model
@@ -22,6 +23,7 @@ from mtpbench.backends.vllm.launch import call_worker
 from mtpbench.checkpoint import mtp_layer_bytes
 from mtpbench.config import SweepConfig
 from mtpbench.environment import require_vllm
+from mtpbench.errors import MtpBenchError
 from mtpbench.metrics import GridPoint, PointRun
 from mtpbench.procguard import Workers
 from mtpbench.prompts import Prompt
@@ -54,14 +56,41 @@ class VllmBackend(BackendBase):
         data["records"] = rank_records(data)  # every drafting rank's
         return data
 
-    def _run_worker(self, cfg: SweepConfig, k: int, mtp_layers: int, prompts: list[Prompt], op: str) -> dict:
+    def drafter_point(self, cfg: SweepConfig, mode: str, k: int, mtp_layers: int, prompts: list[Prompt],
+                      modules: dict, plant=None) -> dict:
+        """check-drafter's capture in a vLLM engine (``worker.drafter_op``): the first drafting rank's calls and
+        target forwards, each request's tokens and the counters. ``plant`` is the native engine's only."""
+        import tempfile
+
+        import torch
+
+        if plant is not None:
+            raise MtpBenchError("planted faults are the native engine's (mtpbench.drafter.faults)")
+        with tempfile.TemporaryDirectory(prefix="mtpbench-drafter-") as tmp:
+            try:
+                data = self._run_worker(cfg, k, mtp_layers, prompts, "drafter",
+                                        {"modules": modules, "capture": str(Path(tmp) / "capture")})
+            except RuntimeError as e:
+                raise MtpBenchError(f"the vLLM engine could not run the check: {e}") from None
+            ranks = sorted(data["ranks"], key=lambda r: r["rank"])
+            missing = next((r["missing"] for r in ranks if r["missing"]), None)
+            if missing:
+                raise MtpBenchError(f"the draft model has no module for {', '.join(missing)}")
+            saved = torch.load(ranks[0]["path"], weights_only=False)
+        return {**saved, "sequences": data["sequences"], "num_drafts": data["num_drafts"],
+                "num_accepted_tokens_per_pos": data["num_accepted_tokens_per_pos"],
+                "dtype": data["engine"].get("dtype", "bfloat16"), "engine": data["engine"],
+                "ranks": [{key: r[key] for key in ("rank", "tp_rank", "pp_rank", "calls")} for r in ranks]}
+
+    def _run_worker(self, cfg: SweepConfig, k: int, mtp_layers: int, prompts: list[Prompt], op: str,
+                    extra: dict | None = None) -> dict:
         kwargs = engine_kwargs(cfg, engine_model(cfg, k, mtp_layers), k)
-        if op == "trace" or cfg.force_spec_step_idx:
+        if op in ("trace", "drafter") or cfg.force_spec_step_idx:
             # graph replay and compiled __call__ skip Python wrappers; under --force the k = 0 baseline is
             # eager too, so speedups compare like with like
             kwargs["enforce_eager"] = True
         spec = {"op": op, "config": cfg.to_json(), "k": k, "engine_kwargs": kwargs, "runner": cfg.runner,
-                "prompts": [asdict(p) for p in prompts]}
+                "prompts": [asdict(p) for p in prompts], **(extra or {})}
         return call_worker(spec)
 
     def inspect(self, cfg: SweepConfig, k: int, prompts: list[Prompt], forces: list[bool],

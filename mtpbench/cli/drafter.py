@@ -1,0 +1,73 @@
+"""``mtpbench check-drafter``: does the engine's MTP draft equal what the checkpoint's MTP layers compute?"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from mtpbench.cli.common import engine_args, fail, model_or_profile
+from mtpbench.cli.options import Dtype, MaxModelLen, ModelOrProfile, Parallel, Runner, grouped
+from mtpbench.errors import MtpBenchError
+
+DRAFTER_DEFAULTS = {"k": (2,), "mode": ("reuse",), "num_prompts": 2, "max_tokens": 24, "out": "drafter"}
+
+
+@grouped
+def check_drafter(
+    model: ModelOrProfile = None,
+    backend: Annotated[Optional[str], typer.Option(help="native or vllm (an offline engine).")] = None,
+    k: Annotated[Optional[int], typer.Option("--k", help="num_speculative_tokens [default: 2].")] = None,
+    mode: Annotated[Optional[str], typer.Option(help="Native drafting mode: reuse or chain [default: reuse].")] = None,
+    runner: Runner = None,
+    synthetic: Annotated[Optional[str], typer.Option(help="Check a synthetic checkpoint of this vLLM MTP architecture (mtpbench synth --list), built or taken from the cache; implies --backend vllm.")] = None,
+    prompts: Annotated[Optional[str], typer.Option(help="'builtin' or a JSONL file.")] = None,
+    num_prompts: Annotated[Optional[int], typer.Option(help="Prompts, each generated on its own [default: 2].")] = None,
+    max_tokens: Annotated[Optional[int], typer.Option(help="Output tokens per prompt [default: 24].")] = None,
+    dtype: Dtype = None,
+    max_model_len: MaxModelLen = None,
+    engine_arg: Annotated[Optional[list[str]], typer.Option(help="Extra vllm.LLM argument KEY=VALUE (repeatable).")] = None,
+    profile: Annotated[Optional[str], typer.Option(help="Profile name or .toml path.")] = None,
+    out: Annotated[Optional[str], typer.Option(help="Output directory for drafter.json and report.html [default: drafter].")] = None,
+) -> None:
+    """Capture every draft step of a short greedy run (what the engine fed its MTP module, what each stage
+    produced), recompute it with mtpbench's independent reference of the checkpoint's MTP block, and name the
+    first stage that differs; exit 1 where one does."""
+    from mtpbench.config import resolve
+    from mtpbench.drafter.run import run_check
+
+    model, profile = model_or_profile(model, profile)
+    engine = dict(model=model, backend=backend, method=None, draft_model=None, dtype=dtype,
+                  engine_args=engine_args(engine_arg), server=None, **asdict(Parallel()))
+    if synthetic:
+        from mtpbench.cli.trace import synthetic_engine
+
+        engine = synthetic_engine(synthetic, engine, profile, None, Path(out or DRAFTER_DEFAULTS["out"]))
+    try:
+        cfg = resolve(dict(**engine, mtp_layers=None, mode=None if mode is None else (mode,), prompts=prompts,
+                           num_prompts=num_prompts, max_tokens=max_tokens, max_model_len=max_model_len,
+                           runner=runner, out=out, k=None if k is None else (k,)), profile,
+                      defaults=DRAFTER_DEFAULTS)
+        summary = run_check(cfg, max(cfg.k), cfg.mode[0])
+    except MtpBenchError as e:
+        fail(str(e))
+    print_check(summary)
+    typer.echo(f"\nwrote {cfg.out}/drafter.json, report.html")
+    if summary["first_difference"] is not None:
+        raise typer.Exit(1)
+
+
+def print_check(s: dict) -> None:
+    from tabulate import tabulate
+
+    from mtpbench.drafter.page import acceptance_rows, stage_rows
+
+    typer.echo(f"{s['family']} family, {s['dtype']} (tolerance {s['tolerance']:.3g}); decoder layer: {s['decoder']}")
+    typer.echo(tabulate(stage_rows(s), headers=["stage", "error", "verdict"]))
+    for note in s["notes"]:
+        typer.echo(f"note: {note}")
+    typer.echo("\n" + tabulate(acceptance_rows(s), headers=["position", "reference", "engine drafts",
+                                                            "engine counters"]))
+    typer.echo(f"\n{s['headline']}")

@@ -1,0 +1,58 @@
+"""The answers check-drafter draws from its numbers, pure (no torch): the tolerance of a dtype, the first stage
+whose engine output differs from the reference beyond it, and the acceptance per position of a list of drafts.
+
+Tolerance: a stage's error is max |engine - reference| / max |reference| over its rows; the reference recomputes
+the stage in float32 from the engine's own input to it, so a correct engine differs only by its dtype's rounding
+(one rounding of the output: 2^-8 of an element in bfloat16) and by the order of its sums. The bound is 8 such
+roundings in bfloat16 and float16, 1e-4 in float32 (vLLM's CPU kernels reduce in another order than torch);
+measured on correct engines in docs/check-drafter.md, far below it, and a wiring fault is of order 1.
+"""
+
+from __future__ import annotations
+
+import math
+
+from mtpbench.drafter.families import STAGES
+
+TOLERANCE = {"float32": 1e-4, "bfloat16": 8 * 2.0 ** -8, "float16": 8 * 2.0 ** -11}
+
+
+def tolerance(dtype: str) -> float:
+    return TOLERANCE.get(str(dtype).removeprefix("torch."), TOLERANCE["bfloat16"])
+
+
+def differs(error: float | None, tol: float) -> bool:
+    """A measured error beyond the tolerance (NaN differs: a stage that produced NaN where the reference did
+    not); None is a stage not measured."""
+    return error is not None and (math.isnan(error) or error > tol)
+
+
+def first_difference(errors: dict[str, float | None], tol: float) -> str | None:
+    """The first stage, in the order an MTP step runs them, whose error differs; None where none does."""
+    return next((s for s in STAGES if differs(errors.get(s), tol)), None)
+
+
+def acceptance_per_position(cycles: list[list[bool]], k: int) -> list[float]:
+    """vLLM's per-position acceptance of greedy drafts: position s of a proposal is accepted when its draft and
+    every earlier one equal the target's tokens. ``cycles``: each proposal's matches, step by step (a proposal
+    with fewer than k known steps counts its missing ones as rejected)."""
+    if not cycles or k <= 0:
+        return [0.0] * max(k, 0)
+    counts = [0] * k
+    for matches in cycles:
+        for s in range(k):
+            if s >= len(matches) or not matches[s]:
+                break
+            counts[s] += 1
+    return [c / len(cycles) for c in counts]
+
+
+def headline(first: str | None, checked: list[str], expected: list[float] | None, measured: list[float]) -> str:
+    """One line: parity, or the first stage that differs, with the acceptance the reference implies."""
+    acc = ""
+    if expected:
+        acc = (f"; the checkpoint's MTP would accept {expected[0]:.2f} at position 0, the engine accepts "
+               f"{measured[0]:.2f}" if measured else f"; the checkpoint's MTP would accept {expected[0]:.2f}")
+    if first is None:
+        return f"parity: every stage checked ({', '.join(checked)}) equals the reference{acc}"
+    return f"the engine's draft differs from the checkpoint's MTP first at stage '{first}'{acc}"

@@ -1,0 +1,101 @@
+"""``mtpbench check-drafter``: capture a short greedy run's draft steps in the engine (native, or vLLM through
+its worker and ``plugin``), recompute them with the reference, and write drafter.json and report.html."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from mtpbench.checkpoint import read_config
+from mtpbench.drafter.check import analyse
+from mtpbench.drafter.compare import headline, tolerance
+from mtpbench.drafter.families import STAGES, family_for
+from mtpbench.drafter.reference import Reference
+from mtpbench.errors import MtpBenchError
+
+
+def reference_for(model_dir: Path) -> Reference:
+    """The reference of a checkpoint, or an MtpBenchError naming what is missing (no MTP layers, no family)."""
+    cfg = read_config(model_dir)
+    layers = cfg.get("num_nextn_predict_layers") or cfg.get("mtp_num_hidden_layers") or 0
+    if not layers:
+        raise MtpBenchError(f"{model_dir}: the checkpoint has no MTP layers (config.json: num_nextn_predict_layers "
+                            "is 0 or absent): there is no drafter to check")
+    family = family_for(cfg)
+    if family is None:
+        raise MtpBenchError(f"{model_dir}: no reference of {', '.join(cfg.get('architectures') or ['?'])}'s MTP "
+                            "block in mtpbench yet (check-drafter knows: "
+                            f"{', '.join(sorted(a for f in _families() for a in f.architectures))})")
+    ref = Reference(model_dir, family, cfg)
+    missing = ref.missing()
+    if missing:
+        raise MtpBenchError(f"{model_dir}: the checkpoint lacks the MTP tensors the reference reads ({missing[0]}"
+                            f"{f' and {len(missing) - 1} more' if len(missing) > 1 else ''})")
+    return ref
+
+
+def _families():
+    from mtpbench.drafter.families import FAMILIES
+
+    return FAMILIES.values()
+
+
+def check(data: dict, ref: Reference, k: int) -> dict:
+    """The summary of one capture (``backend.drafter_point``'s data)."""
+    if not data["calls"]:
+        raise MtpBenchError("the engine made no draft call: is speculative decoding on (k > 0)?")
+    tol = tolerance(data["dtype"])
+    out = analyse(data["calls"], data["targets"], data["sequences"], ref, tol, k)
+    measured = [a / data["num_drafts"] for a in data["num_accepted_tokens_per_pos"]] if data["num_drafts"] else []
+    checked = [s for s in STAGES if out["errors"][s] is not None]
+    decoder = ref.decoder(0)
+    return {"family": ref.family.name, "dtype": data["dtype"], "tolerance": tol, "k": k, **out,
+            "stages_checked": checked, "engine_counters_acceptance": measured,
+            "decoder": "independent (mtpbench's reference)" if decoder is not None else ref.why_no_decoder,
+            "headline": headline(out["first_difference"], checked, out["reference_acceptance"],
+                                 out["engine_acceptance"])}
+
+
+def write(out: Path, summary: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "drafter.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+
+
+def run_check(cfg, k: int, mode: str = "reuse", backend=None, plant=None) -> dict:
+    """Capture, check, write ``cfg.out``/drafter.json and report.html; the summary. ``backend`` may be passed in
+    started; ``plant`` (native only) plants a wiring fault in each generation (``drafter.faults``)."""
+    from mtpbench.backends import get_backend
+    from mtpbench.drafter.page import write_page
+    from mtpbench.environment import provenance
+    from mtpbench.prompts import prompt_set
+
+    if k < 1:
+        raise MtpBenchError(f"--k {k}: check-drafter needs draft steps (k >= 1)")
+    ref = reference_for(cfg.model_dir)
+    engine = "native" if cfg.backend == "native" else "vllm"
+    if cfg.backend not in ("native", "vllm"):
+        raise MtpBenchError(f"--backend {cfg.backend}: check-drafter runs the native engine or an offline vLLM one")
+    modules = ref.family.modules.get(engine)
+    if not modules:
+        raise MtpBenchError(f"no stage map of the {ref.family.name} family for the {engine} engine yet")
+    prompts = prompt_set(cfg.prompts, cfg.num_prompts, cfg.model_dir, cfg.chat_template).prompts
+    started = backend is None
+    if started:
+        backend = get_backend(cfg.backend)
+        backend.start(cfg)
+    try:
+        data = backend.drafter_point(cfg, mode, k, ref.num_layers, prompts, modules, plant=plant)
+    finally:
+        if started:
+            backend.close()
+    summary = {"model": str(cfg.model), "backend": cfg.backend, "runner": _runner(data),
+               "mode": mode, **check(data, ref, k), "config": cfg.to_json(), "provenance": provenance()}
+    out = Path(cfg.out)
+    write(out, summary)
+    write_page(out, summary)
+    return summary
+
+
+def _runner(data: dict) -> str | None:
+    engine = data.get("engine")
+    return engine.get("runner") if isinstance(engine, dict) else None
