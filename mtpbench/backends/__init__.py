@@ -67,6 +67,10 @@ class BackendBase:
     # trace-matrix: (cfg, k, prompts, forces, cpus=, workers=) -> one checkpoint loaded under load_check and traced
     # once per entry of forces (as the engine drafts, and with spec_step_idx forced); vLLM's
     inspect: Callable | None = None
+    # check-drafter: (cfg, mode, k, mtp_layers, prompts, modules, plant=) -> each draft call's stages (the native
+    # engine and an offline vLLM one); ``drafter_engine`` names the family's stage map it reads ("native", "vllm")
+    drafter_point: Callable | None = None
+    drafter_engine: str | None = None
 
     def grid_k(self) -> int | None:
         """An attached server's own k, after ``start`` (None: the backend runs the k it is given)."""

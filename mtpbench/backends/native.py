@@ -177,6 +177,8 @@ class NativeBackend(BackendBase):
                 "structure": st.describe(),
                 **totals}
 
+    drafter_engine = "native"
+
     def drafter_point(self, cfg: SweepConfig, mode: str, k: int, mtp_layers: int, prompts: list[Prompt],
                       modules: dict, plant=None) -> dict:
         """check-drafter's capture: each prompt generated on its own (batch 1) with ``drafter.capture`` on the

@@ -29,7 +29,8 @@ class Family:
     head_norms: bool = True  # compute_logits applies the final norm (DeepSeek style) or takes its output (MiMo)
     block: str | None = None  # an independent decoder layer in reference/ ("qwen2", "glm-dense"), or None
     target_hidden: str = "post"  # what the target hands step 0: its hidden after ("post") or before its final norm
-    next_hidden: str = "pre"  # what a step hands the next: the layer's residual sum ("pre") or its final norm's output
+    # what a step may hand the next: the layer's residual sum ("pre") and/or its final norm's output ("post")
+    next_hidden: tuple[str, ...] = ("pre",)
     modules: dict[str, dict[str, tuple[str, str]]] = field(default_factory=dict)  # engine -> stage -> pointer
 
     def tensor(self, key: str, cfg: dict, j: int) -> str:
@@ -40,8 +41,12 @@ class Family:
 _DEEPSEEK_VLLM = {"enorm": ("layer.enorm", ""), "hnorm": ("layer.hnorm", ""), "proj": ("layer.eh_proj", ""),
                   "block": ("layer.mtp_block", ""), "final_norm": ("layer.shared_head.norm", "")}
 # a pointer's side "" = the module's own input and output; "in" / "out" = only that side of it
+# DeepSeek-V3's MTP modules share the main model's output head (the paper's "shared output head"; real checkpoints
+# store a copy of lm_head under shared_head.head, and vLLM's proposer uses the target's lm_head): the reference
+# reads lm_head, and a checkpoint whose copy differs is named in the summary
 _DEEPSEEK_NAMES = {"enorm": "{layer}enorm.weight", "hnorm": "{layer}hnorm.weight", "proj": "{layer}eh_proj.weight",
-                   "final_norm": "{layer}shared_head.norm.weight", "head": "{layer}shared_head.head.weight"}
+                   "final_norm": "{layer}shared_head.norm.weight", "head": "lm_head.weight",
+                   "head_copy": "{layer}shared_head.head.weight"}
 _MIMO_NAMES = {"enorm": "{layer}token_layernorm.weight", "hnorm": "{layer}hidden_layernorm.weight",
                "proj": "{layer}input_proj.weight", "final_norm": "{layer}final_layernorm.weight",
                "head": "lm_head.weight"}
@@ -56,16 +61,17 @@ _NATIVE = {"enorm": ("layer.token_layernorm", ""), "hnorm": ("layer.hidden_layer
 
 FAMILIES = {
     "mimo": Family("mimo", ("MiMoForCausalLM",), "model.mtp_layers.{j}.", _MIMO_NAMES, order="he",
-                   head_norms=False, block="qwen2", target_hidden="pre", next_hidden="post",
+                   head_norms=False, block="qwen2", target_hidden="pre", next_hidden=("post",),
                    modules={"vllm": _MIMO_VLLM, "native": {**_NATIVE, "block_out": ("layer.final_layernorm", "in")}}),
     "deepseek": Family("deepseek", ("DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM", "Glm4MoeForCausalLM",
                                     "Glm4MoeLiteForCausalLM"), "model.layers.{n_j}.", _DEEPSEEK_NAMES,
-                       block="glm-dense",
+                       block="glm-dense", next_hidden=("pre", "post"),  # vLLM's DeepSeek layer hands on its
+                       # normed output (reused layer 0 sees what the target hands it), GLM's its residual sum
                        modules={"vllm": _DEEPSEEK_VLLM, "native": {**_NATIVE, "block_out": ("layer", "out")}}),
     "qwen3-next": Family("qwen3-next", ("Qwen3NextForCausalLM",), "mtp.layers.{j}.",
                          {"enorm": "mtp.pre_fc_norm_embedding.weight", "hnorm": "mtp.pre_fc_norm_hidden.weight",
                           "proj": "mtp.fc.weight", "final_norm": "mtp.norm.weight", "head": "lm_head.weight"},
-                         norm="gemma", mask_pos0=False, head_norms=False, next_hidden="post",
+                         norm="gemma", mask_pos0=False, head_norms=False, next_hidden=("post",),
                          modules={"vllm": {"enorm": ("pred.pre_fc_norm_embedding", ""),
                                            "hnorm": ("pred.pre_fc_norm_hidden", ""), "proj": ("pred.fc", ""),
                                            "block": ("layer", ""), "final_norm": ("pred.norm", "")}}),

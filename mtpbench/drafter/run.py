@@ -49,6 +49,10 @@ def check(data: dict, ref: Reference, k: int) -> dict:
     measured = [a / data["num_drafts"] for a in data["num_accepted_tokens_per_pos"]] if data["num_drafts"] else []
     checked = [s for s in STAGES if out["errors"][s] is not None]
     decoder = ref.decoder(0)
+    copies = ref.head_copies_that_differ()
+    if copies:
+        out["notes"][f"checkpoint: {copies[0]} differs from {ref.family.names['head']}; the architecture shares one "
+                     f"output head, which the reference (and vLLM) take from {ref.family.names['head']}"] = len(copies)
     return {"family": ref.family.name, "dtype": data["dtype"], "tolerance": tol, "k": k, **out,
             "stages_checked": checked, "engine_counters_acceptance": measured,
             "decoder": "independent (mtpbench's reference)" if decoder is not None else ref.why_no_decoder,
@@ -72,25 +76,30 @@ def run_check(cfg, k: int, mode: str = "reuse", backend=None, plant=None) -> dic
     if k < 1:
         raise MtpBenchError(f"--k {k}: check-drafter needs draft steps (k >= 1)")
     ref = reference_for(cfg.model_dir)
-    engine = "native" if cfg.backend == "native" else "vllm"
-    if cfg.backend not in ("native", "vllm"):
-        raise MtpBenchError(f"--backend {cfg.backend}: check-drafter runs the native engine or an offline vLLM one")
-    modules = ref.family.modules.get(engine)
-    if not modules:
-        raise MtpBenchError(f"no stage map of the {ref.family.name} family for the {engine} engine yet")
     prompts = prompt_set(cfg.prompts, cfg.num_prompts, cfg.model_dir, cfg.chat_template).prompts
     started = backend is None
     if started:
         backend = get_backend(cfg.backend)
+    if backend.drafter_point is None:
+        raise MtpBenchError(f"--backend {cfg.backend}: check-drafter runs the native engine or an offline vLLM one")
+    modules = ref.family.modules.get(backend.drafter_engine)
+    if not modules:
+        raise MtpBenchError(f"no stage map of the {ref.family.name} family for the {backend.drafter_engine} "
+                            "engine yet")
+    if started:
         backend.start(cfg)
     try:
         data = backend.drafter_point(cfg, mode, k, ref.num_layers, prompts, modules, plant=plant)
     finally:
         if started:
             backend.close()
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    import torch
+
+    torch.save(data, out / "capture.pt")  # what the engine fed and produced: the check reruns from it
     summary = {"model": str(cfg.model), "backend": cfg.backend, "runner": _runner(data),
                "mode": mode, **check(data, ref, k), "config": cfg.to_json(), "provenance": provenance()}
-    out = Path(cfg.out)
     write(out, summary)
     write_page(out, summary)
     return summary

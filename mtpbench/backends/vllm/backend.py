@@ -56,6 +56,8 @@ class VllmBackend(BackendBase):
         data["records"] = rank_records(data)  # every drafting rank's
         return data
 
+    drafter_engine = "vllm"
+
     def drafter_point(self, cfg: SweepConfig, mode: str, k: int, mtp_layers: int, prompts: list[Prompt],
                       modules: dict, plant=None) -> dict:
         """check-drafter's capture in a vLLM engine (``worker.drafter_op``): the first drafting rank's calls and

@@ -81,6 +81,15 @@ class Reference:
         return norm(x, self.t["model.norm.weight"], self.eps, self.family.norm) if "model.norm.weight" in self.t \
             else None
 
+    def head_copies_that_differ(self) -> list[str]:
+        """The MTP layers' own copies of the shared output head (DeepSeek's shared_head.head) that differ from
+        the head the architecture shares (a real checkpoint stores lm_head's values there)."""
+        if "head_copy" not in self.family.names:
+            return []
+        names = [self.family.tensor("head_copy", self.cfg, j) for j in range(self.num_layers)]
+        head = self.t[self.family.names["head"]]
+        return [n for n in names if n in self.t and not torch.equal(self.t[n], head)]
+
     def embed(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         e = self.t["model.embed_tokens.weight"][ids.long()]
         if self.family.mask_pos0:
