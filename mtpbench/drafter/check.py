@@ -91,15 +91,16 @@ class Checker:
         if bk and pj:
             e["block input"] = rel(bk.get("in"), pj.get("out"))
         check_dec, chain_dec = self._decoders(j)
-        if check_dec is not None and bk is not None and bk.get("in") is not None:
-            e["block"] = rel(bo, check_dec(bk["in"], pos))
+        n = run_length(pos)  # rows past the first break in positions are padding (Model Runner V2's)
+        if check_dec is not None and bk is not None and bk.get("in") is not None and bo is not None:
+            e["block"] = rel(bo[:n], check_dec(bk["in"], pos, n)[:n])
         if fn:
             e["final norm"] = rel(fn.get("out"), ref.stage("final norm", fn["in"], j))
         # the reference's own chain from the engine's call inputs, to its draft
         r_proj = ref.stage("proj", ref.stage("concat", (ref.stage("enorm", ref.embed(ids, pos), j),
                                                         ref.stage("hnorm", h_prev, j)), j), j)
         if chain_dec is not None:
-            r_bo = chain_dec(r_proj, pos)
+            r_bo = chain_dec(r_proj, pos, n)
         elif bo is not None and bk is not None and (rel(bk.get("in"), r_proj) or 0.0) <= self.tol:
             r_bo = bo  # the engine's decoder layer on the reference's own input
         else:
@@ -187,6 +188,15 @@ class Checker:
         return {"hidden": {"from": who, "kind": kind, "offset": off}, "share": n / h.shape[0], "rows": h.shape[0]}
 
 
+def run_length(pos: torch.Tensor) -> int:
+    """How many leading rows sit at consecutive positions (the rest are an engine's padding)."""
+    p = pos.reshape(-1).tolist()
+    n = 1
+    while n < len(p) and p[n] == p[n - 1] + 1:
+        n += 1
+    return min(n, len(p))
+
+
 def _block_out(c: dict, bk: dict | None):
     if bk is not None and bk.get("out") is not None:
         return bk["out"]
@@ -227,7 +237,9 @@ def analyse(calls: list[dict], targets: list[dict], sequences: list[list[int]], 
             cur = {"engine": [], "reference": [], "unknown": False}
             cycles.append(cur)
         for head in out["heads"][:1]:
-            q = head["positions"][-1]
+            if c["step"] == 0:
+                cur["q0"] = head["positions"][-1]
+            q = cur.get("q0", head["positions"][-1]) + c["step"]  # step s drafts the token at q0 + 2 + s
             want = seq[q + 2] if q + 2 < len(seq) else None
             if want is None:  # past the generated tokens: the proposal cannot be judged
                 cur["unknown"] = True
@@ -268,7 +280,7 @@ def flag_inputs(worst: dict, notes: Counter, tokens: Counter, hidden: Counter, f
             got = f"the token at t{off:+d}" if off is not None else "tokens of no position of the request"
             notes[f"token input: the row at position t reads {got} (the architecture: t+1)"] += 1
     for later, allowed in ((False, [("target", f.target_hidden, 0)]),
-                           (True, [("previous step", kind, -1) for kind in f.next_hidden])):
+                           (True, [("previous step", kind, o) for kind in f.next_hidden for o in (-1, 0)])):
         seen = Counter({key[1:]: n for key, n in hidden.items() if key[0] == later})
         if not seen:
             continue

@@ -40,20 +40,23 @@ class DenseBlock:
         b = self.w.get(name.replace("weight", "bias")) if bias else None
         return x @ self.w[name].T + (0 if b is None else b)
 
-    def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x [T, hidden] at ``positions`` [T] (one request): the layer's output, its residual included."""
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor, writes: int | None = None) -> torch.Tensor:
+        """x [T, hidden] at ``positions`` [T] (one request): the layer's output, its residual included. Only the
+        first ``writes`` rows (default all) write their keys: an engine's padding rows write none."""
         x, positions = x.float(), positions.long().reshape(-1)
         h = self._norm(x, "input_layernorm.weight")
         T, hd = h.shape[0], self.head_dim
         q = self._rope(self._lin(h, "self_attn.q_proj.weight").view(T, self.nq, hd), positions)
         k = self._rope(self._lin(h, "self_attn.k_proj.weight").view(T, self.nkv, hd), positions)
         v = self._lin(h, "self_attn.v_proj.weight").view(T, self.nkv, hd)
-        for i, p in enumerate(positions.tolist()):
+        for i, p in enumerate(positions.tolist()[:writes]):
             self.keys[p] = (k[i], v[i])
         out = torch.empty(T, self.nq, hd)
         group = self.nq // self.nkv
         for i, p in enumerate(positions.tolist()):
-            seen = sorted(q_ for q_ in self.keys if q_ <= p)
+            seen = sorted(q_ for q_ in self.keys if q_ <= p) or [p]
+            if p not in self.keys:  # a padding row's query: its own key, unwritten
+                self.keys[p] = (k[i], v[i])
             K = torch.stack([self.keys[s][0] for s in seen])  # [S, nkv, hd]
             V = torch.stack([self.keys[s][1] for s in seen])
             K, V = K.repeat_interleave(group, 1), V.repeat_interleave(group, 1)
