@@ -4,6 +4,7 @@ its worker and ``plugin``), recompute them with the reference, and write drafter
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from mtpbench.checkpoint import read_config
@@ -17,6 +18,8 @@ from mtpbench.errors import MtpBenchError
 def reference_for(model_dir: Path) -> Reference:
     """The reference of a checkpoint, or an MtpBenchError naming what is missing (no MTP layers, no family)."""
     cfg = read_config(model_dir)
+    # a multimodal checkpoint keeps its text model's fields (layer counts, norm epsilon) in text_config
+    cfg = {**cfg, **(cfg.get("text_config") or {}), "architectures": cfg.get("architectures")}
     layers = cfg.get("num_nextn_predict_layers") or cfg.get("mtp_num_hidden_layers") or 0
     if not layers:
         raise MtpBenchError(f"{model_dir}: the checkpoint has no MTP layers (config.json: num_nextn_predict_layers "
@@ -88,11 +91,13 @@ def run_check(cfg, k: int, mode: str = "reuse", backend=None, plant=None) -> dic
                             "engine yet")
     if started:
         backend.start(cfg)
+    t0 = time.perf_counter()
     try:
         data = backend.drafter_point(cfg, mode, k, ref.num_layers, prompts, modules, plant=plant)
     finally:
         if started:
             backend.close()
+    t1 = time.perf_counter()
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     import torch
@@ -100,6 +105,8 @@ def run_check(cfg, k: int, mode: str = "reuse", backend=None, plant=None) -> dic
     torch.save(data, out / "capture.pt")  # what the engine fed and produced: the check reruns from it
     summary = {"model": str(cfg.model), "backend": cfg.backend, "runner": _runner(data),
                "mode": mode, **check(data, ref, k), "config": cfg.to_json(), "provenance": provenance()}
+    # the engine's run with the capture (its start included where this call started it), then the check alone
+    summary["timing"] = {"capture_s": round(t1 - t0, 3), "check_s": round(time.perf_counter() - t1, 3)}
     write(out, summary)
     write_page(out, summary)
     return summary

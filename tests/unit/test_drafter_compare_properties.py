@@ -66,3 +66,19 @@ def test_tolerances_are_of_the_dtype_and_unknown_dtypes_get_bfloat16s():
     assert tolerance("bfloat16") == 8 * 2.0 ** -8
     assert tolerance("float16") == 8 * 2.0 ** -11
     assert tolerance("float8") == tolerance("bfloat16")
+
+
+def test_no_proposal_or_no_position_gives_the_empty_or_zero_list():
+    assert acceptance_per_position([], 0) == [] and acceptance_per_position([], 2) == [0.0, 0.0]
+    assert acceptance_per_position([[True]], 0) == []
+
+
+def test_the_headline_word_for_word():
+    assert headline(None, ["enorm", "head"], None, [0.5]) == \
+        "parity: every stage checked (enorm, head) equals the reference"
+    assert headline("hnorm", ["enorm"], [0.78, 0.5], [0.02]) == (
+        "the engine's draft differs from the checkpoint's MTP first at stage 'hnorm'; the checkpoint's MTP would "
+        "accept 0.78 at position 0, the engine accepts 0.02")
+    assert headline("head", ["head"], [0.25, 0.75], []) == (
+        "the engine's draft differs from the checkpoint's MTP first at stage 'head'; the checkpoint's MTP would "
+        "accept 0.25")
