@@ -18,7 +18,8 @@ from torch import nn
 
 from mtpbench.trace.hooks import ArgReader, discover
 
-TARGET_NORMS = ("model.norm", "body.norm")
+# the target's final norm: most models, the native ones, Nemotron-H, a multimodal wrapper's text model
+TARGET_NORMS = ("model.norm", "body.norm", "model.norm_f", "language_model.model.norm")
 
 
 def _rows(t) -> torch.Tensor | None:

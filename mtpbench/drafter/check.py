@@ -260,9 +260,10 @@ def analyse(calls: list[dict], targets: list[dict], sequences: list[list[int]], 
 
 def token_offset(ids: torch.Tensor, pos: torch.Tensor, seq: list[int]) -> int | None:
     """The offset o for which the call's token ids equal the request's tokens at position + o most often
-    (vLLM's geometry: o = 1, the row at position t reads the token at t + 1); None where none matches."""
+    (vLLM's geometry: o = 1, the row at position t reads the token at t + 1); None where none matches. A tie
+    goes to o = 1: a sequence that repeats one token (a tiny model's greedy loop) matches every offset."""
     best, hits = None, 0
-    for o in (-1, 0, 1, 2):
+    for o in (1, -1, 0, 2):
         n = sum(1 for i, p in zip(ids.tolist(), pos.tolist()) if 0 <= p + o < len(seq) and seq[p + o] == i)
         if n > hits:
             best, hits = o, n

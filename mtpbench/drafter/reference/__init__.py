@@ -62,7 +62,7 @@ class Reference:
     def __init__(self, model_dir: Path, family: Family, cfg: dict):
         self.family, self.cfg = family, cfg
         self.t = Tensors(model_dir)
-        self.eps = float(cfg.get("rms_norm_eps", 1e-6))
+        self.eps = float(cfg.get(family.eps, 1e-6))
         self.num_layers = int(cfg.get("num_nextn_predict_layers") or cfg.get("mtp_num_hidden_layers") or 1)
         self.decoders: dict[int, DenseBlock | None] = {}
         self.why_no_decoder = ""
@@ -72,14 +72,16 @@ class Reference:
 
     def missing(self) -> list[str]:
         """The checkpoint tensors the reference needs and the checkpoint lacks (every MTP layer)."""
-        names = ["model.embed_tokens.weight"] + [self.family.tensor(k, self.cfg, j) for j in range(self.num_layers)
-                                                for k in ("enorm", "hnorm", "proj", "final_norm", "head")]
+        names = [self.family.tensor("embed", self.cfg, 0)] + [
+            self.family.tensor(k, self.cfg, j) for j in range(self.num_layers)
+            for k in ("enorm", "hnorm", "proj", "final_norm", "head")]
         return [n for n in names if n not in self.t]
 
     def target_norm(self, x: torch.Tensor) -> torch.Tensor | None:
-        """The target's final norm (``model.norm.weight``), where the checkpoint holds it."""
-        return norm(x, self.t["model.norm.weight"], self.eps, self.family.norm) if "model.norm.weight" in self.t \
-            else None
+        """The target's final norm (``model.norm.weight`` unless the family names another), where the checkpoint
+        holds it."""
+        name = self.family.tensor("target_norm", self.cfg, 0)
+        return norm(x, self.t[name], self.eps, self.family.norm) if name in self.t else None
 
     def head_copies_that_differ(self) -> list[str]:
         """The MTP layers' own copies of the shared output head (DeepSeek's shared_head.head) that differ from
@@ -91,7 +93,7 @@ class Reference:
         return [n for n in names if n in self.t and not torch.equal(self.t[n], head)]
 
     def embed(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        e = self.t["model.embed_tokens.weight"][ids.long()]
+        e = self.t[self.family.tensor("embed", self.cfg, 0)][ids.long()]
         if self.family.mask_pos0:
             e = torch.where(positions.reshape(-1, 1) == 0, 0.0, e)
         return e
