@@ -86,11 +86,13 @@ def test_check_drafter_finds_parity_on_the_native_engine(name, tmp_path):
     assert "parity" in page and "Stage by stage" in page
 
 
-@pytest.fixture(scope="module")
-def started(tmp_path_factory):
+@pytest.fixture(scope="module", params=["builtin", "builtin-glm"])
+def started(request, tmp_path_factory):
+    """A native engine on each built-in model: MiMo's layer (its final norm inside the layer) and GLM's (the
+    final norm in the logits call, the projection's halves swapped by the native loader)."""
     from mtpbench.backends import get_backend
 
-    cfg = _cfg("builtin", tmp_path_factory.mktemp("faults"))
+    cfg = _cfg(request.param, tmp_path_factory.mktemp("faults"))
     b = get_backend("native")
     b.start(cfg)
     return cfg, b
@@ -117,13 +119,15 @@ def test_bad_inputs_are_one_line_refusals(no_mtp_model, tmp_path):
                    "no MTP layers")
     one_line_error(run(app, ["check-drafter", "builtin", "--backend", "native", "--k", "0",
                              "--out", str(tmp_path / "b")]), "needs draft steps")
+    one_line_error(run(app, ["check-drafter", "builtin", "--backend", "native", "--max-tokens", "1",
+                             "--out", str(tmp_path / "e")]), "the engine made no draft call in 2 requests")
     other = tmp_path / "other"
     shutil.copytree(resolve_model_dir("builtin"), other)
     cfg = json.loads((other / "config.json").read_text())
-    (other / "config.json").write_text(json.dumps({**cfg, "architectures": ["Step3p5ForCausalLM"]}))
+    (other / "config.json").write_text(json.dumps({**cfg, "architectures": ["NoSuchMtpForCausalLM"]}))
     one_line_error(run(app, ["check-drafter", str(other), "--backend", "native", "--out", str(tmp_path / "c")]),
-                   "no reference of Step3p5ForCausalLM's MTP block")
+                   "no reference of NoSuchMtpForCausalLM's MTP block")
     one_line_error(run(app, ["check-drafter", "builtin", "--backend", "vllm-server", "--out", str(tmp_path / "d")]),
                    "check-drafter runs the native engine or an offline vLLM one")
-    for d in "abcd":
+    for d in "abcde":
         assert not (tmp_path / d).exists(), d

@@ -46,7 +46,8 @@ def _families():
 def check(data: dict, ref: Reference, k: int) -> dict:
     """The summary of one capture (``backend.drafter_point``'s data)."""
     if not data["calls"]:
-        raise MtpBenchError("the engine made no draft call: is speculative decoding on (k > 0)?")
+        raise MtpBenchError(f"the engine made no draft call in {len(data['sequences'])} requests: nothing to check "
+                            "(is speculative decoding on? is --max-tokens above 1?)")
     tol = tolerance(data["dtype"])
     out = analyse(data["calls"], data["targets"], data["sequences"], ref, tol, k)
     measured = [a / data["num_drafts"] for a in data["num_accepted_tokens_per_pos"]] if data["num_drafts"] else []
@@ -98,15 +99,15 @@ def run_check(cfg, k: int, mode: str = "reuse", backend=None, plant=None) -> dic
         if started:
             backend.close()
     t1 = time.perf_counter()
+    summary = {"model": str(cfg.model), "backend": cfg.backend, "runner": _runner(data),
+               "mode": mode, **check(data, ref, k), "config": cfg.to_json(), "provenance": provenance()}
+    # the engine's run with the capture (its start included where this call started it), then the check alone
+    summary["timing"] = {"capture_s": round(t1 - t0, 3), "check_s": round(time.perf_counter() - t1, 3)}
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     import torch
 
     torch.save(data, out / "capture.pt")  # what the engine fed and produced: the check reruns from it
-    summary = {"model": str(cfg.model), "backend": cfg.backend, "runner": _runner(data),
-               "mode": mode, **check(data, ref, k), "config": cfg.to_json(), "provenance": provenance()}
-    # the engine's run with the capture (its start included where this call started it), then the check alone
-    summary["timing"] = {"capture_s": round(t1 - t0, 3), "check_s": round(time.perf_counter() - t1, 3)}
     write(out, summary)
     write_page(out, summary)
     return summary
