@@ -84,6 +84,9 @@ def test_check_drafter_finds_parity_on_the_native_engine(name, tmp_path):
     assert (out / "report.html").is_file() and (out / "capture.pt").is_file()
     page = (out / "report.html").read_text()
     assert "parity" in page and "Stage by stage" in page
+    (out / "report.html").unlink()  # rebuilt from drafter.json alone
+    assert CliRunner().invoke(app, ["report", str(out)]).exit_code == 0
+    assert (out / "report.html").read_text() == page
 
 
 @pytest.fixture(scope="module", params=["builtin", "builtin-glm"])

@@ -12,13 +12,13 @@ from mtpbench.cli.common import fail, show
 from mtpbench.errors import MtpBenchError
 
 
-PAGE_ONLY = ("mtpbench.trace.page", "mtpbench.compare.page", "mtpbench.lossless.page")
+PAGE_ONLY = ("mtpbench.trace.page", "mtpbench.compare.page", "mtpbench.lossless.page", "mtpbench.drafter.page")
 
 
-def report(out: Annotated[Path, typer.Argument(help="A sweep, tune, trace-matrix, trace-layers, compare or check-lossless output directory.")]) -> None:
+def report(out: Annotated[Path, typer.Argument(help="A sweep, tune, trace-matrix, trace-layers, compare, check-lossless or check-drafter output directory.")]) -> None:
     """Rebuild the table, summary.csv/json, plots and report.html from a sweep's saved JSON files (a tune's files
     from its sweeps, a trace-matrix's matrix.csv/md/png from its matrix.json; a trace's, compare's or
-    check-lossless's report.html from its JSON)."""
+    check-lossless's or check-drafter's report.html from its JSON)."""
     from mtpbench.sweep.report import build
     from mtpbench.tune.report import is_tune_dir
 
