@@ -33,6 +33,12 @@ def _flat(t) -> torch.Tensor | None:
     return t.detach().cpu().clone().reshape(-1) if isinstance(t, torch.Tensor) else None
 
 
+def _positions(t) -> torch.Tensor | None:
+    """A call's positions, one per token: M-RoPE's [3, tokens] (multimodal models) gives its first row, which a
+    text token shares with the other two."""
+    return _flat(t[0] if isinstance(t, torch.Tensor) and t.dim() == 2 else t)
+
+
 def module_input(args, kwargs) -> torch.Tensor | None:
     """A stage's input: its first tensor argument (``hidden_states`` / ``x``), plus the residual where the
     module adds one first (vLLM's fused add-norm ``norm(x, residual)``, a decoder layer given a residual)."""
@@ -129,7 +135,8 @@ class DraftCapture:
             if self.enabled:
                 self.proposal += 1
                 self.step = 0
-                self.targets.append({"proposal": self.proposal, "positions": _flat(sig.get(args, kwargs, "positions")),
+                self.targets.append({"proposal": self.proposal,
+                                     "positions": _positions(sig.get(args, kwargs, "positions")),
                                      "pre": None, "post": None})
             out = orig(*args, **kwargs)
             if self.enabled:
@@ -149,7 +156,7 @@ class DraftCapture:
             idx = sig.spec_step_idx(args, kwargs)
             self.current = {"proposal": self.proposal, "step": self.step, "spec_step_idx": idx,
                             "input_ids": _flat(sig.get(args, kwargs, "input_ids")),
-                            "positions": _flat(sig.get(args, kwargs, "positions")),
+                            "positions": _positions(sig.get(args, kwargs, "positions")),
                             "h_prev": _rows(sig.get(args, kwargs, "hidden_states")), "stages": {}, "logits": []}
             self.calls.append(self.current)
             self.step += 1
