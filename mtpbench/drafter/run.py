@@ -21,6 +21,9 @@ def reference_for(model_dir: Path) -> Reference:
     # a multimodal checkpoint keeps its text model's fields (layer counts, norm epsilon) in text_config
     cfg = {**cfg, **(cfg.get("text_config") or {}), "architectures": cfg.get("architectures")}
     layers = cfg.get("num_nextn_predict_layers") or cfg.get("mtp_num_hidden_layers") or 0
+    if not layers and (Path(model_dir) / "draft").is_dir():  # Gemma 4's assistant: a drafter of its own
+        raise MtpBenchError(f"{model_dir}: its drafter is a separate checkpoint (draft/), not MTP layers of the "
+                            "target: check-drafter has no reference of a separate drafter yet")
     if not layers:
         raise MtpBenchError(f"{model_dir}: the checkpoint has no MTP layers (config.json: num_nextn_predict_layers "
                             "is 0 or absent): there is no drafter to check")
