@@ -52,3 +52,13 @@ def test_built_in_models_parity_and_the_acceptance_the_reference_implies(model, 
     s = check([model, "--backend", "vllm", "--runner", runner, "--k", str(k)], tmp_path / "d")
     assert_parity(s, runner, independent_block=True)
     assert s["reference_acceptance"] == s["engine_acceptance"] and s["engine_acceptance"][0] > 0.5
+
+
+def test_a_drafter_in_a_checkpoint_of_its_own_is_refused_in_one_line(tmp_path):
+    """Gemma 4's assistant drafter is a separate checkpoint (draft/), not MTP layers: no reference yet."""
+    from conftest import one_line_error
+
+    out = tmp_path / "d"
+    one_line_error(CliRunner().invoke(app, ["check-drafter", "--synthetic", "gemma-4", "--out", str(out)]),
+                   "its drafter is a separate checkpoint (draft/)")
+    assert not (out / "drafter.json").exists()

@@ -173,14 +173,16 @@ class Checker:
             cands = [("previous step", "pre", prev["bo"], prev["positions"].long()),
                      ("previous step", "post", self.ref.stage("final norm", prev["bo"], prev["layer"]),
                       prev["positions"].long())]
-        best: Counter = Counter()
+        n = run_length(pos)  # padding rows (V2's) are handed whatever: not judged
+        matches: list[set] = [set() for _ in range(n)]
         for who, kind, rows, rpos in cands:
             if rows is None or rows.shape[-1] != h.shape[-1] or len(rpos) != rows.shape[0]:
                 continue
-            idx, dist = nearest(h, rows)
-            for i in range(h.shape[0]):
-                if float(dist[i]) <= self.tol:
-                    best[(who, kind, int(rpos[idx[i]]) - int(pos[i]))] += 1
+            d = (h[:n, None, :] - rows[None, :, :]).abs().amax(-1) / max(float(rows.abs().max()), 1e-12)
+            for i, r in (d <= self.tol).nonzero().tolist():
+                matches[i].add((who, kind, int(rpos[r]) - int(pos[i])))
+        # a row that equals several candidates (a repeated token's states) tells nothing: only unique matches vote
+        best = Counter(next(iter(m)) for m in matches if len(m) == 1)
         c["bo"], c["layer"] = bo, j
         if not best:
             return {"hidden": None, "rows": h.shape[0]}
@@ -259,15 +261,23 @@ def analyse(calls: list[dict], targets: list[dict], sequences: list[list[int]], 
 
 
 def token_offset(ids: torch.Tensor, pos: torch.Tensor, seq: list[int]) -> int | None:
-    """The offset o for which the call's token ids equal the request's tokens at position + o most often
-    (vLLM's geometry: o = 1, the row at position t reads the token at t + 1); None where none matches. A tie
-    goes to o = 1: a sequence that repeats one token (a tiny model's greedy loop) matches every offset."""
-    best, hits = None, 0
-    for o in (1, -1, 0, 2):
-        n = sum(1 for i, p in zip(ids.tolist(), pos.tolist()) if 0 <= p + o < len(seq) and seq[p + o] == i)
-        if n > hits:
-            best, hits = o, n
-    return best
+    """The offset o at which the call's token ids equal the request's tokens (vLLM's geometry: o = 1, the row at
+    position t reads the token at t + 1), by the vote of the rows that tell offsets apart: the leading rows at
+    consecutive positions (the rest are padding) that equal the request's token at some offsets but not at all
+    (a sequence that repeats one token, a tiny model's greedy loop, matches every offset). A tie, or no row that
+    tells, goes to o = 1 where some row matched; None where no row matches at any offset."""
+    offsets = (1, -1, 0, 2)
+    votes: Counter = Counter()
+    matched = False
+    for i, p in list(zip(ids.tolist(), pos.tolist()))[:run_length(pos)]:
+        hit = [o for o in offsets if 0 <= p + o < len(seq) and seq[p + o] == i]
+        matched = matched or bool(hit)
+        if hit and len(hit) < len([o for o in offsets if 0 <= p + o < len(seq)]):
+            votes.update(hit)
+    if not votes:
+        return 1 if matched else None
+    top = max(votes.values())
+    return next(o for o in offsets if votes[o] == top)
 
 
 def flag_inputs(worst: dict, notes: Counter, tokens: Counter, hidden: Counter, f: Family, tol: float) -> None:
