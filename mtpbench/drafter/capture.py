@@ -16,7 +16,7 @@ import functools
 import torch
 from torch import nn
 
-from mtpbench.trace.hooks import ArgReader, discover
+from mtpbench.trace.hooks import Patches, discover
 
 # the target's final norm: most models, the native ones, Nemotron-H, a multimodal wrapper's text model
 TARGET_NORMS = ("model.norm", "body.norm", "model.norm_f", "language_model.model.norm")
@@ -86,7 +86,7 @@ class DraftCapture:
         self.step = 0
         self.missing: list[str] = []  # stage pointers that name no module of this draft model
         self._handles: list = []
-        self._undo: list[tuple[object, str, object]] = []
+        self._patches = Patches()
 
     # ---- installation ----
 
@@ -116,17 +116,10 @@ class DraftCapture:
         for h in self._handles:
             h.remove()
         self._handles.clear()
-        for obj, attr, old in reversed(self._undo):
-            if old is _MISSING:
-                obj.__dict__.pop(attr, None)
-            else:
-                setattr(obj, attr, old)
-        self._undo.clear()
+        self._patches.undo()
 
     def _patch(self, obj, attr: str, make) -> None:
-        orig = getattr(obj, attr)
-        self._undo.append((obj, attr, obj.__dict__.get(attr, _MISSING)))
-        setattr(obj, attr, functools.wraps(orig)(make(orig, ArgReader(orig))))
+        self._patches.patch(obj, attr, make)
 
     # ---- the hooks ----
 
@@ -199,5 +192,3 @@ def _get(mod: nn.Module, path: str) -> nn.Module | None:
             return None
     return mod
 
-
-_MISSING = object()

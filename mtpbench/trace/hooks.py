@@ -105,6 +105,28 @@ def _as_int(v):
         return str(v)
 
 
+class Patches:
+    """Methods replaced on live objects (an instance attribute over the class's method), and undone in reverse:
+    the wrapper sees the original and an ``ArgReader`` of it (``functools.wraps`` keeps the signature readable by
+    a second patch stacked on this one)."""
+
+    def __init__(self):
+        self._undo: list[tuple[object, str, object]] = []
+
+    def patch(self, obj, attr: str, make) -> None:
+        orig = getattr(obj, attr)
+        self._undo.append((obj, attr, obj.__dict__.get(attr, _MISSING)))
+        setattr(obj, attr, functools.wraps(orig)(make(orig, ArgReader(orig))))
+
+    def undo(self) -> None:
+        for obj, attr, old in reversed(self._undo):
+            if old is _MISSING:
+                obj.__dict__.pop(attr, None)
+            else:
+                setattr(obj, attr, old)
+        self._undo.clear()
+
+
 class LayerTracer:
     """Wraps forward methods on live modules; ``enabled`` gates recording (off during engine start-up).
 
@@ -129,17 +151,14 @@ class LayerTracer:
         self.current: CallRecord | None = None
         self.draft_error: str | None = None  # an exception raised inside the draft model's forward
         self._depth: dict[str, int] = {}  # depth of each wrapped module between wrapper and layers
-        self._undo: list[tuple[nn.Module, str, object]] = []
+        self._patches = Patches()
 
     @property
     def num_layers(self) -> int:
         return len(self.structure.layers)
 
     def _patch(self, obj, attr: str, make):
-        orig = getattr(obj, attr)
-        self._undo.append((obj, attr, obj.__dict__.get(attr, _MISSING)))
-        # functools.wraps keeps the signature readable by a second tracer stacked on this one
-        setattr(obj, attr, functools.wraps(orig)(make(orig, ArgReader(orig))))
+        self._patches.patch(obj, attr, make)
 
     def install(self) -> "LayerTracer":
         s = self.structure
@@ -159,12 +178,7 @@ class LayerTracer:
         return self
 
     def remove(self) -> None:
-        for obj, attr, old in reversed(self._undo):
-            if old is _MISSING:
-                obj.__dict__.pop(attr, None)
-            else:
-                setattr(obj, attr, old)
-        self._undo.clear()
+        self._patches.undo()
 
     def start_batch(self) -> None:
         self.batch += 1
