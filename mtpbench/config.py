@@ -41,6 +41,10 @@ class SweepConfig:
     context_tokens: tuple[int, ...] = ()  # held-out text before each prompt, a grid dimension; (): none
     max_tokens: int = 128
     repeats: int = 1  # timed runs per point; with several, timings are reported as median and interval
+    max_repeats: int | None = None  # keep timing points whose speedup is open up to this (sweep.rounds); None: repeats
+    max_seconds: float | None = None  # ... or until this much time is spent on the rounds
+    warmup: int = 1  # runs of every point before the rounds, timed and set aside (interleaving backends)
+    aa_control: bool = True  # k = 0 timed twice (A/A) in the same rounds: the machine's noise floor
     temperature: float = 0.0
     batch_size: int = 1
     seed: int = 0
@@ -56,8 +60,7 @@ class SweepConfig:
     distributed_executor_backend: str | None = None
     gpu_memory_utilization: float | None = None
     engine_args: dict = field(default_factory=dict)
-    # served runs (backend vllm-server)
-    server: str | None = None  # URL of a running server to measure; None: mtpbench launches one per (k, L)
+    server: str | None = None  # served runs: a running server's URL; None: mtpbench launches one per (k, L)
     api: str = "completions"  # or chat
     concurrency: tuple[int, ...] = (1,)  # requests in flight at most
     request_rate: tuple[float, ...] = (math.inf,)  # Poisson arrivals per second; inf: all at once
@@ -110,9 +113,8 @@ class SweepConfig:
 RUNTIME_ONLY = ("header_values",)  # SweepConfig fields that are never written nor read from a profile
 _TYPES = {f.name: f.type for f in fields(SweepConfig) if f.name not in RUNTIME_ONLY}
 
-# SweepConfig fields that do not change what one saved point measures. Every other field is in the
-# fingerprint, so a field added later is in it unless it is named here (tests/unit/test_fingerprint.py pins
-# the split: a new field must be classified by hand).
+# SweepConfig fields that do not change what one saved point measures. Every other field is in the fingerprint,
+# so a new field is in it unless named here (tests/unit/test_fingerprint.py pins the split: classify it by hand).
 NOT_MEASURED = {
     "out": "where the files go",
     "description": "a note for the reader",

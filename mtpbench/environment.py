@@ -206,6 +206,25 @@ def load_warning() -> str | None:
     return None
 
 
+def load_change(prov: dict) -> list[str]:
+    """A line when the machine's load changed during a run: a provenance's 1-minute load average at its start and
+    its end (``load_average_end``), less the end's own share (the engine keeps up to its threads busy, one per
+    usable core)."""
+    start, end = prov.get("load_average"), prov.get("load_average_end")
+    if not start or not end:
+        return []
+    cores = (prov.get("hardware") or {}).get("cpus_usable") or 1
+    margin = max(0.5, 0.25 * cores)
+    if end[0] - cores >= start[0] + margin:
+        how = "busier"
+    elif end[0] <= start[0] - margin:
+        how = "quieter"
+    else:
+        return []
+    return [f"load: the 1-minute load average went from {start[0]:.2f} to {end[0]:.2f} during the run ({cores} "
+            f"usable cores, the engine's own share up to {cores}): later points ran on a {how} machine"]
+
+
 def git_sha() -> str | None:
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,

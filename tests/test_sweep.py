@@ -10,14 +10,21 @@ def test_repeats_run_round_robin_and_carry_their_round(tmp_path):
     seen = []
     cfg = SweepConfig(k=(0, 1, 2), mode=("chain",), num_prompts=2, max_tokens=8, repeats=3, out=str(tmp_path))
     run_sweep(cfg, lambda i, n, name: seen.append(name))
-    order = [name.split(" ")[0] for name in seen if name != "report"]
-    # every point once per round, before the next round starts (not one block of repeats per point)
-    assert order == ["k0", "chain-L3-k1", "chain-L3-k2"] * 3, order
-    for name in ("k0", "chain-L3-k1", "chain-L3-k2"):
+    names = ["k0", "chain-L3-k1", "chain-L3-k2", "aa-k0"]  # aa-k0: k = 0 again, the A/A control (issue 36)
+    warm = [name.split(" ")[0] for name in seen if name.endswith("(warm-up)")]
+    timed = [name.split(" ")[0] for name in seen if "(round" in name]
+    assert warm == names and len(seen) == len(warm) + len(timed) + 1  # one warm-up run each, then the rounds
+    # every point once per round, before the next round starts (not one block of repeats per point), each round
+    # in an order of its own (sweep.rounds.order)
+    rounds = [timed[i: i + 4] for i in range(0, len(timed), 4)]
+    assert len(rounds) == 3 and all(sorted(r) == sorted(names) for r in rounds), timed
+    for name in names:
         point = json.loads((tmp_path / f"{name}.json").read_text())
         assert [r["round"] for r in point["repeats"]] == [0, 1, 2]
+        assert [rounds[r["round"]][r["slot"]] for r in point["repeats"]] == [name] * 3
         assert all(r["output_tokens_per_sec"] > 0 for r in point["repeats"])
         assert len(point["requests"]) == 2  # the first round's records are the point's own
+        assert len(point["warmup"]) == 1 and point["warmup"][0]["output_tokens_per_sec"] > 0
     seen.clear()
     run_sweep(cfg, lambda i, n, name: seen.append(name))  # the same settings again: nothing re-measured
     assert seen == ["report"]

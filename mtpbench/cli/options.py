@@ -51,6 +51,15 @@ METRICS_CREDENTIALS_HELP = "Send the API key and headers to --metrics-url's orig
 
 
 @dataclass(frozen=True)
+class Rounds:
+    """How long a point is timed (native backend: its repeats round robin, sweep.rounds)."""
+    max_repeats: Annotated[Optional[int], typer.Option(help="Keep timing the points whose speedup over k = 0 is still undecided (its interval, Bonferroni-corrected over the looks, straddles 1) up to this many repeats; decided points stop. Default: --repeats, no more.")] = None
+    max_seconds: Annotated[Optional[float], typer.Option(help="With --max-repeats: stop starting rounds once they have taken this long (tune: the whole tune's budget).")] = None
+    warmup: Annotated[Optional[int], typer.Option(help="Runs of every point before the timed rounds, timed and set aside (default: 1).")] = None
+    aa_control: Annotated[Optional[bool], typer.Option("--aa-control/--no-aa-control", help="Time k = 0 a second time in the same rounds (from 3 repeats): the machine's noise floor, stated under every table; no speedup interval is narrower (default: on).")] = None
+
+
+@dataclass(frozen=True)
 class Parallel:
     """How vLLM spreads the model over devices."""
     tensor_parallel_size: Annotated[Optional[int], typer.Option(help="vLLM tensor_parallel_size.")] = None

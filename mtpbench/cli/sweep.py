@@ -9,8 +9,8 @@ import typer
 
 from mtpbench.cli.common import (connection_options, engine_args, fail, ints, model_or_profile, rates, show,
                                  strs)
-from mtpbench.cli.options import (Dtype, EngineArg, ForceSpecStepIdx, MaxModelLen, ModelOrProfile, Parallel, Runner,
-                                  Seed, ServerAccess, grouped)
+from mtpbench.cli.options import (Dtype, EngineArg, ForceSpecStepIdx, MaxModelLen, ModelOrProfile, Parallel, Rounds,
+                                  Runner, Seed, ServerAccess, grouped)
 from mtpbench.errors import MtpBenchError
 
 
@@ -48,6 +48,7 @@ def sweep(
     dtype: Dtype = None,
     max_model_len: MaxModelLen = None,
     parallel: Parallel = Parallel(),
+    rounds: Rounds = Rounds(),
     engine_arg: EngineArg = None,
     force_spec_step_idx: ForceSpecStepIdx = None,
     runner: Runner = None,
@@ -72,7 +73,8 @@ def sweep(
                            num_prompts=num_prompts, chat_template=chat_template,
                            context_tokens=ints(context_tokens, "--context-tokens"), max_tokens=max_tokens,
                            repeats=repeats, temperature=temperature, batch_size=batch_size, seed=seed, device=device,
-                           dtype=dtype, max_model_len=max_model_len, **asdict(parallel), engine_args=extra,
+                           dtype=dtype, max_model_len=max_model_len, **asdict(parallel), **asdict(rounds),
+                           engine_args=extra,
                            force_spec_step_idx=force_spec_step_idx, runner=runner, draft_model=draft_model,
                            **served.config(), out=out, **reach), profile)
         cfg = replace(cfg, header_values=header_values)

@@ -9,8 +9,8 @@ from typing import Annotated, Optional
 import typer
 
 from mtpbench.cli.common import connection_options, engine_args, fail, ints, model_or_profile, strs
-from mtpbench.cli.options import (Dtype, EngineArg, MaxModelLen, ModelOrProfile, Parallel, Runner, Seed, ServerAccess,
-                                  grouped)
+from mtpbench.cli.options import (Dtype, EngineArg, MaxModelLen, ModelOrProfile, Parallel, Rounds, Runner, Seed,
+                                  ServerAccess, grouped)
 from mtpbench.errors import MtpBenchError
 
 # a tune's own defaults (its sweeps otherwise take the sweep's): k 0-4, enough prompts for the largest batch,
@@ -36,6 +36,7 @@ def tune(
     max_model_len: MaxModelLen = None,
     engine_arg: EngineArg = None,
     parallel: Parallel = Parallel(),
+    rounds: Rounds = Rounds(),
     runner: Runner = None,
     server: Annotated[Optional[list[str]], typer.Option(help="An attached vLLM server (repeatable): one drafting and one of the same model without drafting (the k = 0 baseline).")] = None,
     access: ServerAccess = ServerAccess(),
@@ -57,7 +58,7 @@ def tune(
                            mtp_layers=(mtp_layers,) if mtp_layers else None, mode=strs(mode), prompts=prompts,
                            num_prompts=num_prompts, max_tokens=max_tokens, repeats=repeats, seed=seed, dtype=dtype,
                            max_model_len=max_model_len, engine_args=engine_args(engine_arg), runner=runner,
-                           out=out, **asdict(parallel), **reach), profile, defaults=DEFAULTS)
+                           out=out, **asdict(parallel), **asdict(rounds), **reach), profile, defaults=DEFAULTS)
         cfg = replace(cfg, header_values=header_values, mode=cfg.mode if mode or cfg.backend != "native"
                       else ("reuse",))
         tc = TuneConfig(cfg, out=out, sources=tuple(from_ or ()), servers=servers, mode=cfg.mode[0]
@@ -102,6 +103,8 @@ def show_result(result: dict, out: str) -> None:
         typer.echo(reason)
     spec = result["speculative_config"]
     typer.echo(f"\ndecision: {result['decision']}")
+    if result.get("unreliable_because"):
+        typer.echo("not reliable: " + "; ".join(result["unreliable_because"]))
     if result.get("decision_note"):
         typer.echo(f"why: {result['decision_note']}")
     typer.echo(f"--speculative-config '{json.dumps(spec)}'" if spec else "no --speculative-config: don't draft")

@@ -50,7 +50,8 @@ from mtpbench.compare.pair import (  # noqa: F401  (the gate: re-exported where 
 from mtpbench.compare.report import write
 from mtpbench.errors import MtpBenchError
 from mtpbench.metrics import GridPoint, PointResult
-from mtpbench.sweep.load import load_run
+from mtpbench.stats.noise import line as noise_line
+from mtpbench.sweep.load import load_run, read_noise
 
 
 def compare(a_dir: Path, b_dir: Path, out: Path | None = None, force: bool = False) -> dict:
@@ -89,9 +90,12 @@ def compare(a_dir: Path, b_dir: Path, out: Path | None = None, force: bool = Fal
     if not rows and not failed:
         raise MtpBenchError(f"{a_dir} and {b_dir} have no points that pair (same k, MTP layers and load)")
     drift = drift_notes(rows, a.run, b.run)
+    noise = {"a": read_noise(a_dir, *loaded_a[:2]), "b": read_noise(b_dir, *loaded_b[:2])}
+    said = [f"{side.upper()}: {line}" for side, n in noise.items() if (line := noise_line(n))]
     result = {"a": str(a_dir), "b": str(b_dir), "differences": differences(a.run, b.run),
               "rows": [asdict(r) for r in rows], "failed": failed, "unpaired": unpaired, "missing_in_b": missing,
-              "notes": drift + execution_notes(a.run, b.run) + duplicates, "timings_drifted": bool(drift)}
+              "notes": drift + execution_notes(a.run, b.run) + duplicates + said, "timings_drifted": bool(drift),
+              "noise": noise}
     if out is not None:
         from mtpbench.compare.page import page
         from mtpbench.html.pages import render

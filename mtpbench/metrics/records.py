@@ -7,6 +7,9 @@ import math
 from dataclasses import dataclass, field
 
 
+AA_MODE = "aa"  # the A/A control: a copy of a k = 0 point, the machine's noise
+
+
 @dataclass(frozen=True)
 class GridPoint:
     """One point of a sweep's grid. ``concurrency`` and ``request_rate`` are the load of a served run
@@ -24,6 +27,8 @@ class GridPoint:
     def name(self) -> str:
         layers = "" if self.mtp_layers is None else f"-L{self.mtp_layers}"  # None: a server's, unknown
         base = "k0" if self.k == 0 else f"{self.mode}{layers}-k{self.k}"
+        if self.mode == AA_MODE:  # k = 0 timed a second time in the same rounds (sweep.rounds)
+            base = "aa-k0"
         if self.context_tokens is not None:
             base += f"-ctx{self.context_tokens}"
         if self.concurrency is not None:

@@ -72,6 +72,7 @@ class PointResult:
     speedup: float | None = None
     speedup_ci_low: float | None = None  # of the ratio of medians over both points' repeats (stats.median_ratio_ci)
     speedup_ci_high: float | None = None
+    speedup_decision: str | None = None  # the rounds' last look at it: faster, slower or open (sweep.rounds)
     ttft_ms_p50: float | None = None
     ttft_ms_p50_ci_low: float | None = None
     ttft_ms_p50_ci_high: float | None = None

@@ -60,11 +60,12 @@ def judge(num, den, line: float = 1.0, alpha: float = 1.0 - LEVEL, looks: int = 
     return Look(n, ratio, lo, hi, state)
 
 
-def next_step(look: Look, repeats: int, max_repeats: int, elapsed_s: float = 0.0,
+def next_step(state: str, repeats: int, max_repeats: int, elapsed_s: float = 0.0,
               max_seconds: float | None = None) -> str:
-    """What to do after a look: "decided" (stop: the interval excludes the line), "budget" (stop: max_repeats
-    rounds done, or the time budget spent), or "continue"."""
-    if look.state != "open":
+    """What to do after a look whose state is ``state`` (a sweep's: "open" while any of its comparisons is):
+    "decided" (stop: the interval excludes the line), "budget" (stop: max_repeats rounds done, or the time budget
+    spent), or "continue"."""
+    if state != "open":
         return "decided"
     if repeats >= max_repeats or (max_seconds is not None and elapsed_s >= max_seconds):
         return "budget"
@@ -86,6 +87,6 @@ def run(draw, min_repeats: int, max_repeats: int, line: float = 1.0, alpha: floa
         if n < min(max(min_repeats, MIN_REPEATS_RATIO), max_repeats):
             continue
         look = judge(num, den, line, alpha, looks, floor)
-        step = next_step(look, n, max_repeats, clock() if clock else 0.0, max_seconds)
+        step = next_step(look.state, n, max_repeats, clock() if clock else 0.0, max_seconds)
         if step != "continue":
             return look, step

@@ -4,12 +4,15 @@ GPU); greedy divergences reclassified from what was saved."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
 from mtpbench import stats
 from mtpbench.errors import MtpBenchError
 from mtpbench.metrics import GridPoint, PointResult, PointRun, mean_call_s, summarize, without_timings
+from mtpbench.metrics.records import AA_MODE
+from mtpbench.stats import noise
 
 
 def sort_key(p: dict) -> tuple:
@@ -31,8 +34,30 @@ def load_run(out: Path) -> tuple[dict, list[dict], list[dict]]:
         data = read_json(path)
         if not isinstance(data, dict) or not _belongs(data.get("fingerprint"), run):
             continue  # left over from a sweep with other settings or versions, or not ours
+        if (data.get("point") or {}).get("mode") == AA_MODE:
+            continue  # the A/A control is no point of the grid: read_noise reads it
         (failures if path.name.endswith(".failure.json") else points).append(data)
     return run, points, failures
+
+
+def read_noise(out: Path, run: dict, points: list[dict]) -> dict | None:
+    """The sweep's A/A control (``aa-k0*.json``, sweep.rounds) against the k = 0 point it copies, as
+    ``stats.noise.summary`` gives it; None where the sweep timed none."""
+    for path in sorted(Path(out).glob("aa-k0*.json")):
+        aa = read_json(path)
+        if path.name.endswith(".failure.json") or not _belongs(aa.get("fingerprint"), run):
+            continue
+        k0 = next((d for d in points if d["point"]["k"] == 0 and _where(d) == _where(aa)), None)
+        if k0 is None:
+            continue
+        a, b = (_timings(d) for d in (k0, aa))
+        n = min(len(a), len(b))  # the copy runs in its original's rounds
+        return {**noise.summary(a[:n], b[:n]), "point": k0["point"]}
+    return None
+
+
+def _timings(d: dict) -> list[float]:
+    return [t["output_tokens_per_sec"] for t in d.get("repeats") or [] if t.get("output_tokens_per_sec")]
 
 
 def _belongs(fp, run: dict) -> bool:
@@ -55,7 +80,9 @@ def read_json(path: Path):
         raise MtpBenchError(f"{path}: unreadable ({e})") from None
 
 
-def rows_from_points(points: list[dict], failures: list[dict]) -> list[PointResult]:
+def rows_from_points(points: list[dict], failures: list[dict], floor: float = 0.0) -> list[PointResult]:
+    """The rows of a sweep's point files; ``floor``: the A/A noise floor (log ratio, ``read_noise``), the
+    narrowest a speedup interval is shown."""
     loaded = [(d, PointRun.from_json(d)) for d in sorted(points, key=lambda d: sort_key(d["point"]))]
     step_s = _target_step_s(loaded)
     plain = _greedy_k0_tokens(loaded)
@@ -64,6 +91,7 @@ def rows_from_points(points: list[dict], failures: list[dict]) -> list[PointResu
     untimed: set[int] = set()  # rows whose clock measured Triton's interpreter (V2 on a CPU): timings null
     for data, run in loaded:
         mine = _point_rows(data, run, step_s, plain)
+        mine[0] = replace(mine[0], speedup_decision=(data.get("sequential") or {}).get("state"))
         tokps[id(mine[0])] = [r.get("output_tokens_per_sec") for r in run.repeats]
         if run.engine.get("interpreted"):
             untimed.update(id(r) for r in mine)
@@ -73,7 +101,7 @@ def rows_from_points(points: list[dict], failures: list[dict]) -> list[PointResu
         rows.append(PointResult(f["point"]["backend"], p.mode, p.k, p.mtp_layers, "all", "failed",
                                 runner=f.get("runner"), concurrency=p.concurrency, request_rate=f["point"].get("request_rate"),
                                 context_tokens=p.context_tokens, error=f["error"]))
-    return _with_speedups(rows, tokps, untimed)
+    return _with_speedups(rows, tokps, untimed, floor)
 
 
 def _where(d: dict) -> tuple:
@@ -142,9 +170,11 @@ def _with_greedy(row: PointResult, d: dict, requests, plain: dict) -> PointResul
                    **({"notes": "; ".join(filter(None, [row.notes, note]))} if note else {}))
 
 
-def _with_speedups(rows: list[PointResult], tokps: dict[int, list], untimed: set[int]) -> list[PointResult]:
-    """Each row's speedup over the k = 0 row of its load, with the interval of the ratio of medians; the
-    timings of ``untimed`` rows left null."""
+def _with_speedups(rows: list[PointResult], tokps: dict[int, list], untimed: set[int],
+                   floor: float = 0.0) -> list[PointResult]:
+    """Each row's speedup over the k = 0 row of its load, with the interval of the ratio of medians, never
+    narrower than ``floor`` each side (log ratio: the A/A noise floor); the timings of ``untimed`` rows left
+    null."""
     def load(r: PointResult) -> tuple:
         return r.backend, r.category, r.concurrency, r.request_rate, r.context_tokens
 
@@ -156,6 +186,8 @@ def _with_speedups(rows: list[PointResult], tokps: dict[int, list], untimed: set
             return r
         ci = stats.median_ratio_ci(tokps.get(id(r), []), tokps.get(id(b), [])) if r is not b else None
         speedup = round(r.output_tokens_per_sec / b.output_tokens_per_sec, 4)
+        if ci and floor:
+            ci = min(ci[0], speedup * math.exp(-floor)), max(ci[1], speedup * math.exp(floor))
         # the interval holds the ratio of medians (stats.median_ratio_ci); min / max keep the shown speedup,
         # a ratio of the rounded medians, inside it after rounding too
         return replace(r, speedup=speedup, speedup_ci_low=min(round(ci[0], 4), speedup) if ci else None,

@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 
 from mtpbench.html.document import document, esc, figure, provenance, table, write
+from mtpbench.environment import load_change
+from mtpbench.stats.noise import line as noise_line
 
 FIGURES = [("acceptance_length.png", "Acceptance length against k, with 95 % intervals", False),
            ("per_position.png", "Acceptance rate at each draft position (joint), with 95 % intervals", False),
@@ -124,7 +126,8 @@ def rows_table(rows: list[dict]) -> str:
                "tokens/s [95 %]", "speedup [95 %]", "theory", "TTFT p50 ms", "TPOT p50 ms", "=k0", "status"]
     body = [[label(r), r["category"], r.get("runner") or "-", _ci(r, "acceptance_length"), _positions(r),
              "-" if r.get("alpha") is None else f"{r['alpha']:.3f}", _ci(r, "output_tokens_per_sec", 1),
-             _ci(r, "speedup", 3), "-" if r.get("theoretical_speedup") is None else f"{r['theoretical_speedup']:.3f}",
+             _ci(r, "speedup", 3) + (f" {r['speedup_decision']}, n = {r['num_repeats']}" if r.get("speedup_decision")
+                                     else ""), "-" if r.get("theoretical_speedup") is None else f"{r['theoretical_speedup']:.3f}",
              _ci(r, "ttft_ms_p50", 1), _ci(r, "tpot_ms_p50", 2),
              "-" if r.get("greedy_match_k0") is None else f"{r['greedy_match_k0']:.2f}",
              r["status"] + (f": {r['error']}" if r.get("error") else "")] for r in rows]
@@ -140,12 +143,21 @@ def page(out: Path) -> Path:
     cfg = summary.get("config") or {}
     figs = '<div class="figs">' + "".join(figure(out / n, caption, wide) for n, caption, wide in FIGURES) + "</div>"
     notes = sorted({f"{label(r)}: {r['notes']}" for r in every if r.get("notes")})
+    said = [x for x in [noise_line(summary.get("noise"))] + load_change(summary.get("provenance") or {}) if x]
     body = (f"<h2>Figures</h2>{figs}<h2>All prompts</h2>{rows_table(every)}"
+            + "".join(f'<p class="note">{esc(x)}</p>' for x in said)
             + (f"<h2>By category</h2>{rows_table([r for r in rows if r['category'] != 'all'])}"
                if len(every) < len(rows) else "")
             + ("<h2>Notes</h2><ul>" + "".join(f"<li>{esc(n)}</li>" for n in notes) + "</ul>" if notes else "")
             + provenance(summary.get("provenance"), {"fingerprint": json.dumps(summary.get("fingerprint"))[:2000]}))
     sub = (f"{cfg.get('model')} on {cfg.get('backend')}: k {cfg.get('k')}, {cfg.get('num_prompts') or 'default'} "
            f"prompts of {cfg.get('prompts')}, {cfg.get('max_tokens')} tokens, temperature {cfg.get('temperature')}, "
-           f"batch {cfg.get('batch_size')}, {cfg.get('repeats')} repeat(s).")
+           f"batch {cfg.get('batch_size')}, {repeats_text(cfg)}.")
     return write(out / "report.html", document(f"mtpbench sweep: {out.name}", "sweep", answer, tone, body, sub))
+
+
+def repeats_text(cfg: dict) -> str:
+    most = cfg.get("max_repeats") or cfg.get("repeats")
+    if most and most > (cfg.get("repeats") or 1):
+        return f"{cfg.get('repeats')} to {most} repeats, a point stopping once decided"
+    return f"{cfg.get('repeats')} repeat(s)"

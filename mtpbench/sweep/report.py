@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mtpbench.environment import load_change
 from mtpbench.files import write_json, write_text
 from mtpbench.metrics import PointResult
-from mtpbench.sweep.load import load_run, read_json, rows_from_points
+from mtpbench.stats.noise import line as noise_line
+from mtpbench.sweep.load import load_run, read_json, read_noise, rows_from_points
 from mtpbench.html.pages import render
 from mtpbench.sweep.page import page
 from mtpbench.sweep.plots import al_histogram, plots
@@ -28,7 +30,10 @@ def notices(out: Path) -> list[str]:
         lines.append(f"prompts: {ps['set']}, {ps['num_prompts']} in {len(ps['categories'])} "
                      f"categor{'y' if len(ps['categories']) == 1 else 'ies'}" + "".join(f"; {n}" for n in ps["notes"]))
     tel = telemetry_notice(out)
-    return lines + ([tel] if tel else [])
+    summary = Path(out) / "summary.json"
+    said = noise_line(read_json(summary).get("noise")) if summary.is_file() else None
+    return lines + ([tel] if tel else []) + ([said] if said else []) + load_change(run["provenance"])
+
 
 
 def telemetry_notice(out: Path) -> str | None:
@@ -48,9 +53,10 @@ def build(out: Path) -> list[PointResult]:
     """Rebuild every summary file of a sweep directory from its point files; returns the rows."""
     out = Path(out)
     run, points, failures = load_run(out)
-    rows = rows_from_points(points, failures)
+    noise = read_noise(out, run, points)
+    rows = rows_from_points(points, failures, (noise or {}).get("floor") or 0.0)
     write_text(out / "summary.csv", csv_text(rows))
-    write_json(out / "summary.json", {**run, "rows": [r.to_json() for r in rows]})
+    write_json(out / "summary.json", {**run, "noise": noise, "rows": [r.to_json() for r in rows]})
     plots(out, rows)
     al_histogram(out, points, rows)
     render(page, out)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
@@ -33,6 +33,7 @@ from mtpbench.metrics import GridPoint, PointResult, check_requests_against_coun
 from mtpbench.prompts import run_prompts
 from mtpbench.sweep.load import divergence_holds
 from mtpbench.sweep.report import build
+from mtpbench.sweep.rounds import run_rounds, sequential
 
 
 def grid(cfg: SweepConfig, checkpoint_layers: int | None, attached_k: int | None = None) -> list[GridPoint]:
@@ -57,6 +58,7 @@ def grid(cfg: SweepConfig, checkpoint_layers: int | None, attached_k: int | None
 def run_sweep(cfg: SweepConfig, on_point: Callable[[int, int, str], None] | None = None) -> list[PointResult]:
     n_layers = None if cfg.server else cfg.num_mtp_layers()  # an attached server's model is remote
     validate(cfg, n_layers)
+    check_rounds(cfg)
     cfg = with_runner(cfg)  # the runner each engine is asked for, recorded in run.json and every point
     pset = run_prompts(cfg)
     psets = {x: run_prompts(cfg, x) if x else pset for x in sorted(set(cfg.context_tokens)) or [None]}
@@ -84,8 +86,9 @@ def run_sweep(cfg: SweepConfig, on_point: Callable[[int, int, str], None] | None
                            {"point": point.to_json(cfg.backend), "fingerprint": fp, "error": too_long})
             elif not done_before(cfg, out / f"{point.name}.json", fp):
                 todo.append((point, prompts))
-        if info(cfg.backend).interleaves_repeats and cfg.repeats > 1:
-            run_rounds(cfg, backend, todo, out, fp, on_point)
+        if info(cfg.backend).interleaves_repeats and (cfg.repeats > 1 or cfg.warmup or sequential(cfg)):
+            run_rounds(cfg, todo, lambda c, p, q: measure(c, backend, p, q, out, fp),
+                       lambda p, run, wall, extra: save_point(cfg, p, run, out, fp, wall, extra), on_point)
         else:
             for i, (point, prompts) in enumerate(todo):
                 if on_point:
@@ -101,6 +104,19 @@ def run_sweep(cfg: SweepConfig, on_point: Callable[[int, int, str], None] | None
     if on_point:
         on_point(1, 1, "report")
     return build(out)
+
+
+def check_rounds(cfg: SweepConfig) -> None:
+    """The rounds' options, refused in one line before an engine starts: sequential stopping and the warm-up
+    need a backend that interleaves its repeats (one engine in this process serves every point)."""
+    from mtpbench.sweep.rounds import check
+
+    problem = check(cfg)
+    if problem:
+        raise MtpBenchError(problem)
+    if sequential(cfg) and not info(cfg.backend).interleaves_repeats:
+        raise MtpBenchError(f"--max-repeats: the {cfg.backend} backend times each point's repeats in one go, "
+                            f"so no point can stop early; it takes --repeats alone (the native backend interleaves)")
 
 
 def context_window(cfg: SweepConfig) -> tuple[int, str] | None:
@@ -182,38 +198,9 @@ def run_one(cfg: SweepConfig, backend, point: GridPoint, prompts, out: Path, fp:
         save_point(cfg, point, run, out, fp, time.perf_counter() - t0)
 
 
-def run_rounds(cfg: SweepConfig, backend, todo: list, out: Path, fp: dict, on_point=None) -> None:
-    """Repeats round robin: round r times every point once before round r + 1 starts, so a slow drift of the
-    machine falls on every point alike. Each repeat's timing records its round (kept for the reader: the
-    speedup interval pairs no rounds, it compares the two points' repeats as two samples)."""
-    one = replace(cfg, repeats=1)
-    runs: dict[str, object] = {}
-    wall: dict[str, float] = {}
-    live = list(todo)
-    for r in range(cfg.repeats):
-        for i, (point, prompts) in enumerate(list(live)):
-            if on_point:
-                on_point(r * len(todo) + i, cfg.repeats * len(todo), f"{point.name} (repeat {r + 1}/{cfg.repeats})")
-            t0 = time.perf_counter()
-            run = measure(one, backend, point, prompts, out, fp)
-            if run is None:  # failed: written, and left out of the later rounds
-                live.remove((point, prompts))
-                runs.pop(point.name, None)
-                continue
-            wall[point.name] = wall.get(point.name, 0.0) + time.perf_counter() - t0
-            timing = {**run.repeats[0], "round": r}
-            if r == 0:
-                run.repeats = [timing]
-                if run.telemetry is not None:  # the sampler spans this first timed run only
-                    run.telemetry = {**run.telemetry, "timed_runs": 1}
-                runs[point.name] = run
-            else:
-                runs[point.name].repeats.append(timing)
-    for point, prompts in live:
-        save_point(cfg, point, runs[point.name], out, fp, wall[point.name])
-
-
-def save_point(cfg: SweepConfig, point: GridPoint, run, out: Path, fp: dict, wall_s: float) -> None:
+def save_point(cfg: SweepConfig, point: GridPoint, run, out: Path, fp: dict, wall_s: float,
+               extra: dict | None = None) -> None:
+    """A measured point's file; ``extra``: what the rounds add (warm-up timings, the sequential look)."""
     (out / f"{point.name}.failure.json").unlink(missing_ok=True)
     if point.k > 0:
         check_per_request(run)
@@ -221,7 +208,8 @@ def save_point(cfg: SweepConfig, point: GridPoint, run, out: Path, fp: dict, wal
                {"point": point.to_json(cfg.backend), "fingerprint": fp, "wall_s": round(wall_s, 3),
                 "startup_s": run.startup_s, "engine": run.engine, "mtp_weight_bytes": run.mtp_weight_bytes,
                 "notes": run.notes, "telemetry": run.telemetry, "repeats": run.repeats,
-                "requests": [asdict(r) for r in run.requests], "batches": [asdict(b) for b in run.batches]})
+                "requests": [asdict(r) for r in run.requests], "batches": [asdict(b) for b in run.batches],
+                **(extra or {})})
 
 
 def greedy_dtype(cfg: SweepConfig, backend, engine: dict) -> str | None:

@@ -60,6 +60,9 @@ def table(rows: list[PointResult]) -> str:
         cols[-2:-2] = [("greedy_match_k0", "=k0")]
     if any(r.greedy_numerical is not None for r in rows):  # of the prompts that left k = 0's tokens: near-ties
         cols[-2:-2] = [("greedy_numerical", "numerical")]
+    if any(r.speedup_decision for r in rows):  # sequential rounds: each point's timed runs and its last look
+        i = [name for name, _ in cols].index("speedup") + 1
+        cols[i:i] = [("num_repeats", "n"), ("speedup_decision", "decided")]
     if any(r.runner for r in rows):
         cols[1:1] = [("runner", "vLLM runner")]
     body = [[cell(name, getattr(r, name), r) for name, _ in cols] for r in rows]

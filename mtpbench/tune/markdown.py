@@ -114,6 +114,8 @@ def markdown(result: dict) -> str:
              f"**{result['decision'][0].upper() + result['decision'][1:]}.** Run it with {ready}.", ""]
     if result.get("decision_note"):
         parts += [f"Why: {result['decision_note']}.", ""]
+    if result.get("unreliable_because"):
+        parts += ["**This decision is not reliable:** " + "; ".join(result["unreliable_because"]) + ".", ""]
     if result["schedule_problem"]:
         parts += [f"vLLM would refuse this schedule: {result['schedule_problem']}", ""]
     reason = why_not(result)

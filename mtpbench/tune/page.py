@@ -24,5 +24,9 @@ def page(out: Path) -> Path:
     body = (figure(out / "tune.png", "Tokens/s against load, one line per k; the schedule's envelope; the validated "
                    "schedule starred") + to_html(md) + provenance(result.get("provenance")))
     tone = "good" if spec and not result.get("unmeasured") else "warn"
+    why = result.get("unreliable_because")
+    if why:  # the answer carries its noise: said first, and never in green
+        text, tone = f"Not reliable: {text[0].lower() + text[1:]}", "warn"
+        sub = "Why not: " + "; ".join(why) + ". " + sub
     return write(out / "report.html", document(f"mtpbench tune: {out.name}", "tune", text, tone,
                                               body, sub))

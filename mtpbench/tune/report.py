@@ -10,6 +10,7 @@ from mtpbench.errors import MtpBenchError
 from mtpbench.files import csv_text, write_json, write_text
 from mtpbench.tune.analyse import TuneRow, analyse
 from mtpbench.tune.points import read_sweeps
+from mtpbench.tune.reliable import facts, reasons
 from mtpbench.tune.validate import read_validation
 
 
@@ -34,6 +35,8 @@ def build(out: Path) -> dict:
     if validation:  # it may have measured the schedule where it gives k = 0 under its speculative config
         result = analyse(sweeps, validation)
     result["validation"] = validation
+    why = reasons(facts(result, sweeps.dirs))  # the answer carries its noise
+    result["decision_reliable"], result["unreliable_because"] = not why, why
     result["provenance"] = {key: sweeps.run.get("provenance", {}).get(key) for key in ("hardware", "versions", "date")}
     result["model"] = sweeps.run["config"].get("model")
     write_json(out / "tune.json", {"config": config, "result": result})
@@ -53,7 +56,8 @@ def schedule_file(result: dict) -> dict:
     (null: don't draft), the decision and, where the two differ, why."""
     return {"num_speculative_tokens_per_batch_size": result["schedule"],
             "speculative_config": result["speculative_config"], "decision": result["decision"],
-            "decision_note": result["decision_note"],
+            "decision_note": result["decision_note"], "decision_reliable": result.get("decision_reliable"),
+            "unreliable_because": result.get("unreliable_because"),
             "unit": result["unit"], "model": result["model"],
             "note": None if result["unit"] == "batch" else
             "measured over concurrency: vLLM applies the ranges to the batch the scheduler runs, which a "

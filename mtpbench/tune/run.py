@@ -103,6 +103,9 @@ def sweep_configs(tc: TuneConfig, out: Path, where: str = "sweeps") -> list[Swee
     """The sweeps a tune runs: one per batch size offline, one over every concurrency served (one per attached
     server)."""
     base = replace(tc.sweep, description=tc.sweep.description or "mtpbench tune")
+    n = len(set(tc.loads)) if tc.unit == "batch" else max(1, len(tc.servers))
+    if base.max_seconds is not None:  # --max-seconds is the whole tune's budget, shared by its sweeps alike
+        base = replace(base, max_seconds=base.max_seconds / n)
     if tc.unit == "batch":
         return [replace(base, batch_size=b, out=str(out / where / f"b{b}")) for b in sorted(set(tc.loads))]
     loads = tuple(sorted(set(tc.loads)))

@@ -17,7 +17,9 @@ MEASURED = {"model", "backend", "method", "draft_model", "prompts", "num_prompts
             "repeats", "temperature", "batch_size", "seed", "device", "dtype", "force_spec_step_idx",
             "max_model_len", "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
             "distributed_executor_backend", "gpu_memory_utilization", "engine_args", "server", "api",
-            "runner"}  # V1 and V2 draft differently: a point of one is never reused for the other
+            "runner",  # V1 and V2 draft differently: a point of one is never reused for the other
+            # how many rounds a point gets and what runs beside it (issue 36): its timings' sample
+            "max_repeats", "max_seconds", "warmup", "aa_control"}
 NOT_MEASURED_BY_HAND = {"out", "description", "k", "mtp_layers", "mode", "context_tokens", "concurrency",
                         "request_rate", "server_port", "server_start_timeout_s",
                         # how an attached server is reached (issue 18); header_values is never written

@@ -62,11 +62,9 @@ def test_known_looks():
 @given(st.sampled_from(["faster", "slower", "open"]), st.integers(1, 30), st.integers(1, 30),
        st.floats(0, 100), st.one_of(st.none(), st.floats(0, 100)))
 def test_the_next_step(state, repeats, most, elapsed, budget):
-    from mtpbench.stats.sequential import Look
-
     want = ("decided" if state != "open" else
             "budget" if repeats >= most or (budget is not None and elapsed >= budget) else "continue")
-    assert next_step(Look(repeats, 1.0, 0.9, 1.1, state), repeats, most, elapsed, budget) == want
+    assert next_step(state, repeats, most, elapsed, budget) == want
 
 
 def simulate(seed: int, truth: float, runs: int, alpha: float, naive: bool = False, sd: float = 0.05,

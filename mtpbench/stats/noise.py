@@ -1,0 +1,71 @@
+"""The machine's noise, from an A/A timing: the k = 0 point timed twice in the same rounds, as if it were two
+points (numpy only, no I/O).
+
+Two figures, both at 95 %:
+
+* ``single_run``: how far two single timed runs of the same point differ, ``t(df) * sqrt(2) * s`` in log
+  tokens/s, s the pooled standard deviation of the logs of the two copies' repeats (each copy about its own
+  mean, df = n_a + n_b - 2): what one run against one run can tell apart on this machine now.
+* ``floor``: how far the two copies' speedup interval (``intervals.log_ratio_t_ci``: Welch t on the logs, the
+  interval every speedup gets) reaches from 1, ``max(|ln lo|, |ln hi|)``: two identical points measured with
+  these repeats differ by up to this much, a drift or an order effect included. No speedup interval of the
+  sweep is shown narrower than it (``sweep.load``), and the sequential rule never decides inside it
+  (``stats.sequential.judge``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from mtpbench.stats.intervals import LEVEL, MIN_REPEATS_RATIO, log_ratio_t_ci, t_quantile
+
+
+def single_run(a, b, level: float = LEVEL) -> float | None:
+    """The 95 % bound, in log ratio, of the difference between two single runs (None below 2 + 2 repeats)."""
+    la, lb = np.log(np.asarray(a, float)), np.log(np.asarray(b, float))
+    df = len(la) + len(lb) - 2
+    if len(la) < 2 or len(lb) < 2:
+        return None
+    s2 = (((la - la.mean()) ** 2).sum() + ((lb - lb.mean()) ** 2).sum()) / df
+    return t_quantile(1 - (1 - level) / 2, df) * math.sqrt(2 * s2)
+
+
+def floor(a, b, level: float = LEVEL) -> float | None:
+    """The A/A interval's reach from 1, in log ratio (None below MIN_REPEATS_RATIO repeats a side)."""
+    ci = log_ratio_t_ci(b, a, level)
+    return None if ci is None else max(abs(math.log(ci[0])), abs(math.log(ci[1])))
+
+
+def summary(a, b, level: float = LEVEL) -> dict:
+    """What a sweep's summary and pages say of its A/A: both figures in log and in %, the copies' ratio and its
+    interval, and whether the A/A itself was called different (its interval excludes 1)."""
+    n = min(len(a), len(b))
+    f, s = floor(a, b, level), single_run(a, b, level)
+    ci = log_ratio_t_ci(b, a, level) if n >= MIN_REPEATS_RATIO else None
+    return {"rounds": n, "floor": _r(f), "floor_pct": _pct(f), "single_run": _r(s), "single_run_pct": _pct(s),
+            "ratio": _r(math.sqrt(ci[0] * ci[1])) if ci else None, "ratio_ci_low": _r(ci[0]) if ci else None,
+            "ratio_ci_high": _r(ci[1]) if ci else None,
+            "called_different": bool(ci[0] > 1 or ci[1] < 1) if ci else None}
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 5)
+
+
+def _pct(x: float | None) -> float | None:
+    return None if x is None else round(100 * math.expm1(x), 2)
+
+
+def line(noise: dict | None) -> str | None:
+    """The sentence every table and page states, or None where no A/A was timed."""
+    if not noise or noise.get("floor") is None:
+        return None
+    text = (f"noise: on this machine two identical single runs differ by up to {noise['single_run_pct']:.1f} % at "
+            f"95 %; the A/A control (k = 0 against itself, {noise['rounds']} rounds) differs by up to "
+            f"{noise['floor_pct']:.1f} %, and no speedup interval is narrower than that")
+    if noise.get("called_different"):
+        text += (f" (the A/A itself came out different, x{noise['ratio']:.3f} [{noise['ratio_ci_low']:.3f}, "
+                 f"{noise['ratio_ci_high']:.3f}]: the machine drifted or its load changed)")
+    return text

@@ -1,0 +1,61 @@
+"""Whether a tune's decision can be relied on, and why not: the answer carries its noise (issue 36).
+
+The rule (``reasons``): a decision is not reliable when
+
+* the machine was loaded: a sweep started with a 1-minute load average above its usable cores (``load_warning``'s
+  condition), or its load changed during the sweep (``environment.load_change``);
+* a fitted cost is impossible: f < 0 or c < 0 at a measured load (a verify step cheaper than plain decoding, or a
+  draft step that takes no time: timings noisier than the costs they fit);
+* the model predicts badly: the worst held-out error above ``MAX_HELD_OUT_ERROR`` (the schedule between measured
+  loads comes from that model);
+* the machine's A/A control came out different (two identical timings of k = 0 told apart: drift).
+
+``facts`` gathers what the rule reads from a tune's result and its sweeps' files; ``reasons`` is pure.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from mtpbench.environment import load_change
+
+MAX_HELD_OUT_ERROR = 0.25  # |predicted - measured| / measured of a point left out of the fit
+
+
+def facts(result: dict, dirs: list[str]) -> dict:
+    """What ``reasons`` reads: per sweep its start load, cores, load change line and A/A verdict; the fitted
+    costs; the worst held-out error."""
+    sweeps = []
+    for d in dirs:
+        summary = Path(d) / "summary.json"
+        run = json.loads((summary if summary.is_file() else Path(d) / "run.json").read_text())
+        prov = run.get("provenance") or {}
+        sweeps.append({"dir": str(d), "load": (prov.get("load_average") or [None])[0],
+                       "cores": (prov.get("hardware") or {}).get("cpus_usable"),
+                       "load_change": (load_change(prov) or [None])[0],
+                       "aa_different": (run.get("noise") or {}).get("called_different")})
+    return {"sweeps": sweeps, "costs": [{"load": c["load"], "f": c["f"], "c": c["c"]} for c in result["costs"]
+                                         if c.get("source") == "measured"],
+            "held_out_max": result["prediction"]["held_out_abs_error_max"], "unit": result["unit"]}
+
+
+def reasons(f: dict) -> list[str]:
+    """Why the decision is not reliable, one short clause each; [] where nothing says so."""
+    out = []
+    for s in f["sweeps"]:
+        if s["load"] is not None and s["cores"] and s["load"] > s["cores"]:
+            out.append(f"the machine was loaded: load average {s['load']:.2f} on {s['cores']} cores at the start of "
+                       f"{s['dir']}")
+        if s["load_change"]:
+            out.append(f"{s['dir']}: {s['load_change']}")
+        if s["aa_different"]:
+            out.append(f"{s['dir']}: the A/A control told two identical timings of k = 0 apart (the machine drifted)")
+    bad = [c for c in f["costs"] if (c["f"] is not None and c["f"] < 0) or (c["c"] is not None and c["c"] < 0)]
+    if bad:
+        out.append("impossible fitted costs (" + "; ".join(f"{f['unit']} {c['load']}: f = {c['f']:.3g}, "
+                                                            f"c = {c['c']:.3g}" for c in bad) + ")")
+    if f["held_out_max"] is not None and f["held_out_max"] > MAX_HELD_OUT_ERROR:
+        out.append(f"the model predicts badly (worst held-out error {f['held_out_max']:.0%}, above "
+                   f"{MAX_HELD_OUT_ERROR:.0%})")
+    return out

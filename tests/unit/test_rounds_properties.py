@@ -1,0 +1,152 @@
+"""The sweep's rounds (sweep/rounds.py) and the machine's noise (stats/noise.py) against oracles written here from
+their rules: the A/A figures, each round's order, which points the next round times, the options refused, and the
+load-change line (environment.load_change)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mtpbench.config import SweepConfig
+from mtpbench.environment import load_change
+from mtpbench.metrics import GridPoint
+from mtpbench.stats import noise
+from mtpbench.stats.intervals import t_quantile
+from mtpbench.sweep.rounds import baselines, check, order, still_timed, with_aa
+
+timing = st.floats(10.0, 1000.0, allow_nan=False)
+timings = st.lists(timing, min_size=3, max_size=8)
+
+
+def welch(num, den, level):
+    """The Welch t interval of mean(log num) - mean(log den), in logs: (estimate, half-width)."""
+    a, b = np.log(num), np.log(den)
+    va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
+    if va + vb == 0:
+        return a.mean() - b.mean(), 0.0
+    df = (va + vb) ** 2 / (va * va / (a.size - 1) + vb * vb / (b.size - 1))
+    return a.mean() - b.mean(), t_quantile(1 - (1 - level) / 2, df) * math.sqrt(va + vb)
+
+
+@settings(max_examples=200, deadline=None)
+@given(timings, timings)
+def test_the_noise_floor_is_the_aa_intervals_reach_from_one(a, b):
+    est, half = welch(b, a, 0.95)
+    assert math.isclose(noise.floor(a, b), abs(est) + half, rel_tol=1e-9, abs_tol=1e-12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(timing, min_size=2, max_size=8), st.lists(timing, min_size=2, max_size=8))
+def test_single_runs_differ_by_t_sqrt2_pooled_sd(a, b):
+    la, lb = np.log(a), np.log(b)
+    df = len(a) + len(b) - 2
+    s2 = (np.sum((la - la.mean()) ** 2) + np.sum((lb - lb.mean()) ** 2)) / df
+    want = t_quantile(0.975, df) * math.sqrt(2 * s2)
+    assert math.isclose(noise.single_run(a, b), want, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def test_the_noise_summary_and_its_sentence():
+    assert noise.floor([1, 2], [1, 2, 3]) is None and noise.single_run([1], [1, 2]) is None
+    s = noise.summary([100, 101, 99, 100], [100, 102, 98, 101])
+    assert s["rounds"] == 4 and s["called_different"] is False and s["floor_pct"] > 0
+    assert f"{s['single_run_pct']:.1f} %" in noise.line(s) and f"{s['floor_pct']:.1f} %" in noise.line(s)
+    drift = noise.summary([100, 101, 99], [120, 121, 119])
+    assert drift["called_different"] and "came out different" in noise.line(drift)
+    assert noise.line(None) is None and noise.line({"floor": None}) is None
+
+
+@given(st.integers(0, 12), st.integers(0, 10 ** 6), st.integers(0, 50))
+def test_each_round_is_a_permutation_drawn_again_from_seed_and_round(n, seed, r):
+    got = order(n, seed, r)
+    assert sorted(got) == list(range(n)) and got == order(n, seed, r)
+
+
+def test_rounds_do_not_all_run_in_one_order():
+    assert len({tuple(order(4, 0, r)) for r in range(10)}) > 1
+
+
+def grid(ks, loads):
+    return [GridPoint("plain" if k == 0 else "chain", k, 0 if k == 0 else 1, c) for c in loads for k in ks]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(timings, min_size=4, max_size=4), st.lists(timings, min_size=4, max_size=4),
+       st.integers(1, 12), st.booleans(), st.data())
+def test_the_next_round_times_the_open_points_and_what_they_are_judged_against(load1, load2, looks, with_copy, data):
+    points = grid([0, 1, 2], [1, 2])  # k0, k1, k2 at concurrency 1 and 2
+    tokps = {p.name: t for p, t in zip(points[:3] + points[3:], load1[:3] + load2[:3])}
+    partner = baselines(points)
+    aa = None
+    if with_copy:
+        aa = replace(points[0], mode="aa").name
+        partner[aa], tokps[aa] = points[0].name, load1[3]
+    timed = set(data.draw(st.sets(st.sampled_from(sorted(tokps)))))
+    keep, look = still_timed(timed, tokps, partner, aa, looks, 0.05)
+    floor = 0.0
+    if aa:
+        est, half = welch(tokps[aa], tokps[points[0].name], 0.95)
+        floor = abs(est) + half
+    want = set()
+    for p in points:
+        if p.k == 0 or p.name not in timed:
+            continue
+        est, half = welch(tokps[p.name], tokps[partner[p.name]], 1 - 0.05 / looks)
+        half = max(half, floor)
+        lo, hi = est - half, est + half
+        if abs(lo) < 1e-9 or abs(hi) < 1e-9:
+            return  # on the line: rounding decides
+        if lo <= 0 <= hi:
+            want |= {p.name, partner[p.name]}
+    if aa and points[0].name in want:
+        want.add(aa)
+    assert keep == want
+    assert set(look["looks"]) == {p.name for p in points if p.k > 0 and p.name in timed}
+    assert math.isclose(look["floor"], floor, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def test_a_point_without_a_baseline_stops():
+    points = grid([1, 2], [1])
+    keep, look = still_timed({p.name for p in points}, {p.name: [100.0, 101.0, 99.0] for p in points},
+                             baselines(points), None, 1, 0.05)
+    assert keep == set() and look["looks"] == {}
+
+
+def test_the_aa_copy_is_of_the_first_k0_point_from_three_repeats():
+    cfg = SweepConfig(repeats=3)
+    todo = [(p, None) for p in grid([0, 1], [1, 2])]
+    got = with_aa(cfg, todo)
+    assert got[-1][0] == replace(todo[0][0], mode="aa") and got[-1][0].name == "aa-k0-c1"
+    assert with_aa(replace(cfg, repeats=2), todo) == todo
+    assert with_aa(replace(cfg, aa_control=False), todo) == todo
+    assert with_aa(cfg, todo[1:2]) == todo[1:2]  # no k = 0 point
+    assert baselines([p for p, _ in got])["aa-k0-c1"] == "k0-c1"
+
+
+@given(st.integers(1, 20), st.one_of(st.none(), st.integers(0, 30)), st.one_of(st.none(), st.floats(-5, 100)),
+       st.integers(-2, 3))
+def test_the_rounds_options_refused(repeats, most, seconds, warmup):
+    problem = check(SweepConfig(repeats=repeats, max_repeats=most, max_seconds=seconds, warmup=warmup))
+    bad = ((most is not None and most < repeats) or (most is not None and most > repeats and repeats < 3)
+           or (seconds is not None and seconds <= 0) or warmup < 0)
+    assert (problem is not None) == bad
+    if problem:
+        assert "\n" not in problem and problem.startswith("--")
+
+
+load = st.floats(0, 64, allow_nan=False)
+
+
+@given(load, load, st.integers(1, 64))
+def test_the_load_change_line(start, end, cores):
+    prov = {"load_average": [start, 0, 0], "load_average_end": [end, 0, 0], "hardware": {"cpus_usable": cores}}
+    margin = max(0.5, cores / 4)
+    busier, quieter = end - cores >= start + margin, end <= start - margin
+    lines = load_change(prov)
+    assert len(lines) == (1 if busier or quieter else 0)
+    if lines:
+        assert ("busier" if busier else "quieter") in lines[0]
+    assert load_change({"load_average": [start]}) == []
