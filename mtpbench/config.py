@@ -41,7 +41,7 @@ class SweepConfig:
     context_tokens: tuple[int, ...] = ()  # held-out text before each prompt, a grid dimension; (): none
     max_tokens: int = 128
     repeats: int = 1  # timed runs per point; with several, timings are reported as median and interval
-    max_repeats: int | None = None  # keep timing points whose speedup is open up to this (sweep.rounds); None: repeats
+    max_repeats: int | None = None  # time points whose speedup is open up to this (sweep.rounds); None: repeats
     max_seconds: float | None = None  # ... or until this much time is spent on the rounds
     warmup: int = 1  # runs of every point before the rounds, timed and set aside (interleaving backends)
     aa_control: bool = True  # k = 0 timed twice (A/A) in the same rounds: the machine's noise floor
@@ -136,8 +136,8 @@ NOT_MEASURED = {
     "ca_cert": "how the server's certificate is verified",
     "insecure": "how the server's certificate is verified (every row notes it when off)",
     "metrics_url": "where the same server's counters are read",
-    "metrics_credentials": "whether credentials go to --metrics-url",
-    "header_values": "runtime only: never written",
+    "metrics_credentials": "whether credentials go to --metrics-url", "header_values": "runtime only: never written",
+    "max_seconds": "a time budget: how many rounds a point got is in its file (a tune shares what is left)",
 }
 FINGERPRINT_KEYS = tuple(name for name in _TYPES if name not in NOT_MEASURED)
 

@@ -14,8 +14,10 @@ from mtpbench.cli.options import (Dtype, EngineArg, MaxModelLen, ModelOrProfile,
 from mtpbench.errors import MtpBenchError
 
 # a tune's own defaults (its sweeps otherwise take the sweep's): k 0-4, enough prompts for the largest batch,
-# short outputs, and the repeats a ratio of tokens/s needs for an interval
-DEFAULTS = {"k": (0, 1, 2, 3, 4), "num_prompts": 16, "max_tokens": 64, "repeats": 3}
+# short outputs, the repeats a ratio of tokens/s needs for an interval, and more for the points still undecided
+# within a budget for the whole tune (docs/measure-until-decided.md: what they cost and decide on this machine)
+DEFAULTS = {"k": (0, 1, 2, 3, 4), "num_prompts": 16, "max_tokens": 64, "repeats": 3, "max_repeats": 12,
+            "max_seconds": 240.0}
 
 
 @grouped
@@ -30,7 +32,7 @@ def tune(
     prompts: Annotated[Optional[str], typer.Option(help="builtin, spec-bench, mt-bench or a JSONL file.")] = None,
     num_prompts: Annotated[Optional[int], typer.Option(help="Prompts per point (default: 16, at least the largest batch).")] = None,
     max_tokens: Annotated[Optional[int], typer.Option(help="Output tokens per prompt (default: 64).")] = None,
-    repeats: Annotated[Optional[int], typer.Option(help="Timed runs per point, at least 3 (default: 3).")] = None,
+    repeats: Annotated[Optional[int], typer.Option(help="Timed runs every point gets, at least 3 (default: 3; up to --max-repeats 12 for undecided points, within --max-seconds 240 for the whole tune).")] = None,
     seed: Seed = None,
     dtype: Dtype = None,
     max_model_len: MaxModelLen = None,

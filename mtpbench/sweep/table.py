@@ -71,6 +71,8 @@ def table(rows: list[PointResult]) -> str:
     text = tabulate(body, headers=[h for _, h in cols], floatfmt=fmt)
     if marked:
         text += f"\n* {NO_INTERVAL}"
+    if any(r.speedup_decision for r in rows):
+        text += f"\n{DECIDED}"
     errors = [f"{row_label(r)}: {r.error}" for r in rows if r.error]
     notes = sorted({f"{row_label(r)}: {r.notes}" for r in rows if r.notes and r.category == "all"})
     return text + ("\n\nnotes:\n" + "\n".join(notes) if notes else "") + \
@@ -81,6 +83,11 @@ def table(rows: list[PointResult]) -> str:
 TIMINGS = ("output_tokens_per_sec", "speedup", "ttft_ms_p50", "tpot_ms_p50")
 NO_INTERVAL = ("no interval: a timing from too few timed runs to tell its noise (--repeats 3 gives speedup "
                "intervals, --repeats 6 also tokens/s, TTFT and TPOT)")
+
+
+DECIDED = ("decided: the rounds' last look at the speedup, faster or slower where its interval at 1 - 0.05 / L "
+           "(L: the looks --max-repeats allows) widened to the A/A noise floor excludes 1, else open (sweep.rounds); "
+           "n: its timed runs")
 
 
 def unsure(r: PointResult, name: str) -> bool:

@@ -15,6 +15,7 @@ where it stopped (its measured points are kept).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
@@ -103,9 +104,6 @@ def sweep_configs(tc: TuneConfig, out: Path, where: str = "sweeps") -> list[Swee
     """The sweeps a tune runs: one per batch size offline, one over every concurrency served (one per attached
     server)."""
     base = replace(tc.sweep, description=tc.sweep.description or "mtpbench tune")
-    n = len(set(tc.loads)) if tc.unit == "batch" else max(1, len(tc.servers))
-    if base.max_seconds is not None:  # --max-seconds is the whole tune's budget, shared by its sweeps alike
-        base = replace(base, max_seconds=base.max_seconds / n)
     if tc.unit == "batch":
         return [replace(base, batch_size=b, out=str(out / where / f"b{b}")) for b in sorted(set(tc.loads))]
     loads = tuple(sorted(set(tc.loads)))
@@ -156,9 +154,12 @@ def run_tune(tc: TuneConfig, on_point: Callable[[int, int, str], None] | None = 
     make_out_dir(out)
     write_json(out / "tune.json", {"config": tc.to_json()})
     if not tc.sources:
-        configs = sweep_configs(tc, out)
+        configs, start = sweep_configs(tc, out), time.perf_counter()
         for i, cfg in enumerate(configs):
             label = Path(cfg.out).name
+            if cfg.max_seconds is not None:  # the whole tune's budget: what is left, shared by the sweeps to come
+                left = cfg.max_seconds - (time.perf_counter() - start)
+                cfg = replace(cfg, max_seconds=max(left, 1e-3) / (len(configs) - i))
             run_sweep(cfg, on_point and (lambda j, n, name: on_point(j, n, f"{label} ({i + 1}/{len(configs)}): "
                                                                            f"{name}")))
     result = build(out)

@@ -12,19 +12,21 @@ from hypothesis import strategies as st
 from mtpbench.tune.reliable import MAX_HELD_OUT_ERROR, facts, reasons
 
 sweep = st.fixed_dictionaries({"dir": st.sampled_from(["b1", "b2"]), "load": st.one_of(st.none(), st.floats(0, 8)),
-                               "cores": st.one_of(st.none(), st.integers(1, 8)),
+                               "cores": st.one_of(st.none(), st.integers(1, 8)), "own": st.integers(0, 8),
                                "load_change": st.one_of(st.none(), st.just("load: went up")),
                                "aa_different": st.one_of(st.none(), st.booleans())})
 cost = st.fixed_dictionaries({"load": st.integers(1, 16), "f": st.floats(-2, 2), "c": st.floats(-1, 1)})
 
 
-@given(st.lists(sweep, max_size=4), st.lists(cost, max_size=4), st.one_of(st.none(), st.floats(0, 3)))
-def test_the_decision_is_unreliable_exactly_when_the_rule_says(sweeps, costs, held_out):
-    f = {"sweeps": sweeps, "costs": costs, "held_out_max": held_out, "unit": "batch"}
-    want = sum((s["load"] is not None and bool(s["cores"]) and s["load"] > s["cores"]) + bool(s["load_change"])
+@given(st.lists(sweep, max_size=4), st.lists(cost, max_size=4), st.one_of(st.none(), st.floats(0, 3)),
+       st.lists(st.integers(1, 16), max_size=3, unique=True))
+def test_the_decision_is_unreliable_exactly_when_the_rule_says(sweeps, costs, held_out, open_loads):
+    f = {"sweeps": sweeps, "costs": costs, "held_out_max": held_out, "unit": "batch", "undecided": open_loads}
+    want = sum((s["load"] is not None and bool(s["cores"]) and s["load"] > s["cores"] + s["own"]) + bool(s["load_change"])
                + bool(s["aa_different"]) for s in sweeps)
     want += any(c["f"] < 0 or c["c"] < 0 for c in costs)
     want += held_out is not None and held_out > MAX_HELD_OUT_ERROR
+    want += bool(open_loads)
     got = reasons(f)
     assert len(got) == want
     assert all("\n" not in r for r in got)
@@ -43,11 +45,17 @@ def test_the_facts_come_from_each_sweeps_summary(tmp_path):
     d.mkdir()
     prov = {"load_average": [3.5, 0, 0], "load_average_end": [6.2, 0, 0], "hardware": {"cpus_usable": 2}}
     (d / "summary.json").write_text(json.dumps({"provenance": prov, "noise": {"called_different": True}}))
-    result = {"costs": [{"load": 1, "f": -2.47, "c": 0.2, "source": "measured"},
+    result = {"choices": [{"load": 1, "chosen": 0}, {"load": 2, "chosen": 0}, {"load": 4, "chosen": 1}],
+              "rows": [{"load": 1, "k": 1, "measured": True, "speedup_ci_low": 0.9, "speedup_ci_high": 1.2},
+                       {"load": 2, "k": 1, "measured": True, "speedup_ci_low": 0.7, "speedup_ci_high": 0.9},
+                       {"load": 4, "k": 1, "measured": True, "speedup_ci_low": 1.1, "speedup_ci_high": 1.2}],
+              "costs": [{"load": 1, "f": -2.47, "c": 0.2, "source": "measured"},
                         {"load": 3, "f": -1.0, "c": 0.2, "source": "interpolated"}],
               "prediction": {"held_out_abs_error_max": 0.1}, "unit": "batch"}
     f = facts(result, [str(d)])
     assert f["sweeps"][0]["load"] == 3.5 and f["sweeps"][0]["cores"] == 2 and f["sweeps"][0]["aa_different"]
+    assert f["sweeps"][0]["own"] == 0  # the first sweep: its start load is nobody's of the tune
     assert "busier" in f["sweeps"][0]["load_change"]
     assert f["costs"] == [{"load": 1, "f": -2.47, "c": 0.2}]  # only a load's own fit
-    assert len(reasons(f)) == 4
+    assert f["undecided"] == [1]  # batch 2: k = 1 slower beyond noise, so k = 0 is a finding there
+    assert len(reasons(f)) == 5
