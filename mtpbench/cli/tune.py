@@ -105,10 +105,10 @@ def show_result(result: dict, out: str) -> None:
         typer.echo(reason)
     spec = result["speculative_config"]
     typer.echo(f"\ndecision: {result['decision']}")
-    if result.get("unreliable_because"):
-        typer.echo("not reliable: " + "; ".join(result["unreliable_because"]))
     if result.get("decision_note"):
         typer.echo(f"why: {result['decision_note']}")
+    if result.get("unreliable_because"):  # the answer carries its noise
+        typer.echo("not reliable: " + "; ".join(result["unreliable_because"]))
     typer.echo(f"--speculative-config '{json.dumps(spec)}'" if spec else "no --speculative-config: don't draft")
     for r in (result.get("validation") or {}).get("rows") or []:
         if r["verdict"]:

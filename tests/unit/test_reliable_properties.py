@@ -59,3 +59,40 @@ def test_the_facts_come_from_each_sweeps_summary(tmp_path):
     assert f["costs"] == [{"load": 1, "f": -2.47, "c": 0.2}]  # only a load's own fit
     assert f["undecided"] == [1]  # batch 2: k = 1 slower beyond noise, so k = 0 is a finding there
     assert len(reasons(f)) == 5
+
+
+def test_the_edges_of_the_rule():
+    base = {"sweeps": [], "costs": [], "held_out_max": MAX_HELD_OUT_ERROR, "unit": "batch", "undecided": [1, 2]}
+    got = reasons(base)  # a held-out error at the limit is not above it
+    assert len(got) == 1 and got[0].startswith("not drafting at batch 1, 2 is the default")
+    two = reasons({**base, "undecided": [], "costs": [{"load": 1, "f": -1.0, "c": 0.1}, {"load": 2, "f": 0.1, "c": -1}]})
+    assert two == ["impossible fitted costs (batch 1: f = -1, c = 0.1; batch 2: f = 0.1, c = -1)"]
+    # a sweep record without "own" (one read from elsewhere) counts none of its load as the tune's own
+    loaded = reasons({**base, "undecided": [], "sweeps": [{"dir": "b1", "load": 2.5, "cores": 2, "load_change": None,
+                                                           "aa_different": None}]})
+    assert loaded == ["the machine was loaded: load average 2.50 on 2 cores at the start of b1"]
+
+
+def test_intervals_that_end_at_one_hold_it(tmp_path):
+    def result(lo, hi):
+        return {"choices": [{"load": 1, "chosen": 0}],
+                "rows": [{"load": 1, "k": 0, "measured": True, "speedup_ci_low": 1.0, "speedup_ci_high": 1.0},
+                         {"load": 1, "k": 1, "measured": True, "speedup_ci_low": lo, "speedup_ci_high": hi},
+                         {"load": 1, "k": 2, "measured": False, "speedup_ci_low": 1.2, "speedup_ci_high": 1.3}],
+                "costs": [], "prediction": {"held_out_abs_error_max": None}, "unit": "batch"}
+
+    assert facts(result(0.9, 1.0), [])["undecided"] == [1] and facts(result(1.0, 1.1), [])["undecided"] == [1]
+    assert facts(result(1.01, 1.1), [])["undecided"] == []  # faster beyond noise: k = 0 there is a finding
+    assert facts(result(None, None), [])["undecided"] == [1]
+
+
+def test_a_sweep_without_a_summary_is_read_from_its_run_json_and_later_sweeps_count_the_one_before(tmp_path):
+    prov = {"load_average": [3.5, 0, 0], "hardware": {"cpus_usable": 2}}
+    for name in ("b1", "b2"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "run.json").write_text(json.dumps({"provenance": prov}))
+    result = {"choices": [], "rows": [], "costs": [], "prediction": {"held_out_abs_error_max": None}, "unit": "batch"}
+    f = facts(result, [str(tmp_path / "b1"), str(tmp_path / "b2")])
+    assert [s["dir"] for s in f["sweeps"]] == [str(tmp_path / "b1"), str(tmp_path / "b2")]
+    assert [s["own"] for s in f["sweeps"]] == [0, 2] and [s["load"] for s in f["sweeps"]] == [3.5, 3.5]
+    assert reasons(f) == [f"the machine was loaded: load average 3.50 on 2 cores at the start of {tmp_path / 'b1'}"]

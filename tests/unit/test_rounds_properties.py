@@ -150,3 +150,32 @@ def test_the_load_change_line(start, end, cores):
     if lines:
         assert ("busier" if busier else "quieter") in lines[0]
     assert load_change({"load_average": [start]}) == []
+
+
+@settings(max_examples=100, deadline=None)
+@given(timings, timings, st.sampled_from([0.9, 0.95, 0.99]))
+def test_the_noise_summary_against_the_oracle(a, b, level):
+    n = min(len(a), len(b))
+    est, half = welch(b, a, level)
+    floor = abs(est) + half
+    s2 = (np.sum((np.log(a) - np.mean(np.log(a))) ** 2) + np.sum((np.log(b) - np.mean(np.log(b))) ** 2))
+    single = t_quantile(1 - (1 - level) / 2, len(a) + len(b) - 2) * math.sqrt(2 * s2 / (len(a) + len(b) - 2))
+    got = noise.summary(a, b, level)
+    assert set(got) == {"rounds", "floor", "floor_pct", "single_run", "single_run_pct", "ratio", "ratio_ci_low",
+                        "ratio_ci_high", "called_different"}
+    assert got["rounds"] == n
+    assert math.isclose(got["floor"], round(floor, 5), abs_tol=2e-5)
+    assert math.isclose(got["single_run"], round(single, 5), abs_tol=2e-5)
+    assert math.isclose(got["floor_pct"], round(100 * math.expm1(floor), 2), abs_tol=0.02)
+    assert math.isclose(got["single_run_pct"], round(100 * math.expm1(single), 2), abs_tol=0.02)
+    assert math.isclose(got["ratio"], round(math.exp(est), 5), abs_tol=2e-5)
+    assert math.isclose(got["ratio_ci_low"], round(math.exp(est - half), 5), abs_tol=2e-5)
+    assert math.isclose(got["ratio_ci_high"], round(math.exp(est + half), 5), abs_tol=2e-5)
+    if abs(abs(est) - half) > 1e-9:
+        assert got["called_different"] == (abs(est) > half)
+
+
+def test_too_few_rounds_give_no_figures():
+    got = noise.summary([100.0, 101.0], [99.0, 100.0])
+    assert got["rounds"] == 2 and got["floor"] is None and got["floor_pct"] is None and got["ratio"] is None
+    assert got["called_different"] is None and got["single_run"] is not None

@@ -103,3 +103,27 @@ def test_without_the_correction_stopping_on_the_data_errs_more():
     difference end "decided" (the inflation the correction removes). Three seeds, 600 runs each."""
     rates = [simulate(seed, 1.0, 600, 0.05, naive=True)[1] for seed in (1, 2, 3)]
     assert min(rates) > 0.05 + 3 * math.sqrt(0.05 * 0.95 / 600), rates
+
+
+def test_the_floor_widens_both_ends_and_the_ratio_is_the_geometric_means():
+    look = judge([110.0, 111.0, 109.0], [100.0, 101.0, 99.0], floor=0.2)
+    ratio = math.exp(np.mean(np.log([110.0, 111.0, 109.0])) - np.mean(np.log([100.0, 101.0, 99.0])))
+    assert math.isclose(look.ratio, ratio, rel_tol=1e-9)
+    assert math.isclose(look.lo, ratio * math.exp(-0.2), rel_tol=1e-9)
+    assert math.isclose(look.hi, ratio * math.exp(0.2), rel_tol=1e-9)
+    assert judge([1.0, 2.0], [1.0, 2.0, 3.0]).repeats == 2
+    assert judge([110.0, 111.0, 109.0], [100.0, 101.0, 99.0]).state == "faster"  # one look by default
+
+
+def test_run_keeps_its_time_budget_and_its_floor():
+    ticks = iter(range(1, 1000))
+    same = np.random.default_rng(1)
+    look, why = run(lambda: tuple(100 * math.exp(same.normal(0, 0.05)) for _ in range(2)), 3, 50, floor=1.0,
+                    clock=lambda: next(ticks), max_seconds=2.5)
+    assert why == "budget" and look.repeats == 5  # looks at 3, 4, 5 rounds: 1, 2, 3 seconds
+    rng = np.random.default_rng(0)
+    draw = lambda: (120 * math.exp(rng.normal(0, 0.01)), 100 * math.exp(rng.normal(0, 0.01)))  # noqa: E731
+    assert run(draw, 3, 8)[1] == "decided"
+    look, why = run(draw, 3, 8, floor=1.0)  # a 20 % effect inside a floor of e^1: never decided
+    assert why == "budget" and look.repeats == 8 and look.state == "open"
+    assert run(draw, 4, 4)[0].repeats == 4  # the first look comes at min_repeats, not before

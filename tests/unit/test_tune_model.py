@@ -428,3 +428,26 @@ def test_the_decision_the_files_and_the_page_say_a_mixed_schedule_is_unmeasured(
     assert saved["num_speculative_tokens_per_batch_size"] == result["schedule"] and saved["decision_note"] == note
     html = (out / "report.html").read_text()
     assert 'class="answer warn"' in html and note[1:60] in html
+
+
+def test_a_decision_the_noise_made_says_so_in_the_terminal_the_files_and_the_page(tmp_path):
+    """k = 1 no faster than k = 0 at batch 4, 8 and 16 (mixed_points): not drafting there is the default, not a
+    finding (issue 36); where every load is decided nothing is said."""
+    import json
+
+    out = tmp_path / "t"
+    r = tune_cli("--from", saved_sweeps(tmp_path / "sweeps", mixed_points()), "--out", out)
+    assert r.exit_code == 0, r.output
+    result = json.loads((out / "tune.json").read_text())["result"]
+    assert result["decision_reliable"] is False
+    why = result["unreliable_because"]
+    assert len(why) == 1 and why[0].startswith("not drafting at batch 4, 8, 16 is the default, not a finding")
+    assert f"not reliable: {why[0]}" in r.output
+    assert json.loads((out / "schedule.json").read_text())["unreliable_because"] == why
+    assert f"**This decision is not reliable:** {why[0]}." in (out / "tune.md").read_text()
+    html = (out / "report.html").read_text()
+    assert "Not reliable: run k = 1" in html and 'class="answer warn"' in html
+    clear = tmp_path / "c"
+    r = tune_cli("--from", saved_sweeps(tmp_path / "clear", synthetic()[0]), "--out", clear)
+    result = json.loads((clear / "tune.json").read_text())["result"]
+    assert r.exit_code == 0 and "not reliable" not in r.output and result["decision_reliable"] is True
