@@ -11,7 +11,9 @@ from typer.testing import CliRunner
 from mtpbench.cli import app
 
 runner = CliRunner()
-TINY = ["--num-prompts", "4", "--max-tokens", "12", "--k", "0,1,2", "--batch-size", "1,2", "--repeats", "3"]
+# --max-repeats 3: every point timed 3 times, no more (the sequential rounds have tests of their own: test_rounds.py)
+TINY = ["--num-prompts", "4", "--max-tokens", "12", "--k", "0,1,2", "--batch-size", "1,2", "--repeats", "3",
+        "--max-repeats", "3"]
 
 
 def tune(*args):

@@ -16,8 +16,8 @@ from mtpbench.errors import MtpBenchError
 # a tune's own defaults (its sweeps otherwise take the sweep's): k 0-4, enough prompts for the largest batch,
 # short outputs, the repeats a ratio of tokens/s needs for an interval, and more for the points still undecided
 # within a budget for the whole tune (docs/measure-until-decided.md: what they cost and decide on this machine)
-DEFAULTS = {"k": (0, 1, 2, 3, 4), "num_prompts": 16, "max_tokens": 64, "repeats": 3, "max_repeats": 12,
-            "max_seconds": 240.0}
+DEFAULTS = {"k": (0, 1, 2, 3, 4), "num_prompts": 16, "max_tokens": 64, "repeats": 3}
+ROUNDS = {"max_repeats": 12, "max_seconds": 240.0}  # on a backend that interleaves its repeats (native)
 
 
 @grouped
@@ -49,6 +49,7 @@ def tune(
     out: Annotated[str, typer.Option(help="Output directory.")] = "tune",
 ) -> None:
     """Choose the k to run at every load: measure k x load, choose with intervals, predict, write vLLM's schedule."""
+    from mtpbench.backend_info import info
     from mtpbench.config import resolve
     from mtpbench.tune.run import DEFAULT_LOADS, TuneConfig, run_tune
 
@@ -63,6 +64,8 @@ def tune(
                            out=out, **asdict(parallel), **asdict(rounds), **reach), profile, defaults=DEFAULTS)
         cfg = replace(cfg, header_values=header_values, mode=cfg.mode if mode or cfg.backend != "native"
                       else ("reuse",))
+        if info(cfg.backend).interleaves_repeats:  # the sequential rounds' defaults, where none was given
+            cfg = replace(cfg, **{k: v for k, v in ROUNDS.items() if getattr(cfg, k) is None})
         tc = TuneConfig(cfg, out=out, sources=tuple(from_ or ()), servers=servers, mode=cfg.mode[0]
                         if mode else None, validate=validate, schedule=parse_schedule(schedule))
         loads = ints(concurrency if tc.unit == "concurrency" else batch_size, "--load")
