@@ -49,7 +49,6 @@ def tune(
     out: Annotated[str, typer.Option(help="Output directory.")] = "tune",
 ) -> None:
     """Choose the k to run at every load: measure k x load, choose with intervals, predict, write vLLM's schedule."""
-    from mtpbench.backend_info import info
     from mtpbench.config import resolve
     from mtpbench.tune.run import DEFAULT_LOADS, TuneConfig, run_tune
 
@@ -62,10 +61,8 @@ def tune(
                            num_prompts=num_prompts, max_tokens=max_tokens, repeats=repeats, seed=seed, dtype=dtype,
                            max_model_len=max_model_len, engine_args=engine_args(engine_arg), runner=runner,
                            out=out, **asdict(parallel), **asdict(rounds), **reach), profile, defaults=DEFAULTS)
-        cfg = replace(cfg, header_values=header_values, mode=cfg.mode if mode or cfg.backend != "native"
-                      else ("reuse",))
-        if info(cfg.backend).interleaves_repeats:  # the sequential rounds' defaults, where none was given
-            cfg = replace(cfg, **{k: v for k, v in ROUNDS.items() if getattr(cfg, k) is None})
+        cfg = with_rounds(replace(cfg, header_values=header_values, mode=cfg.mode if mode or cfg.backend != "native"
+                                  else ("reuse",)))
         tc = TuneConfig(cfg, out=out, sources=tuple(from_ or ()), servers=servers, mode=cfg.mode[0]
                         if mode else None, validate=validate, schedule=parse_schedule(schedule))
         loads = ints(concurrency if tc.unit == "concurrency" else batch_size, "--load")
@@ -81,6 +78,15 @@ def tune(
     except MtpBenchError as e:
         fail(str(e))
     show_result(result, out)
+
+
+def with_rounds(cfg):
+    """The sequential rounds' defaults (ROUNDS) where none was given, on a backend that interleaves its repeats."""
+    from mtpbench.backend_info import info
+
+    if not info(cfg.backend).interleaves_repeats:
+        return cfg
+    return replace(cfg, **{k: v for k, v in ROUNDS.items() if getattr(cfg, k) is None})
 
 
 def parse_schedule(text: Optional[str]) -> Optional[tuple]:
