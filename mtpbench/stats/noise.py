@@ -38,6 +38,11 @@ def floor(a, b, level: float = LEVEL) -> float | None:
     return None if ci is None else max(abs(math.log(ci[0])), abs(math.log(ci[1])))
 
 
+def widen(lo: float, hi: float, ratio: float, floor: float) -> tuple[float, float]:
+    """An interval of ``ratio`` made no narrower than ``floor`` (log ratio) each side of it."""
+    return min(lo, ratio * math.exp(-floor)), max(hi, ratio * math.exp(floor))
+
+
 def summary(a, b, level: float = LEVEL) -> dict:
     """What a sweep's summary and pages say of its A/A: both figures in log and in %, the copies' ratio and its
     interval, and whether the A/A itself was called different (its interval excludes 1)."""

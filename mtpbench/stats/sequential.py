@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass
 
 from mtpbench.stats.intervals import LEVEL, MIN_REPEATS_RATIO, log_ratio_t_ci
+from mtpbench.stats.noise import widen
 
 STATES = ("faster", "slower", "open")
 
@@ -55,7 +56,7 @@ def judge(num, den, line: float = 1.0, alpha: float = 1.0 - LEVEL, looks: int = 
         return Look(n, None, None, None, "open")
     lo, hi = ci
     ratio = math.sqrt(lo * hi)  # the interval is symmetric in logs around the ratio of geometric means
-    lo, hi = min(lo, ratio * math.exp(-floor)), max(hi, ratio * math.exp(floor))
+    lo, hi = widen(lo, hi, ratio, floor)
     state = "faster" if lo > line else "slower" if hi < line else "open"
     return Look(n, ratio, lo, hi, state)
 

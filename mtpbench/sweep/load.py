@@ -4,7 +4,6 @@ GPU); greedy divergences reclassified from what was saved."""
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -187,7 +186,7 @@ def _with_speedups(rows: list[PointResult], tokps: dict[int, list], untimed: set
         ci = stats.median_ratio_ci(tokps.get(id(r), []), tokps.get(id(b), [])) if r is not b else None
         speedup = round(r.output_tokens_per_sec / b.output_tokens_per_sec, 4)
         if ci and floor:
-            ci = min(ci[0], speedup * math.exp(-floor)), max(ci[1], speedup * math.exp(floor))
+            ci = noise.widen(ci[0], ci[1], speedup, floor)
         # the interval holds the ratio of medians (stats.median_ratio_ci); min / max keep the shown speedup,
         # a ratio of the rounded medians, inside it after rounding too
         return replace(r, speedup=speedup, speedup_ci_low=min(round(ci[0], 4), speedup) if ci else None,

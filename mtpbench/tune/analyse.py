@@ -3,10 +3,10 @@ at each measured load; the schedule as vLLM takes it; the costs behind it; and h
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 
 from mtpbench.stats import median_ci, median_ratio_ci
+from mtpbench.stats.noise import widen
 from mtpbench.tune.choose import (ALPHA, PLAIN, RULE, best_single_k, check_schedule, choose_all, recommend, schedule,
                                   speculative_config)
 from mtpbench.tune.model import Model, expected_tokens, held_out
@@ -50,8 +50,7 @@ def measured_rows(sweeps: Sweeps, model: Model) -> list[TuneRow]:
         ci, sp = median_ci(m.tokps), median_ratio_ci(m.tokps, base[m.load].tokps) if m.k else (1.0, 1.0)
         floor = sweeps.floors.get(m.load, 0.0)
         if sp and m.k and floor:  # never narrower than the machine's noise (the A/A floor of its sweep)
-            r = m.median / base[m.load].median
-            sp = min(sp[0], r * math.exp(-floor)), max(sp[1], r * math.exp(floor))
+            sp = widen(sp[0], sp[1], m.median / base[m.load].median, floor)
         pred, loo = model.predict(m.k, m.load), held_out(sweeps.points, m)
         rows.append(TuneRow(m.load, m.k, True, _r(m.median, 2), _r(ci[0], 2) if ci else None,
                             _r(ci[1], 2) if ci else None, len(m.tokps), _r(m.median / base[m.load].median),
