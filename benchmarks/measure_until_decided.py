@@ -8,14 +8,19 @@ torch's threads, and saved as JSON beside the runs:
          (--repeats 3 --max-repeats 20) given the same wall time (--max-seconds)
   aa     the A/A noise floor, and how often an A/A comparison is called "different": --trials sweeps of k = 0
          alone, one after another, each with its A/A copy (3 rounds)
+  steps  (no run: reads the sweeps `tune` left in DIR) the per-step estimate of the issue's item 4 beside the
+         end-to-end one, point by point: speedup = the ratio of each run's acceptance length / its median ITL (a
+         decode round), Welch t interval on logs across runs as tokens/s gets; its bias against tokens/s, the
+         two intervals' half-widths, and the per-step A/A (the A/A copy against k = 0)
 
-Usage: python benchmarks/measure_until_decided.py {tune,sweep,aa} --out DIR [--trials 30]
+Usage: python benchmarks/measure_until_decided.py {tune,sweep,aa,steps} --out DIR [--trials 30]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import subprocess
 import sys
 import time
@@ -88,16 +93,47 @@ def aa_part(out: Path, trials: int) -> dict:
     return res
 
 
+def step_rate(repeat: dict) -> float | None:
+    """One run's tokens per second of decoding, per step: its acceptance length (1 at k = 0) over its median ITL."""
+    itl = repeat.get("itl_ms_p50")
+    return (repeat.get("acceptance_length") or 1.0) * 1e3 / itl if itl else None
+
+
+def interval(num: list, den: list) -> dict:
+    from mtpbench.stats.intervals import log_ratio_t_ci
+
+    ci = log_ratio_t_ci(num, den)
+    est = math.exp(sum(map(math.log, num)) / len(num) - sum(map(math.log, den)) / len(den))
+    return {"speedup": round(est, 3), "ci": ci and [round(ci[0], 3), round(ci[1], 3)],
+            "half_width": ci and round((ci[1] - ci[0]) / 2, 3)}
+
+
+def steps_part(out: Path) -> dict:
+    rows = []
+    for d in sorted((out / "tune-new" / "sweeps").iterdir(), key=lambda p: int(p.name[1:])):
+        pts = {f.stem: json.loads(f.read_text()) for f in d.glob("*.json") if f.stem not in ("run", "summary")}
+        base = pts.pop("k0")["repeats"]
+        for name, p in sorted(pts.items()):
+            reps = p["repeats"]
+            e2e = interval([r["output_tokens_per_sec"] for r in reps], [r["output_tokens_per_sec"] for r in base])
+            step = interval([step_rate(r) for r in reps], [step_rate(r) for r in base])
+            rows.append({"load": d.name, "point": name, "n": len(reps), "end_to_end": e2e, "per_step": step,
+                         "bias": round(step["speedup"] / e2e["speedup"], 3)})
+            print(f"{d.name} {name:12s} n={len(reps)}  tokens/s: {e2e['speedup']} {e2e['ci']}  per step: "
+                  f"{step['speedup']} {step['ci']}  (per step / tokens/s: {rows[-1]['bias']})")
+    return {"rows": rows}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("part", choices=["tune", "sweep", "aa"])
+    ap.add_argument("part", choices=["tune", "sweep", "aa", "steps"])
     ap.add_argument("--out", required=True)
     ap.add_argument("--trials", type=int, default=30)
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     print(f"CPU: {cpu_model()}, torch threads {torch.get_num_threads()}")
-    res = {"tune": tune_part, "sweep": sweep_part}.get(a.part, lambda o: aa_part(o, a.trials))(out)
+    res = {"tune": tune_part, "sweep": sweep_part, "steps": steps_part}.get(a.part, lambda o: aa_part(o, a.trials))(out)
     res["cpu"], res["torch_threads"] = cpu_model(), torch.get_num_threads()
     (out / f"{a.part}.json").write_text(json.dumps(res, indent=1))
 

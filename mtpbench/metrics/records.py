@@ -204,12 +204,16 @@ def latency_ms(requests: list[RequestRecord]) -> dict[str, list[float]]:
 
 
 def timing(requests: list[RequestRecord], batches: list[BatchRecord]) -> dict:
-    """The timing figures of one timed run: output tokens/s over its decode time, TTFT and TPOT medians."""
+    """The timing figures of one timed run: output tokens/s over its decode time, TTFT, TPOT and ITL medians (the ITL
+    median: a typical decode step, a round of drafts and their verification), and the run's acceptance length."""
     wall = sum(b.wall_s for b in batches)
     lat = latency_ms(requests)
     out = sum(len(r.output_token_ids) for r in requests)
+    drafts = sum(b.num_drafts or 0 for b in batches)
+    accepted = sum(b.num_accepted_tokens or 0 for b in batches)
     return {"output_tokens_per_sec": out / wall if wall > 0 else None, "ttft_ms_p50": percentile(lat["ttft"], 0.5),
-            "tpot_ms_p50": percentile(lat["tpot"], 0.5)}
+            "tpot_ms_p50": percentile(lat["tpot"], 0.5), "itl_ms_p50": percentile(lat["itl"], 0.5),
+            "acceptance_length": 1 + accepted / drafts if drafts else None}
 
 
 def position_count(records: list, i: int) -> int | None:

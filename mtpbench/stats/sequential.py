@@ -62,13 +62,13 @@ def judge(num, den, line: float = 1.0, alpha: float = 1.0 - LEVEL, looks: int = 
 
 
 def next_step(state: str, repeats: int, max_repeats: int, elapsed_s: float = 0.0,
-              max_seconds: float | None = None) -> str:
+              max_seconds: float | None = None, round_s: float = 0.0) -> str:
     """What to do after a look whose state is ``state`` (a sweep's: "open" while any of its comparisons is):
     "decided" (stop: the interval excludes the line), "budget" (stop: max_repeats rounds done, or the time budget
-    spent), or "continue"."""
+    would be overrun by one more round as long as the last, ``round_s``), or "continue"."""
     if state != "open":
         return "decided"
-    if repeats >= max_repeats or (max_seconds is not None and elapsed_s >= max_seconds):
+    if repeats >= max_repeats or (max_seconds is not None and elapsed_s + round_s > max_seconds):
         return "budget"
     return "continue"
 

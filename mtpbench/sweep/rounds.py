@@ -138,6 +138,7 @@ def run_rounds(cfg, todo: list, measure, save, on_point=None) -> None:
             timer.time(name, f"{name} (warm-up)")
     last, timed, start, stopped = {}, set(timer.live), time.perf_counter(), "fixed"
     for r in range(rounds):
+        began = time.perf_counter()
         names = [n for n in timer.live if n in timed]
         for slot, i in enumerate(order(len(names), cfg.seed, r)):
             timer.time(names[i], f"{names[i]} (round {r + 1}, up to {rounds})", {"round": r, "slot": slot})
@@ -149,7 +150,8 @@ def run_rounds(cfg, todo: list, measure, save, on_point=None) -> None:
                        "floor": round(look["floor"], 5), "looks": looks, "level": look_level(alpha, looks)}
         if not sequential(cfg):
             break
-        step = next_step("open" if keep else "decided", r + 1, rounds, time.perf_counter() - start, cfg.max_seconds)
+        now = time.perf_counter()
+        step = next_step("open" if keep else "decided", r + 1, rounds, now - start, cfg.max_seconds, now - began)
         if step != "continue":
             stopped = step
             break

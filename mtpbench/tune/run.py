@@ -113,6 +113,18 @@ def sweep_configs(tc: TuneConfig, out: Path, where: str = "sweeps") -> list[Swee
     return [replace(base, concurrency=loads, out=str(out / where / "served"))]
 
 
+def round_cost(cfg: SweepConfig) -> float:
+    """A sweep's round, in batches run one after another (its prompts over its batch size): what its share of a
+    tune's time budget is proportional to, so that a slow load (batch 1) can get as many rounds as a fast one."""
+    return max(1.0, (cfg.num_prompts or 8) / (cfg.batch_size or 1))
+
+
+def budget_share(left_s: float, costs: list[float]) -> float:
+    """The next sweep's share of the ``left_s`` seconds left, ``costs`` its round cost and those of the sweeps after
+    it: in proportion to its cost (what a sweep leaves unspent goes to the sweeps after it)."""
+    return max(left_s, 1e-3) * costs[0] / sum(costs)
+
+
 def check_servers(tc: TuneConfig) -> None:
     """Attached servers: one without drafting (the k = 0 baseline) and at least one that drafts, read from the
     servers themselves before anything is written."""
@@ -159,7 +171,7 @@ def run_tune(tc: TuneConfig, on_point: Callable[[int, int, str], None] | None = 
             label = Path(cfg.out).name
             if cfg.max_seconds is not None:  # the whole tune's budget: what is left, shared by the sweeps to come
                 left = cfg.max_seconds - (time.perf_counter() - start)
-                cfg = replace(cfg, max_seconds=max(left, 1e-3) / (len(configs) - i))
+                cfg = replace(cfg, max_seconds=budget_share(left, [round_cost(c) for c in configs[i:]]))
             run_sweep(cfg, on_point and (lambda j, n, name: on_point(j, n, f"{label} ({i + 1}/{len(configs)}): "
                                                                            f"{name}")))
     result = build(out)

@@ -179,3 +179,30 @@ def test_too_few_rounds_give_no_figures():
     got = noise.summary([100.0, 101.0], [99.0, 100.0])
     assert got["rounds"] == 2 and got["floor"] is None and got["floor_pct"] is None and got["ratio"] is None
     assert got["called_different"] is None and got["single_run"] is not None
+
+
+@given(st.floats(1.0, 1000.0), st.lists(st.floats(0.1, 100.0), min_size=1, max_size=6))
+def test_a_tune_shares_its_budget_in_proportion_to_each_sweeps_round_cost(left, costs):
+    """Each sweep gets left x its cost / the costs of the sweeps still to run: sweeps that spend their whole share
+    end the tune on its budget; equal costs share evenly; a costlier sweep never gets less."""
+    from mtpbench.tune.run import budget_share
+
+    spent, rest = 0.0, left
+    for i in range(len(costs)):
+        share = budget_share(rest - spent, costs[i:])
+        assert math.isclose(share, (rest - spent) * costs[i] / sum(costs[i:]), rel_tol=1e-9)
+        spent += share
+    assert math.isclose(spent, rest, rel_tol=1e-9)
+    if len(costs) > 1:
+        even = budget_share(left, [costs[0]] * len(costs))
+        assert math.isclose(even, left / len(costs), rel_tol=1e-9)
+        costly = [max(costs)] + costs[1:]
+        assert budget_share(left, costly) >= budget_share(left, costs)
+
+
+def test_a_round_costs_its_batches_one_after_another():
+    from mtpbench.tune.run import budget_share, round_cost
+
+    assert [round_cost(SweepConfig(num_prompts=16, batch_size=b)) for b in (1, 2, 4, 16, 32)] == [16, 8, 4, 1, 1]
+    assert round_cost(SweepConfig(batch_size=2)) == 4  # the built-in set's 8 prompts
+    assert budget_share(-5.0, [1.0, 1.0]) > 0  # over budget: the sweep still runs its first rounds

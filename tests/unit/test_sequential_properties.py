@@ -60,11 +60,12 @@ def test_known_looks():
 
 
 @given(st.sampled_from(["faster", "slower", "open"]), st.integers(1, 30), st.integers(1, 30),
-       st.floats(0, 100), st.one_of(st.none(), st.floats(0, 100)))
-def test_the_next_step(state, repeats, most, elapsed, budget):
+       st.floats(0, 100), st.one_of(st.none(), st.floats(0, 100)), st.floats(0, 50))
+def test_the_next_step(state, repeats, most, elapsed, budget, last_round):
+    """Another round only where it fits: the time so far plus one more round as long as the last within budget."""
     want = ("decided" if state != "open" else
-            "budget" if repeats >= most or (budget is not None and elapsed >= budget) else "continue")
-    assert next_step(state, repeats, most, elapsed, budget) == want
+            "budget" if repeats >= most or (budget is not None and elapsed + last_round > budget) else "continue")
+    assert next_step(state, repeats, most, elapsed, budget, last_round) == want
 
 
 def simulate(seed: int, truth: float, runs: int, alpha: float, naive: bool = False, sd: float = 0.05,
