@@ -166,7 +166,8 @@ def run_tune(tc: TuneConfig, on_point: Callable[[int, int, str], None] | None = 
     make_out_dir(out)
     write_json(out / "tune.json", {"config": tc.to_json()})
     if not tc.sources:
-        configs, start = sweep_configs(tc, out), time.perf_counter()
+        # the cheapest sweeps first: what they leave of the budget goes to the costly ones (batch 1) after them
+        configs, start = sorted(sweep_configs(tc, out), key=round_cost), time.perf_counter()
         for i, cfg in enumerate(configs):
             label = Path(cfg.out).name
             if cfg.max_seconds is not None:  # the whole tune's budget: what is left, shared by the sweeps to come
