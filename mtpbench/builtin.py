@@ -32,6 +32,8 @@ def resolve_model_dir(model: str) -> Path:
     path = Path(model)
     if path.is_dir() or model.count("/") != 1 or path.exists():
         return path
+    if model.startswith(("/", ".", "~")):  # a path, not a hub id (org/name): it is simply not there
+        raise MtpBenchError(f"model directory not found: {model}")
     try:
         from huggingface_hub import snapshot_download
 

@@ -17,6 +17,7 @@ from mtpbench.builtin import resolve_model_dir
 from mtpbench.checkpoint import no_mtp_layers, read_config
 from mtpbench.environment import installed_vllm
 from mtpbench.errors import MtpBenchError
+from mtpbench.files import check_writable
 from mtpbench.layout import Machine, refusal
 from mtpbench.runners import cpu_build
 
@@ -309,7 +310,7 @@ def validate(cfg: SweepConfig, checkpoint_layers: int | None) -> None:
     validate_serving(cfg)
     check_parallel_layout(cfg)
     check_options(cfg)
-    check_writable(Path(cfg.out))
+    check_writable(cfg.out)
 
 
 def check_draft_model(cfg: SweepConfig) -> None:
@@ -391,10 +392,3 @@ def check_parallel_layout(cfg: SweepConfig) -> None:
     if problem := refusal(cfg.parallel_layout(), models, machine, any(cfg.k), eager):
         raise MtpBenchError(problem)
 
-
-def check_writable(out: Path) -> None:
-    probe = out
-    while not probe.exists():
-        probe = probe.parent
-    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
-        raise MtpBenchError(f"output directory is not writable: {out}")

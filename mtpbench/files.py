@@ -46,3 +46,20 @@ def make_out_dir(out: Path) -> None:
     except OSError as e:
         raise MtpBenchError(f"output directory is not writable: {out} ({e.strerror})") from None
 
+
+
+def check_writable(out: Path | str) -> None:
+    """An output directory that can be made or written, refused in one line before any work: empty, a file, or in a
+    directory this user cannot write."""
+    if not str(out).strip():
+        raise MtpBenchError("--out is empty: give the directory to write into")
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise MtpBenchError(f"--out {out} is a file: give a directory (new, or one mtpbench wrote)")
+    probe = out
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise MtpBenchError(f"--out {out}: {probe} is a file, so the directory cannot be made there")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise MtpBenchError(f"output directory is not writable: {out}")

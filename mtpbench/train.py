@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from mtpbench.config import check_writable
+from mtpbench.files import check_writable
 from mtpbench.errors import MtpBenchError
 from mtpbench.model import PRESETS, MiMoModel, ModelArgs, save_model
 

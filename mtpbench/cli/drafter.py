@@ -8,8 +8,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from mtpbench.cli.common import engine_args, fail, model_or_profile
-from mtpbench.cli.options import Dtype, MaxModelLen, ModelOrProfile, Parallel, Runner, grouped
+from mtpbench.cli.common import engine_args, fail, model_or_profile, wrote
+from mtpbench.cli.options import Dtype, MaxModelLen, ModelOrProfile, Parallel, Runner, grouped, shown
 from mtpbench.errors import MtpBenchError
 
 DRAFTER_DEFAULTS = {"k": (2,), "mode": ("reuse",), "num_prompts": 2, "max_tokens": 24, "out": "drafter"}
@@ -18,19 +18,19 @@ DRAFTER_DEFAULTS = {"k": (2,), "mode": ("reuse",), "num_prompts": 2, "max_tokens
 @grouped
 def check_drafter(
     model: ModelOrProfile = None,
-    backend: Annotated[Optional[str], typer.Option(help="native or vllm (an offline engine).")] = None,
-    k: Annotated[Optional[int], typer.Option("--k", help="num_speculative_tokens [default: 2].")] = None,
-    mode: Annotated[Optional[str], typer.Option(help="Native drafting mode: reuse or chain [default: reuse].")] = None,
+    backend: Annotated[Optional[str], typer.Option(help="native or vllm (an offline engine).", show_default="native")] = None,
+    k: Annotated[Optional[int], typer.Option("--k", help="num_speculative_tokens.", show_default=shown(DRAFTER_DEFAULTS["k"]))] = None,
+    mode: Annotated[Optional[str], typer.Option(help="Native drafting mode: reuse or chain.", show_default=shown(DRAFTER_DEFAULTS["mode"]))] = None,
     runner: Runner = None,
     synthetic: Annotated[Optional[str], typer.Option(help="Check a synthetic checkpoint of this vLLM MTP architecture (mtpbench synth --list), built or taken from the cache; implies --backend vllm.")] = None,
-    prompts: Annotated[Optional[str], typer.Option(help="'builtin' or a JSONL file.")] = None,
-    num_prompts: Annotated[Optional[int], typer.Option(help="Prompts, each generated on its own [default: 2].")] = None,
-    max_tokens: Annotated[Optional[int], typer.Option(help="Output tokens per prompt [default: 24].")] = None,
+    prompts: Annotated[Optional[str], typer.Option(help="'builtin' or a JSONL file.", show_default="builtin")] = None,
+    num_prompts: Annotated[Optional[int], typer.Option(help="Prompts, each generated on its own.", show_default=shown(DRAFTER_DEFAULTS["num_prompts"]))] = None,
+    max_tokens: Annotated[Optional[int], typer.Option(help="Output tokens per prompt.", show_default=shown(DRAFTER_DEFAULTS["max_tokens"]))] = None,
     dtype: Dtype = None,
     max_model_len: MaxModelLen = None,
     engine_arg: Annotated[Optional[list[str]], typer.Option(help="Extra vllm.LLM argument KEY=VALUE (repeatable).")] = None,
     profile: Annotated[Optional[str], typer.Option(help="Profile name or .toml path.")] = None,
-    out: Annotated[Optional[str], typer.Option(help="Output directory for drafter.json and report.html [default: drafter].")] = None,
+    out: Annotated[Optional[str], typer.Option(help="Output directory for drafter.json and report.html.", show_default=shown(DRAFTER_DEFAULTS["out"]))] = None,
 ) -> None:
     """Capture every draft step of a short greedy run (what the engine fed its MTP module, what each stage
     produced), recompute it with mtpbench's independent reference of the checkpoint's MTP block, and name the
@@ -54,7 +54,7 @@ def check_drafter(
     except MtpBenchError as e:
         fail(str(e))
     print_check(summary)
-    typer.echo(f"\nwrote {cfg.out}/drafter.json, report.html")
+    wrote(cfg.out, "drafter.json", "report.html")
     if summary["first_difference"] is not None:
         raise typer.Exit(1)
 

@@ -9,28 +9,30 @@ from typing import Annotated, Optional
 
 import typer
 
-from mtpbench.cli.common import connection_options, engine_args, fail
-from mtpbench.cli.options import Dtype, EngineArg, MaxModelLen, Parallel, Runner, ServerAccess, grouped
+from mtpbench.cli.common import connection_options, engine_args, fail, wrote
+from mtpbench.cli.options import Dtype, EngineArg, MaxModelLen, Parallel, Runner, ServerAccess, grouped, shown
+from mtpbench.cli.progress import with_progress
 from mtpbench.errors import MtpBenchError
+from mtpbench.lossless.config import CHECK_DEFAULTS, DEFAULT_MAX_MDE, DEFAULT_SAMPLES_PER_PROMPT
 
 
 @grouped
 def check_lossless(
-    model: Annotated[Optional[str], typer.Argument(help="Model directory (default: built-in tiny model).")] = None,
-    backend: Annotated[Optional[str], typer.Option(help="native, vllm (offline engines) or vllm-server (launched servers, or an attached --server with a --baseline-server).")] = None,
-    k: Annotated[Optional[int], typer.Option("--k", help="num_speculative_tokens of the drafting arm, >= 1, checked against k = 0 [default: 2].")] = None,
-    temperature: Annotated[Optional[float], typer.Option(help="0: greedy (same tokens?); > 0: sampling (same law?) [default: 1.0].")] = None,
-    num_prompts: Annotated[Optional[int], typer.Option(help="Number of prompts [default: 16].")] = None,
-    samples_per_prompt: Annotated[Optional[int], typer.Option(help="Sampling only: continuations of each prompt per arm [default: 40].")] = None,
-    max_tokens: Annotated[Optional[int], typer.Option(help="Output tokens per continuation [default: 64].")] = None,
-    seed: Annotated[Optional[int], typer.Option(help="Seed of the check: the arms' seeds and the permutations derive from it.")] = None,
-    mode: Annotated[Optional[str], typer.Option(help="Native drafting mode: reuse or chain [default: reuse].")] = None,
-    mtp_layers: Annotated[Optional[int], typer.Option(help="MTP layers to draft with (default: all the checkpoint has).")] = None,
-    prompts: Annotated[Optional[str], typer.Option(help="builtin, spec-bench, mt-bench or a JSONL file.")] = None,
-    batch_size: Annotated[Optional[int], typer.Option(help="Sequences decoded together [default: 48]; greedy's A/A control reruns k = 0 at batch size 1.")] = None,
-    device: Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:1 ...")] = None,
+    model: Annotated[Optional[str], typer.Argument(help="Model directory.", show_default='built-in tiny model')] = None,
+    backend: Annotated[Optional[str], typer.Option(help="native, vllm (offline engines) or vllm-server (launched servers, or an attached --server with a --baseline-server).", show_default="native")] = None,
+    k: Annotated[Optional[int], typer.Option("--k", help="num_speculative_tokens of the drafting arm, >= 1, checked against k = 0.", show_default=shown(CHECK_DEFAULTS["k"]))] = None,
+    temperature: Annotated[Optional[float], typer.Option(help="0: greedy (same tokens?); > 0: sampling (same law?).", show_default=shown(CHECK_DEFAULTS["temperature"]))] = None,
+    num_prompts: Annotated[Optional[int], typer.Option(help="Number of prompts.", show_default=shown(CHECK_DEFAULTS["num_prompts"]))] = None,
+    samples_per_prompt: Annotated[Optional[int], typer.Option(help="Sampling only: continuations of each prompt per arm.", show_default=str(DEFAULT_SAMPLES_PER_PROMPT))] = None,
+    max_tokens: Annotated[Optional[int], typer.Option(help="Output tokens per continuation.", show_default=shown(CHECK_DEFAULTS["max_tokens"]))] = None,
+    seed: Annotated[Optional[int], typer.Option(help="Seed of the check: the arms' seeds and the permutations derive from it.", show_default="0")] = None,
+    mode: Annotated[Optional[str], typer.Option(help="Native drafting mode: reuse or chain.", show_default=shown(CHECK_DEFAULTS["mode"]))] = None,
+    mtp_layers: Annotated[Optional[int], typer.Option(help="MTP layers to draft with.", show_default='all the checkpoint has')] = None,
+    prompts: Annotated[Optional[str], typer.Option(help="builtin, spec-bench, mt-bench or a JSONL file.", show_default="builtin")] = None,
+    batch_size: Annotated[Optional[int], typer.Option(help="Sequences decoded together; greedy's A/A control reruns k = 0 at batch size 1.", show_default=shown(CHECK_DEFAULTS["batch_size"]))] = None,
+    device: Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:1 and so on.", show_default="cpu")] = None,
     dtype: Dtype = None,
-    threads: Annotated[Optional[int], typer.Option(help="torch CPU threads (default: torch's own).")] = None,
+    threads: Annotated[Optional[int], typer.Option(help="torch CPU threads.", show_default="torch's own")] = None,
     runner: Runner = None,
     max_model_len: MaxModelLen = None,
     engine_arg: EngineArg = None,
@@ -41,10 +43,10 @@ def check_lossless(
     access: ServerAccess = ServerAccess(),
     planted_lossy: Annotated[bool, typer.Option("--planted-lossy", help="CONTROL, not a way to decode: the native drafter accepts every draft that is its own argmax, skipping the probability ratio min(1, p/q). Lossy on purpose (at temperature > 0): the check must call it lossy.")] = False,
     planted_subtle: Annotated[bool, typer.Option("--planted-subtle", help="CONTROL, not a way to decode: a subtler planted fault than --planted-lossy: the native engine's acceptance ratio min(1, p/q) takes p at 0.95 x the temperature (the residual and the bonus token keep the right one). Lossy on purpose (at temperature > 0).")] = False,
-    max_detectable_shift: Annotated[Optional[float], typer.Option(help="Sampling: 'lossless' only if a shift of the mean target log-prob this large (nats/token) would have been detected with 80 % power; above it the verdict is inconclusive (underpowered), with the N that would reach it. Default 0.1, the planted rule's measured shift.")] = None,
+    max_detectable_shift: Annotated[Optional[float], typer.Option(help="Sampling: 'lossless' only if a shift of the mean target log-prob this large (nats/token) would have been detected with 80 % power; above it the verdict is inconclusive (underpowered), with the N that would reach it.", show_default=f"{DEFAULT_MAX_MDE}, the planted rule's measured shift")] = None,
     fail_if_lossy: Annotated[bool, typer.Option("--fail-if-lossy", help="A CI gate that fails closed: exit 1 on a lossy or divergent verdict, exit 3 on inconclusive (the check could not tell: the A/A control or the scorer's control failed, underpowered, nothing drafted); 2 is a refused input.")] = False,
     allow_inconclusive: Annotated[bool, typer.Option("--allow-inconclusive", help="With --fail-if-lossy: exit 0 on an inconclusive verdict (only lossy or divergent fail).")] = False,
-    out: Annotated[Optional[str], typer.Option(help="Output directory for lossless.json, lossless.md, lossless.png [default: lossless].")] = None,
+    out: Annotated[Optional[str], typer.Option(help="Output directory for lossless.json, lossless.md, lossless.png.", show_default=shown(CHECK_DEFAULTS["out"]))] = None,
 ) -> None:
     """Does MTP drafting change what the model says? k = K against k = 0: greedy, the same tokens; sampling, the same law (a permutation test with an A/A control)."""
     from mtpbench.config import resolve
@@ -67,11 +69,11 @@ def check_lossless(
                           max_mde=DEFAULT_MAX_MDE if max_detectable_shift is None else max_detectable_shift,
                           baseline_server=baseline_server, speculative_overrides=overrides)
         set_threads(threads)
-        record = run_check(cfg)
+        record = with_progress("check-lossless", run_check, cfg, timed=False)
     except MtpBenchError as e:
         fail(str(e))
     typer.echo(summary(record))
-    typer.echo(f"wrote {engine.out}/lossless.json, lossless.md, lossless.png")
+    wrote(engine.out, "lossless.json", "lossless.md", "lossless.png", "report.html")
     if fail_if_lossy and (code := exit_code(record, allow_inconclusive)):
         raise typer.Exit(code)
 

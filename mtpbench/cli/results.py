@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from mtpbench.cli.common import fail, show
+from mtpbench.cli.common import fail, show, wrote
 from mtpbench.errors import MtpBenchError
 
 
@@ -22,6 +22,8 @@ def report(out: Annotated[Path, typer.Argument(help="A sweep, tune, trace-matrix
     from mtpbench.sweep.report import build
     from mtpbench.tune.report import is_tune_dir
 
+    if not out.exists():
+        fail(f"{out} does not exist")
     if is_tune_dir(out):
         from mtpbench.cli.tune import show_result
         from mtpbench.tune.report import build as build_tune
@@ -40,18 +42,20 @@ def report(out: Annotated[Path, typer.Argument(help="A sweep, tune, trace-matrix
         except MtpBenchError as e:
             fail(str(e))
         typer.echo(Path(out, "matrix.md").read_text())
-        typer.echo(f"wrote {out}/matrix.csv, matrix.json, matrix.md, matrix.png")
+        wrote(out, "matrix.csv", "matrix.json", "matrix.md", "matrix.png")
         return
     from mtpbench.html.pages import kind_of, write_page
 
     if not (out / "run.json").exists() and kind_of(out) in PAGE_ONLY:
-        typer.echo(f"wrote {write_page(out)}")  # its other files are written once, by the command
+        write_page(out)  # its other files are written once, by the command
+        wrote(out, "report.html")
         return
     try:
         rows = build(out)
     except MtpBenchError as e:
         fail(str(e))
     show(rows, out)
+    wrote(out, "summary.csv", "summary.json", "plots", "report.html")
 
 
 def compare(
@@ -79,7 +83,7 @@ def compare(
         typer.echo(f"note: {line}")
     for f in result["failed"]:
         typer.echo(f"failed: {f['point']} in {f['failed_in']}: {f['error']}")
-    typer.echo(f"\nwrote {out}/compare.csv, compare.json, compare.md, compare.png")
+    wrote(out, "compare.csv", "compare.json", "compare.md", "compare.png", "report.html")
     if fail_if_worse is not None:
         unjudged = unjudged_beyond(result, fail_if_worse)
         if unjudged:

@@ -8,20 +8,24 @@ from typing import Annotated, Optional
 import typer
 
 from mtpbench.cli.common import (connection_options, engine_args, fail, ints, model_or_profile, rates, show,
-                                 strs)
+                                 strs, wrote)
 from mtpbench.cli.options import (Dtype, EngineArg, ForceSpecStepIdx, MaxModelLen, ModelOrProfile, Parallel, Rounds,
-                                  Runner, Seed, ServerAccess, grouped)
+                                  Runner, Seed, ServerAccess, grouped, shown)
+from mtpbench.cli.progress import with_progress
+from mtpbench.config import SweepConfig
 from mtpbench.errors import MtpBenchError
+
+D = SweepConfig()  # the defaults --help shows
 
 
 @dataclass(frozen=True)
 class Served:
     """A served run: the server (attached or launched), its API and the load put on it."""
     server: Annotated[Optional[str], typer.Option(help="URL of a running vLLM server to measure (implies --backend vllm-server; mtpbench neither starts nor stops it).")] = None
-    api: Annotated[Optional[str], typer.Option(help="Served runs: completions (/v1/completions) or chat (/v1/chat/completions).")] = None
-    concurrency: Annotated[Optional[str], typer.Option(help="Served runs: requests in flight at most, e.g. 1,4,16 (closed loop).")] = None
-    request_rate: Annotated[Optional[str], typer.Option(help="Served runs: Poisson arrivals per second, e.g. 2,8,inf (inf = all at once).")] = None
-    port: Annotated[Optional[int], typer.Option(help="Served runs: port of the launched server on 127.0.0.1 (default: a free one).")] = None
+    api: Annotated[Optional[str], typer.Option(help="Served runs: completions (/v1/completions) or chat (/v1/chat/completions).", show_default=D.api)] = None
+    concurrency: Annotated[Optional[str], typer.Option(help="Served runs: requests in flight at most, e.g. 1,4,16 (closed loop).", show_default=shown(D.concurrency))] = None
+    request_rate: Annotated[Optional[str], typer.Option(help="Served runs: Poisson arrivals per second, e.g. 2,8,inf (inf = all at once).", show_default="inf")] = None
+    port: Annotated[Optional[int], typer.Option(help="Served runs: port of the launched server on 127.0.0.1.", show_default='a free one')] = None
 
     def config(self) -> dict:
         return dict(server=self.server, api=self.api, concurrency=ints(self.concurrency, "--concurrency"),
@@ -31,20 +35,20 @@ class Served:
 @grouped
 def sweep(
     model: ModelOrProfile = None,
-    backend: Annotated[Optional[str], typer.Option(help="native, vllm (offline engine) or vllm-server (served, under load).")] = None,
-    k: Annotated[Optional[str], typer.Option("--k", help="num_speculative_tokens values, e.g. 0,1,2,3 (0 = plain decoding baseline; with --server: the server's).")] = None,
-    mtp_layers: Annotated[Optional[str], typer.Option(help="MTP layer counts, e.g. 1,2,3 (default: all the checkpoint has).")] = None,
-    mode: Annotated[Optional[str], typer.Option(help="Drafting modes: reuse (layer 0 every step), chain (step s runs layer s mod L).")] = None,
-    prompts: Annotated[Optional[str], typer.Option(help="builtin, spec-bench (480 questions, 13 categories), mt-bench (its 80), or a JSONL file ('turns' or 'prompt').")] = None,
-    num_prompts: Annotated[Optional[int], typer.Option(help="Number of prompts, spread over the categories [default: 8 of builtin, all of any other set].")] = None,
-    chat_template: Annotated[Optional[str], typer.Option(help="auto: prompts through the checkpoint's chat template where it has one; none: raw text.")] = None,
-    context_tokens: Annotated[Optional[str], typer.Option(help="Tokens of held-out text before each prompt, a grid dimension, e.g. 0,512,1024.")] = None,
-    max_tokens: Annotated[Optional[int], typer.Option(help="Output tokens per prompt.")] = None,
-    repeats: Annotated[Optional[int], typer.Option(help="Timed runs per point, round robin on the native backend: tokens/s, TTFT and TPOT as median with a 95 % interval from 6, speedup intervals from 3. Default: 6 on the native backend, 1 on vLLM's.")] = None,
-    temperature: Annotated[Optional[float], typer.Option(help="0 = greedy; > 0 uses rejection sampling.")] = None,
-    batch_size: Annotated[Optional[int], typer.Option("--batch-size", "--max-num-seqs", help="Sequences decoded together.")] = None,
+    backend: Annotated[Optional[str], typer.Option(help="native, vllm (offline engine) or vllm-server (served, under load).", show_default=D.backend)] = None,
+    k: Annotated[Optional[str], typer.Option("--k", help="num_speculative_tokens values, e.g. 0,1,2,3 (0 = plain decoding baseline; with --server: the server's).", show_default=shown(D.k))] = None,
+    mtp_layers: Annotated[Optional[str], typer.Option(help="MTP layer counts, e.g. 1,2,3.", show_default='all the checkpoint has')] = None,
+    mode: Annotated[Optional[str], typer.Option(help="Drafting modes: reuse (layer 0 every step), chain (step s runs layer s mod L).", show_default=shown(D.mode))] = None,
+    prompts: Annotated[Optional[str], typer.Option(help="builtin, spec-bench (480 questions, 13 categories), mt-bench (its 80), or a JSONL file ('turns' or 'prompt').", show_default=D.prompts)] = None,
+    num_prompts: Annotated[Optional[int], typer.Option(help="Number of prompts, spread over the categories.", show_default='8 of builtin, all of any other set')] = None,
+    chat_template: Annotated[Optional[str], typer.Option(help="auto: prompts through the checkpoint's chat template where it has one; none: raw text.", show_default=D.chat_template)] = None,
+    context_tokens: Annotated[Optional[str], typer.Option(help="Tokens of held-out text before each prompt, a grid dimension, e.g. 0,512,1024.", show_default="none")] = None,
+    max_tokens: Annotated[Optional[int], typer.Option(help="Output tokens per prompt.", show_default=str(D.max_tokens))] = None,
+    repeats: Annotated[Optional[int], typer.Option(help="Timed runs per point, round robin on the native backend: tokens/s, TTFT and TPOT as median with a 95 % interval from 6, speedup intervals from 3.", show_default="6 on the native backend, 1 on vLLM's")] = None,
+    temperature: Annotated[Optional[float], typer.Option(help="0 = greedy; > 0 uses rejection sampling.", show_default=str(D.temperature))] = None,
+    batch_size: Annotated[Optional[int], typer.Option("--batch-size", "--max-num-seqs", help="Sequences decoded together.", show_default=str(D.batch_size))] = None,
     seed: Seed = None,
-    device: Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:1 ... (native backend).")] = None,
+    device: Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:1 ... (native backend).", show_default=D.device)] = None,
     dtype: Dtype = None,
     max_model_len: MaxModelLen = None,
     parallel: Parallel = Parallel(),
@@ -56,7 +60,7 @@ def sweep(
     served: Served = Served(),
     access: ServerAccess = ServerAccess(),
     profile: Annotated[Optional[str], typer.Option(help="Profile name (see `mtpbench profiles`) or .toml path.")] = None,
-    out: Annotated[Optional[str], typer.Option(help="Output directory for point files, summary and plots.")] = None,
+    out: Annotated[Optional[str], typer.Option(help="Output directory for point files, summary and plots.", show_default=D.out)] = None,
 ) -> None:
     """Sweep k x MTP layers x drafting mode (x load, served); write point JSONs, summary.csv/json and PNG plots."""
     from mtpbench.config import resolve
@@ -80,47 +84,12 @@ def sweep(
         cfg = replace(cfg, header_values=header_values)
         if cfg.server and k is None:  # an attached server's k is its own, whatever a profile lists
             cfg = replace(cfg, k=())
-        rows = with_progress(run_sweep, cfg)
+        rows = with_progress("sweep", run_sweep, cfg)
     except MtpBenchError as e:
         fail(str(e))
     show(rows, cfg.out)
-    typer.echo(f"\nwrote {cfg.out}/summary.csv, summary.json and plots")
+    wrote(cfg.out, "summary.csv", "summary.json", "point files", "plots")
     if rows and all(r.status != "ok" for r in rows):  # nothing measured: a script must not read it as a result
         typer.echo(f"error: every point of the sweep failed (each one's error is in {cfg.out}/summary.json)", err=True)
         raise typer.Exit(1)
 
-
-def with_progress(run, *args):
-    """``run(*args, on_point)`` under the progress bar (stopped whatever happens)."""
-    on_point, stop_bar = progress_callback()
-    try:
-        return run(*args, on_point)
-    finally:
-        stop_bar()
-
-
-def progress_callback():
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from mtpbench.environment import load_warning
-
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   transient=True)
-    state = {}
-
-    def on_point(i: int, n: int, name: str) -> None:
-        if "task" not in state:
-            warning = load_warning()  # once, when measuring starts (bad input has been refused by then)
-            if warning:
-                typer.echo(warning, err=True)
-            bar.start()
-            state["task"] = bar.add_task("sweep", total=n)
-        bar.update(state["task"], completed=i, description=f"sweep: {name}")
-        if i >= n:
-            stop()
-
-    def stop() -> None:
-        if state.pop("task", None) is not None:  # a bar never started must not print anything
-            bar.stop()
-
-    return on_point, stop

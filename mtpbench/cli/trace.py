@@ -10,9 +10,9 @@ import typer
 
 from dataclasses import asdict, replace
 
-from mtpbench.cli.common import connection_options, engine_args, fail, model_or_profile, strs
+from mtpbench.cli.common import connection_options, engine_args, fail, model_or_profile, strs, wrote
 from mtpbench.cli.options import (RUNNER_HELP, Dtype, ForceSpecStepIdx, MaxModelLen, ModelOrProfile, Parallel, Runner,
-                                  ServerAccess, grouped)
+                                  ServerAccess, grouped, shown)
 from mtpbench.errors import MtpBenchError
 
 TRACE_DEFAULTS = {"k": (3,), "mode": ("reuse",), "num_prompts": 2, "max_tokens": 32, "out": "trace"}
@@ -22,26 +22,26 @@ EXPECTED = {"multi-module": "multi-module", "layer-0-reuse": "layer-0 reuse", No
 @grouped
 def trace_layers(
     model: ModelOrProfile = None,
-    backend: Annotated[Optional[str], typer.Option(help="native, vllm (offline engine) or vllm-server (a server mtpbench launches with its trace plugin).")] = None,
+    backend: Annotated[Optional[str], typer.Option(help="native, vllm (offline engine) or vllm-server (a server mtpbench launches with its trace plugin).", show_default="native")] = None,
     server: Annotated[Optional[str], typer.Option(help="URL of a running vLLM server to trace: it must serve mtpbench's trace plugin (VLLM_PLUGINS=mtpbench_trace, --enforce-eager; docs/trace-layers.md). Implies --backend vllm-server.")] = None,
-    k: Annotated[Optional[int], typer.Option("--k", help="num_speculative_tokens (draft steps per proposal) [default: 3].")] = None,
-    mtp_layers: Annotated[Optional[int], typer.Option(help="MTP layers to load (default: all the checkpoint has).")] = None,
-    mode: Annotated[Optional[str], typer.Option(help="Native drafting mode: reuse or chain [default: reuse].")] = None,
+    k: Annotated[Optional[int], typer.Option("--k", help="num_speculative_tokens (draft steps per proposal).", show_default=shown(TRACE_DEFAULTS["k"]))] = None,
+    mtp_layers: Annotated[Optional[int], typer.Option(help="MTP layers to load.", show_default='all the checkpoint has')] = None,
+    mode: Annotated[Optional[str], typer.Option(help="Native drafting mode: reuse or chain.", show_default=shown(TRACE_DEFAULTS["mode"]))] = None,
     force_spec_step_idx: ForceSpecStepIdx = None,
     runner: Runner = None,
     expect: Annotated[Optional[str], typer.Option(help="multi-module or layer-0-reuse: exit 1 if the verdict differs.")] = None,
     synthetic: Annotated[Optional[str], typer.Option(help="Trace a synthetic checkpoint of this vLLM MTP architecture (mtpbench synth --list), built or taken from the cache; implies --backend vllm.")] = None,
     draft_model: Annotated[Optional[str], typer.Option(help="A drafter in a checkpoint of its own (vLLM speculative_config model).")] = None,
-    prompts: Annotated[Optional[str], typer.Option(help="'builtin' or a JSONL file.")] = None,
-    num_prompts: Annotated[Optional[int], typer.Option(help="Number of prompts [default: 2].")] = None,
-    max_tokens: Annotated[Optional[int], typer.Option(help="Output tokens per prompt [default: 32].")] = None,
+    prompts: Annotated[Optional[str], typer.Option(help="'builtin' or a JSONL file.", show_default="builtin")] = None,
+    num_prompts: Annotated[Optional[int], typer.Option(help="Number of prompts.", show_default=shown(TRACE_DEFAULTS["num_prompts"]))] = None,
+    max_tokens: Annotated[Optional[int], typer.Option(help="Output tokens per prompt.", show_default=shown(TRACE_DEFAULTS["max_tokens"]))] = None,
     dtype: Dtype = None,
     max_model_len: MaxModelLen = None,
     engine_arg: Annotated[Optional[list[str]], typer.Option(help="Extra vllm.LLM argument KEY=VALUE (repeatable).")] = None,
     parallel: Parallel = Parallel(),
     access: ServerAccess = ServerAccess(),
     profile: Annotated[Optional[str], typer.Option(help="Profile name or .toml path.")] = None,
-    out: Annotated[Optional[str], typer.Option(help="Output directory for trace.csv, trace.json, layers.png [default: trace].")] = None,
+    out: Annotated[Optional[str], typer.Option(help="Output directory for trace.csv, trace.json, layers.png.", show_default=shown(TRACE_DEFAULTS["out"]))] = None,
 ) -> None:
     """Record which MTP layer ran at every draft step on every rank, and say whether drafting is right."""
     from mtpbench.config import resolve
@@ -71,7 +71,7 @@ def trace_layers(
     except MtpBenchError as e:
         fail(str(e))
     print_trace(summary)
-    typer.echo(f"\nwrote {cfg.out}/trace.csv, trace.json, layers.png")
+    wrote(cfg.out, "trace.csv", "trace.json", "layers.png", "report.html")
     if EXPECTED[expect] and summary["verdict"] != EXPECTED[expect]:
         typer.echo(f"expected {EXPECTED[expect]}, got {summary['verdict']}", err=True)
         raise typer.Exit(1)
@@ -115,11 +115,11 @@ def print_trace(summary: dict) -> None:
 
 @grouped
 def trace_matrix(
-    arch: Annotated[Optional[str], typer.Option(help="Comma-separated architectures [default: every one mtpbench synth --list can run].")] = None,
-    k: Annotated[Optional[int], typer.Option("--k", help="num_speculative_tokens [default: 2L per architecture].")] = None,
-    jobs: Annotated[Optional[int], typer.Option(help="Engines side by side [default: one per core (a core a rank when sharded), as free memory allows].")] = None,
+    arch: Annotated[Optional[str], typer.Option(help="Comma-separated architectures.", show_default='every one mtpbench synth --list can run')] = None,
+    k: Annotated[Optional[int], typer.Option("--k", help="num_speculative_tokens.", show_default='2L per architecture')] = None,
+    jobs: Annotated[Optional[int], typer.Option(help="Engines side by side.", show_default="one per core (a core a rank when sharded), as free memory allows")] = None,
     max_tokens: Annotated[int, typer.Option(help="Output tokens of the traced prompt.")] = 12,
-    runner: Annotated[Optional[str], typer.Option(help="Comma-separated vLLM model runners, e.g. v1,v2 [default: the one vLLM picks here]. " + RUNNER_HELP)] = None,
+    runner: Annotated[Optional[str], typer.Option(help="Comma-separated vLLM model runners, e.g. v1,v2. " + RUNNER_HELP, show_default='the one vLLM picks here')] = None,
     parallel: Parallel = Parallel(),
     out: Annotated[str, typer.Option(help="Output directory for matrix.csv, .json, .md, .png.")] = "matrix",
 ) -> None:
@@ -147,4 +147,4 @@ def trace_matrix(
                    f"finished) to {out}/matrix.csv, matrix.json, matrix.md, matrix.png", err=True)
         raise typer.Exit(130) from None
     typer.echo(Path(out, "matrix.md").read_text())
-    typer.echo(f"wrote {out}/matrix.csv, matrix.json, matrix.md, matrix.png")
+    wrote(out, "matrix.csv", "matrix.json", "matrix.md", "matrix.png")

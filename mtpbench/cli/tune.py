@@ -8,31 +8,31 @@ from typing import Annotated, Optional
 
 import typer
 
-from mtpbench.cli.common import connection_options, engine_args, fail, ints, model_or_profile, strs
+from mtpbench.cli.common import connection_options, engine_args, fail, ints, model_or_profile, strs, wrote
 from mtpbench.cli.options import (Dtype, EngineArg, MaxModelLen, ModelOrProfile, Parallel, Rounds, Runner, Seed,
-                                  ServerAccess, grouped)
+                                  ROUNDS, ServerAccess, grouped, shown)
+from mtpbench.cli.progress import with_progress
 from mtpbench.errors import MtpBenchError
 
 # a tune's own defaults (its sweeps otherwise take the sweep's): k 0-4, enough prompts for the largest batch,
 # short outputs, the repeats a ratio of tokens/s needs for an interval, and more for the points still undecided
 # within a budget for the whole tune (docs/measure-until-decided.md: what they cost and decide on this machine)
 DEFAULTS = {"k": (0, 1, 2, 3, 4), "num_prompts": 16, "max_tokens": 64, "repeats": 3}
-ROUNDS = {"max_repeats": 12, "max_seconds": 240.0}  # on a backend that interleaves its repeats (native)
 
 
 @grouped
 def tune(
     model: ModelOrProfile = None,
-    backend: Annotated[Optional[str], typer.Option(help="native or vllm (over --batch-size), vllm-server (over --concurrency; launched, or attached with --server).")] = None,
-    k: Annotated[Optional[str], typer.Option("--k", help="num_speculative_tokens values to measure, with 0 (default: 0,1,2,3,4).")] = None,
-    batch_size: Annotated[Optional[str], typer.Option("--batch-size", help="Offline backends: the loads, batch sizes (default: 1,2,4,8,16).")] = None,
-    concurrency: Annotated[Optional[str], typer.Option(help="vllm-server: the loads, requests in flight (default: 1,2,4,8).")] = None,
-    mtp_layers: Annotated[Optional[int], typer.Option(help="MTP layers of the drafter (default: all the checkpoint has).")] = None,
-    mode: Annotated[Optional[str], typer.Option(help="native backend: the drafting mode to tune, reuse (as vLLM's V1 drafts) or chain (default: reuse).")] = None,
-    prompts: Annotated[Optional[str], typer.Option(help="builtin, spec-bench, mt-bench or a JSONL file.")] = None,
-    num_prompts: Annotated[Optional[int], typer.Option(help="Prompts per point (default: 16, at least the largest batch).")] = None,
-    max_tokens: Annotated[Optional[int], typer.Option(help="Output tokens per prompt (default: 64).")] = None,
-    repeats: Annotated[Optional[int], typer.Option(help="Timed runs every point gets, at least 3 (default: 3; up to --max-repeats 12 for undecided points, within --max-seconds 240 for the whole tune).")] = None,
+    backend: Annotated[Optional[str], typer.Option(help="native or vllm (over --batch-size), vllm-server (over --concurrency; launched, or attached with --server).", show_default="native")] = None,
+    k: Annotated[Optional[str], typer.Option("--k", help="num_speculative_tokens values to measure, with 0.", show_default=shown(DEFAULTS["k"]))] = None,
+    batch_size: Annotated[Optional[str], typer.Option("--batch-size", help="Offline backends: the loads, batch sizes.", show_default='1,2,4,8,16')] = None,
+    concurrency: Annotated[Optional[str], typer.Option(help="vllm-server: the loads, requests in flight.", show_default='1,2,4,8')] = None,
+    mtp_layers: Annotated[Optional[int], typer.Option(help="MTP layers of the drafter.", show_default='all the checkpoint has')] = None,
+    mode: Annotated[Optional[str], typer.Option(help="native backend: the drafting mode to tune, reuse (as vLLM's V1 drafts) or chain.", show_default='reuse')] = None,
+    prompts: Annotated[Optional[str], typer.Option(help="builtin, spec-bench, mt-bench or a JSONL file.", show_default="builtin")] = None,
+    num_prompts: Annotated[Optional[int], typer.Option(help="Prompts per point.", show_default=f"{DEFAULTS['num_prompts']}, at least the largest batch")] = None,
+    max_tokens: Annotated[Optional[int], typer.Option(help="Output tokens per prompt.", show_default=shown(DEFAULTS["max_tokens"]))] = None,
+    repeats: Annotated[Optional[int], typer.Option(help="Timed runs every point gets, at least 3.", show_default=f"{DEFAULTS['repeats']}; on native, up to --max-repeats {ROUNDS['max_repeats']} for undecided points within --max-seconds {ROUNDS['max_seconds']:.0f} for the whole tune")] = None,
     seed: Seed = None,
     dtype: Dtype = None,
     max_model_len: MaxModelLen = None,
@@ -72,9 +72,7 @@ def tune(
                  f"{'offline' if tc.unit == 'concurrency' else 'served'} runs; {cfg.backend} takes "
                  f"--{'concurrency' if tc.unit == 'concurrency' else 'batch-size'}")
         tc = replace(tc, loads=loads or DEFAULT_LOADS[tc.unit])
-        from mtpbench.cli.sweep import with_progress
-
-        result = with_progress(run_tune, tc)
+        result = with_progress("tune", run_tune, tc)
     except MtpBenchError as e:
         fail(str(e))
     show_result(result, out)
@@ -124,4 +122,4 @@ def show_result(result: dict, out: str) -> None:
             typer.echo(f"validate: {result['unit']} {r['load']}: schedule / {r['arm']} (k = {r['k']}) = "
                        f"{r['schedule_ratio']:.3f} [{r['schedule_ratio_ci_low']:.3f}, "
                        f"{r['schedule_ratio_ci_high']:.3f}]: {r['verdict']}")
-    typer.echo(f"\nwrote {out}/schedule.json, tune.json, tune.md, tune.csv, tune.png")
+    wrote(out, "schedule.json", "tune.json", "tune.md", "tune.csv", "tune.png", "report.html")

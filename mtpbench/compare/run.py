@@ -92,6 +92,8 @@ def compare(a_dir: Path, b_dir: Path, out: Path | None = None, force: bool = Fal
     drift = drift_notes(rows, a.run, b.run)
     noise = {"a": read_noise(a_dir, *loaded_a[:2]), "b": read_noise(b_dir, *loaded_b[:2])}
     said = [f"{side.upper()}: {line}" for side, n in noise.items() if (line := noise_line(n))]
+    if a_dir.resolve() == b_dir.resolve():  # allowed (a smoke test of the gate), but it measures nothing
+        said.insert(0, f"A and B are the same run ({a_dir}): every difference is 0 by construction, not a finding")
     result = {"a": str(a_dir), "b": str(b_dir), "differences": differences(a.run, b.run),
               "rows": [asdict(r) for r in rows], "failed": failed, "unpaired": unpaired, "missing_in_b": missing,
               "notes": drift + execution_notes(a.run, b.run) + duplicates + said, "timings_drifted": bool(drift),

@@ -104,15 +104,39 @@ def threshold_dtype(backend, e: SweepConfig) -> str:
     return str(name).removeprefix("torch.")
 
 
-def run_greedy(backend, cfg: CheckConfig, ids: list[list[int]], prompt_ids: list[str]) -> dict:
-    e = cfg.engine
+class Steps:
+    """``on_point(i, n, label)`` as each step of the check starts (a progress display's); ``grow`` adds steps (a
+    sampling check's second stage)."""
+
+    def __init__(self, on_point=None, total: int = 1):
+        self.on_point, self.total, self.i = on_point, total, 0
+
+    def __call__(self, label: str) -> None:
+        if self.on_point:
+            self.on_point(self.i, self.total, label)
+        self.i += 1
+
+    def grow(self, more: int) -> None:
+        self.total += more
+
+    def done(self) -> None:
+        if self.on_point:
+            self.on_point(self.total, self.total, "done")
+
+
+def run_greedy(backend, cfg: CheckConfig, ids: list[list[int]], prompt_ids: list[str], step=None) -> dict:
+    e, step = cfg.engine, step or Steps()
     bs = e.batch_size
     # the A/A control: k = 0 again in another batch composition (with one prompt, beside copies of itself)
     aa_bs, copies, batched = aa_plan(len(ids), bs)
     log: list = []
+    step("greedy: k = 0")
     k0 = generate(backend, cfg, ids, 0, e.seed, batch_size=bs, log=log)
+    step(f"greedy: k = {cfg.k}")
     spec = generate(backend, cfg, ids, cfg.k, e.seed, batch_size=bs, log=log)
+    step("greedy: k = 0 again (A/A)")
     aa = generate(backend, cfg, ids * copies, 0, e.seed, batch_size=aa_bs, log=log)[: len(ids)]
+    step("greedy: scoring the divergences")
     aa_div = backend.greedy_divergences(ids, k0, aa)
     # rounding noise of the target's own numbers: the same teacher-forced pass, all rows together and one by one
     # (one prompt: beside its copies, as in the A/A arm)
@@ -170,7 +194,7 @@ def score_arms(backend, prompts: list[list[int]], continuations: list[list[int]]
 STAGES = ("off", "on", "off_aa")
 
 
-def draw_stage(backend, cfg: CheckConfig, ids: list[list[int]], seeds: dict[str, int], n: int) -> dict:
+def draw_stage(backend, cfg: CheckConfig, ids: list[list[int]], seeds: dict[str, int], n: int, step=None) -> dict:
     """One stage's three arms (off, on, off again), ``n`` continuations of each prompt an arm, drawn at ``seeds`` and
     scored by one teacher-forced pass: per arm its scored continuations and their prompts, the moments where the
     backend gives them, and its log."""
@@ -180,13 +204,16 @@ def draw_stage(backend, cfg: CheckConfig, ids: list[list[int]], seeds: dict[str,
     log, drawn = {}, {}
     # drawn A/A first: on two attached servers of one engine seed (vLLM's default, 0; requests carry none), the
     # drafting server's first draws line up with the baseline's first, the A/A arm's, never the tested off arm's
+    step = step or Steps()
     for name, k in (("off_aa", 0), ("off", 0), ("on", cfg.k)):
+        step(f"sampling: arm {name} (k = {k}), {n} continuations a prompt")
         arm_log: list = []
         toks = generate(backend, cfg, ids, k, seeds[name], n=n, log=arm_log)
         log[name] = arm_log[0]
         drawn[name] = [i for i, t in enumerate(toks) if t], toks  # an empty continuation has nothing to score
     # one teacher-forced pass scores all three arms (on vLLM: one scoring engine, not three); with the target's
     # entropies where the backend gives them (the excess test), else the log-probs alone
+    step("sampling: scoring the arms")
     lps, moments, note = score_arms(backend, [rows[i] for name in STAGES for i in drawn[name][0]],
                                     [drawn[name][1][i] for name in STAGES for i in drawn[name][0]], e.temperature)
     lps, per_arm = iter(lps), iter(moments or [])
@@ -243,7 +270,7 @@ def per_prompt_means(arms: dict, prompt_ids: list[str]) -> list[dict]:
     return out
 
 
-def run_sampling(backend, cfg: CheckConfig, ids: list[list[int]], prompt_ids: list[str]) -> dict:
+def run_sampling(backend, cfg: CheckConfig, ids: list[list[int]], prompt_ids: list[str], step=None) -> dict:
     """The sampling check: a first stage of three arms; where its numbers raise an alarm (``stats.alarm``), a
     second stage of three arms at fresh seeds and twice the continuations that must show it again on its own
     (``stats.lossless_verdict``)."""
@@ -251,12 +278,14 @@ def run_sampling(backend, cfg: CheckConfig, ids: list[list[int]], prompt_ids: li
     six = arm_seeds(e.seed, 6)  # the first three are arm_seeds(e.seed): a first stage as before the second existed
     seeds = [dict(zip(STAGES, six[:3])), dict(zip(STAGES, six[3:]))]
     perm_seeds = [int(x) for x in np.random.SeedSequence([e.seed, 1]).generate_state(2)]
-    first = draw_stage(backend, cfg, ids, seeds[0], cfg.per_prompt)
+    step = step or Steps(total=4)
+    first = draw_stage(backend, cfg, ids, seeds[0], cfg.per_prompt, step)
     stages = [stage_tests(first, perm_seeds[0])]
     raised = stats.alarm(stages[0][0])
     second = None
     if raised:
-        second = draw_stage(backend, cfg, ids, seeds[1], 2 * cfg.per_prompt)
+        step.grow(4)
+        second = draw_stage(backend, cfg, ids, seeds[1], 2 * cfg.per_prompt, step)
         stages.append(stage_tests(second, perm_seeds[1]))
     verdict, why = stats.lossless_verdict([s for s, _ in stages], max_mde=cfg.max_mde)
     ab = stages[0][0].ab
@@ -273,9 +302,10 @@ def run_sampling(backend, cfg: CheckConfig, ids: list[list[int]], prompt_ids: li
     }
 
 
-def run_check(cfg: CheckConfig) -> dict:
+def run_check(cfg: CheckConfig, on_point=None) -> dict:
     """Run the check and write lossless.json, lossless.md and lossless.png into ``cfg.engine.out``; returns
-    the saved record. Bad input raises MtpBenchError before anything is loaded or written."""
+    the saved record. Bad input raises MtpBenchError before anything is loaded or written. ``on_point(i, n, label)``:
+    as each step starts (a progress display)."""
     from mtpbench.backends import get_backend
     from mtpbench.environment import provenance
     from mtpbench.prompts import run_prompts
@@ -299,7 +329,9 @@ def run_check(cfg: CheckConfig) -> dict:
     try:
         ids = backend.encode(pset.prompts)
         pids = [p.id for p in pset.prompts]
-        result = run_greedy(backend, cfg, ids, pids) if cfg.greedy else run_sampling(backend, cfg, ids, pids)
+        step = Steps(on_point, 4)  # greedy: three arms and the scoring; sampling: a stage's (more if a second runs)
+        result = run_greedy(backend, cfg, ids, pids, step) if cfg.greedy else run_sampling(backend, cfg, ids, pids, step)
+        step.done()
     finally:
         backend.close()
     # the drafting arm's facts beside the engine's: what ran (runner, drafter class) and how much it accepted

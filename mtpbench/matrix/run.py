@@ -138,7 +138,7 @@ def run_matrix(names: list[str] | None, out: Path, k: int | None = None, jobs: i
     ``layout``: every engine's parallel layout (tensor parallel: each engine takes a core a rank). Ctrl-C stops
     the engines, writes the architectures that finished (the rest ``interrupted``) and raises
     ``MatrixInterrupted``."""
-    from mtpbench.config import check_writable
+    from mtpbench.files import check_writable
     from mtpbench.environment import require_vllm
     from mtpbench.procguard import Workers
     from mtpbench.runners import resolve

@@ -23,6 +23,8 @@ def sort_key(p: dict) -> tuple:
 def load_run(out: Path) -> tuple[dict, list[dict], list[dict]]:
     out = Path(out)
     run_path = out / "run.json"
+    if not out.exists():
+        raise MtpBenchError(f"{out} does not exist")
     if not run_path.is_file():
         raise MtpBenchError(f"{out} holds no sweep (run.json missing)")
     run = read_json(run_path)

@@ -37,14 +37,14 @@ def table(rows: list[PointResult]) -> str:
             return "inf"
         if isinstance(v, tuple):
             return " ".join("-" if x is None else f"{x:.2f}" for x in v)
-        half = _half_width(r, name)
-        if v is not None and half is None and unsure(r, name):
+        ci = _interval(r, name)
+        if v is not None and ci is None and unsure(r, name):
             marked.append(True)  # one measurement: a timing shown without an interval says so
-            return (f"{v:.1f}" if name == "output_tokens_per_sec" else f"{v:.3g}") + "*"
-        if v is not None and half is not None:  # 2.36 ± 0.08: the 95 % interval's half width
-            return f"{v:.1f} ± {half:.1f}" if name == "output_tokens_per_sec" else f"{v:.3g} ± {half:.2g}"
+            return number(name, v) + "*"
+        if v is not None and ci is not None:  # 2.36 [2.28, 2.44]: the 95 % interval, asymmetric as it is
+            return f"{number(name, v)} [{number(name, ci[0])}, {number(name, ci[1])}]"
         if isinstance(v, float):  # formatted here: a column with "-" cells is not reformatted by tabulate
-            return f"{v:.1f}" if name == "output_tokens_per_sec" else f"{v:.3g}"
+            return number(name, v)
         return "-" if v is None else v
 
     marked: list[bool] = []
@@ -97,9 +97,17 @@ def unsure(r: PointResult, name: str) -> bool:
     return getattr(r, f"{name}_ci_low", None) is None
 
 
-def _half_width(r: PointResult, name: str) -> float | None:
+def number(name: str, v: float) -> str:
+    """A figure as the table prints it: tokens/s in full to one decimal (1823.4, not 1.82e+03), the rest to 3
+    significant digits, never in scientific notation."""
+    if name == "output_tokens_per_sec" or abs(v) >= 1000:
+        return f"{v:.1f}"
+    return f"{v:.3g}" if abs(v) >= 1e-3 or v == 0 else f"{v:.2e}"
+
+
+def _interval(r: PointResult, name: str) -> tuple[float, float] | None:
     lo, hi = getattr(r, f"{name}_ci_low", None), getattr(r, f"{name}_ci_high", None)
-    return None if lo is None or hi is None else (hi - lo) / 2
+    return None if lo is None or hi is None else (lo, hi)
 
 
 def row_label(r: PointResult) -> str:

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from mtpbench.checkpoint import drafter_layers, num_mtp_layers
-from mtpbench.config import check_writable
+from mtpbench.files import check_writable
 from mtpbench.errors import MtpBenchError
 from mtpbench.paths import cache_dir
 from mtpbench.synth.common import Arch

@@ -3,7 +3,8 @@
 The rule (``reasons``): a decision is not reliable when
 
 * the machine was loaded: a sweep started with a 1-minute load average above its usable cores (``load_warning``'s
-  condition; after the tune's first sweep, above twice its cores: the sweep before it still weighs on the average),
+  condition; after the first sweep the tune ran, above twice its cores: the sweep before it still weighs on the
+  average),
   or its load changed during the sweep (``environment.load_change``);
 * a fitted cost is impossible: f < 0 or c < 0 at a measured load (a verify step cheaper than plain decoding, or a
   draft step that takes no time: timings noisier than the costs they fit);
@@ -29,20 +30,28 @@ MAX_HELD_OUT_ERROR = 0.25  # |predicted - measured| / measured of a point left o
 def facts(result: dict, dirs: list[str]) -> dict:
     """What ``reasons`` reads: per sweep its start load, cores, load change line and A/A verdict; the fitted
     costs; the worst held-out error."""
-    sweeps = []
-    for i, d in enumerate(dirs):
+    sweeps, runs = [], []
+    for d in dirs:
         summary = Path(d) / "summary.json"
-        run = json.loads((summary if summary.is_file() else Path(d) / "run.json").read_text())
+        runs.append(json.loads((summary if summary.is_file() else Path(d) / "run.json").read_text()))
+    first = ran_first([(r.get("provenance") or {}).get("date") for r in runs])
+    for i, (d, run) in enumerate(zip(dirs, runs)):
         prov = run.get("provenance") or {}
         cores = (prov.get("hardware") or {}).get("cpus_usable")
         sweeps.append({"dir": str(d), "load": (prov.get("load_average") or [None])[0], "cores": cores,
-                       "own": cores if i and cores else 0,  # the load of the sweep that ran just before
+                       "own": cores if i != first and cores else 0,  # the load of the sweep that ran just before
                        "load_change": (load_change(prov) or [None])[0],
                        "aa_different": (run.get("noise") or {}).get("called_different")})
     return {"sweeps": sweeps, "costs": [{"load": c["load"], "f": c["f"], "c": c["c"]} for c in result["costs"]
                                          if c.get("source") == "measured"],
             "held_out_max": result["prediction"]["held_out_abs_error_max"], "unit": result["unit"],
             "undecided": undecided(result)}
+
+
+def ran_first(dates: list) -> int:
+    """Which sweep the tune ran first, by the start dates its files record (ISO 8601, one zone); a sweep without a
+    date ranks after the dated ones; none dated: the first listed."""
+    return min(range(len(dates)), key=lambda i: (dates[i] is None, dates[i] or "", i)) if dates else 0
 
 
 def undecided(result: dict) -> list:

@@ -90,6 +90,8 @@ def check_config(tc: TuneConfig) -> None:
         raise MtpBenchError(f"{tc.unit} values must be >= 1, got {loads[0]}")
     if not tc.servers and 0 not in tc.sweep.k:
         raise MtpBenchError("--k must include 0: tune measures every k against plain decoding at the same load")
+    if any(k < 0 for k in tc.sweep.k):
+        raise MtpBenchError(f"--k must be >= 0, got {min(tc.sweep.k)}")
     if not tc.servers and not any(k > 0 for k in tc.sweep.k):
         raise MtpBenchError("--k has no value above 0: nothing to choose")
     if tc.sweep.repeats < MIN_REPEATS:

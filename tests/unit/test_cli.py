@@ -28,7 +28,11 @@ def bad_inputs(tmp_path, no_mtp_model):
         "missing model": ([str(tmp_path / "missing")], "model directory or profile not found"),
         "no MTP layers": ([str(no_mtp_model)], "has no MTP layers"),
         "malformed prompts": (["--prompts", str(bad_jsonl)], "bad.jsonl:2: not valid JSON"),
-        "unwritable out": (["--out", str(a_file / "sub")], "output directory is not writable"),
+        "unwritable out": (["--out", str(a_file / "sub")], "is a file, so the directory cannot be made there"),
+        "empty out": (["--out", ""], "--out is empty"),  # not the current directory
+        "out is a file": (["--out", str(a_file)], "is a file: give a directory"),
+        "wrong type": (["--max-tokens", "abc"], "Invalid value for '--max-tokens'"),  # not a boxed panel
+        "unknown option": (["--nope"], "No such option: --nope"),
         "draft model with native": (["--draft-model", str(tmp_path)], "--draft-model is a vLLM speculative_config"),
         "draft model not a checkpoint": (["--backend", "vllm", "--draft-model", str(tmp_path)], "no config.json there"),
     }
@@ -36,16 +40,34 @@ def bad_inputs(tmp_path, no_mtp_model):
 
 @pytest.mark.parametrize("case", ["negative k", "too many layers", "unknown profile", "unknown mode",
                                   "missing model", "no MTP layers", "malformed prompts", "unwritable out",
+                                  "empty out", "out is a file", "wrong type", "unknown option",
                                   "draft model with native", "draft model not a checkpoint"])
-def test_bad_input_one_line_exit_2_nothing_written(tmp_path, no_mtp_model, case):
+def test_bad_input_one_line_exit_2_nothing_written(tmp_path, no_mtp_model, case, monkeypatch):
     args, message = bad_inputs(tmp_path, no_mtp_model)[case]
     out = tmp_path / "out"
     if "--out" not in args:
         args = args + ["--out", str(out)]
-    r = run("sweep", *args, *SMALL)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    r = run("sweep", *SMALL, *args)  # the case last: it wins over SMALL
     one_line_error(r, message)
     assert "Traceback" not in r.output
-    assert not out.exists()
+    assert not out.exists() and not any(cwd.iterdir())
+
+
+@pytest.mark.parametrize("args,message", [
+    (["report", "/nonexistent/run"], "/nonexistent/run does not exist"),
+    (["tune", "--k", "0,-1"], "--k must be >= 0, got -1"),
+    (["check-lossless", "/nonexistent/model"], "model directory not found: /nonexistent/model"),
+    (["nocmd"], "No such command 'nocmd'"),
+    (["compare", "only-a"], "Missing argument 'b'"),
+])
+def test_other_commands_refuse_in_one_line(tmp_path, monkeypatch, args, message):
+    monkeypatch.chdir(tmp_path)
+    r = run(*args)
+    one_line_error(r, message)
+    assert not any(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize("body,message", [

@@ -96,3 +96,15 @@ def test_a_sweep_without_a_summary_is_read_from_its_run_json_and_later_sweeps_co
     assert [s["dir"] for s in f["sweeps"]] == [str(tmp_path / "b1"), str(tmp_path / "b2")]
     assert [s["own"] for s in f["sweeps"]] == [0, 2] and [s["load"] for s in f["sweeps"]] == [3.5, 3.5]
     assert reasons(f) == [f"the machine was loaded: load average 3.50 on 2 cores at the start of {tmp_path / 'b1'}"]
+
+
+@given(st.lists(st.one_of(st.none(), st.datetimes(timezones=st.just(__import__("datetime").timezone.utc))
+                          .map(lambda t: t.isoformat(timespec="seconds"))), min_size=1, max_size=6))
+def test_the_sweep_that_ran_first_is_the_earliest_dated(dates):
+    """The tune runs its sweeps cheapest first, not in the order it lists them: the load the previous sweep left on
+    the machine is expected of every sweep but the one that started first."""
+    from mtpbench.tune.reliable import ran_first
+
+    dated = [i for i, d in enumerate(dates) if d is not None]
+    want = min(dated, key=lambda i: (dates[i], i)) if dated else 0
+    assert ran_first(dates) == want

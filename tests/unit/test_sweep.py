@@ -31,3 +31,17 @@ def test_the_numerical_count_trusts_only_records_that_describe_the_tokens():
     assert count is None and "prompt(s) a" in note
     count, note = greedy_numerical({"unavailable": "no k = 0 pass"}, differ)
     assert count is None and note.endswith("no k = 0 pass")
+
+
+def test_the_table_prints_an_interval_as_it_is_never_in_scientific_notation():
+    """An asymmetric interval (tokens/s 350 in [221, 1653]) is printed as its two ends, not as "350 ± 7.2e+02"."""
+    from mtpbench.metrics import PointResult
+    from mtpbench.sweep.table import table
+
+    row = PointResult("native", "chain", 1, 1, "all", "ok", output_tokens_per_sec=350.0,
+                      output_tokens_per_sec_ci_low=221.0, output_tokens_per_sec_ci_high=1653.0, speedup=1.21,
+                      speedup_ci_low=1.02, speedup_ci_high=1.65, ttft_ms_p50=1234.5, ttft_ms_p50_ci_low=1001.0,
+                      ttft_ms_p50_ci_high=2400.25)
+    text = table([row])
+    assert "350.0 [221.0, 1653.0]" in text and "1.21 [1.02, 1.65]" in text and "1234.5 [1001.0, 2400.2]" in text
+    assert "±" not in text and "e+" not in text
