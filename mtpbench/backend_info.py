@@ -26,11 +26,17 @@ class BackendInfo:
     served: bool
     # the grid's one mode where the engine drafts its own way (trace-layers tells which); None: --mode's
     drafting_mode: str | None = None
-    # --repeats when none is given; None: SweepConfig's
+    # --repeats and --dtype when none is given; None: SweepConfig's
     default_repeats: int | None = None
+    default_dtype: str | None = None
     # one engine in mtpbench's process serves every point, so the sweep times repeats round robin over the
     # points, asking run_point for one repeat at a time
     interleaves_repeats: bool = False
+
+    @property
+    def defaults(self) -> dict:
+        """The config fields this backend defaults differently from SweepConfig (where nothing sets them)."""
+        return {k: v for k, v in (("repeats", self.default_repeats), ("dtype", self.default_dtype)) if v is not None}
     # the native engine's planted lossy rules (engine.Faults): check-lossless's --planted-lossy, --planted-subtle
     planted_faults: bool = False
 
@@ -44,13 +50,16 @@ class BackendInfo:
 
 REGISTRY: dict[str, BackendInfo] = {b.name: b for b in (
     # 6 repeats: the native engine times its repeats round robin in this process, and 6 is the fewest that give
-    # tokens/s, TTFT and TPOT an interval (3 already give the speedup one); a vLLM point keeps 1 (each repeat is
-    # a whole timed run of an engine started for that point: ask for them)
+    # tokens/s, TTFT and TPOT an interval (3 already give the speedup one); a vLLM point gets 3, the fewest that give
+    # its speedup an interval (each repeat is a whole timed run of the point's engine: 3 runs take 3 times one).
+    # float32 on the native engine: its checks compare exact numbers (the built-in model is trained in it); vLLM's
+    # own default, auto (the checkpoint's dtype, bfloat16 for a float32 one on a CPU), on vLLM: what a deployment runs
     BackendInfo("native", "mtpbench.backends.native:NativeBackend", vllm=False, served=False, default_repeats=6,
                 interleaves_repeats=True, planted_faults=True),
-    BackendInfo("vllm", "mtpbench.backends.vllm.backend:VllmBackend", vllm=True, served=False, drafting_mode="vllm"),
+    BackendInfo("vllm", "mtpbench.backends.vllm.backend:VllmBackend", vllm=True, served=False, drafting_mode="vllm",
+                default_repeats=3, default_dtype="auto"),
     BackendInfo("vllm-server", "mtpbench.backends.vllm_server.backend:VllmServerBackend", vllm=True, served=True,
-                drafting_mode="vllm"),
+                drafting_mode="vllm", default_repeats=3, default_dtype="auto"),
 )}
 
 

@@ -265,10 +265,10 @@ def resolve(cli: dict, profile: str | None = None, defaults: dict | None = None)
     if unknown:
         raise MtpBenchError(f"unknown option(s): {', '.join(sorted(unknown))}")
     cfg = replace(cfg, **given)
-    own = REGISTRY.get(cfg.backend)  # its --repeats when none is given (an unknown name is refused later)
-    if "repeats" not in given and "repeats" not in (defaults or {}) and not (profile and "repeats" in values) \
-            and own and own.default_repeats:
-        cfg = replace(cfg, repeats=own.default_repeats)
+    own = REGISTRY.get(cfg.backend)  # its --repeats and --dtype when none is given (an unknown name is refused later)
+    for name, value in (own.defaults if own else {}).items():
+        if name not in given and name not in (defaults or {}) and not (profile and name in values):
+            cfg = replace(cfg, **{name: value})
     return cfg
 
 

@@ -9,10 +9,12 @@ from typing import Annotated, Optional
 import typer
 
 from mtpbench.cli.common import engine_args, fail, model_or_profile, wrote
-from mtpbench.cli.options import Dtype, MaxModelLen, ModelOrProfile, Parallel, Runner, grouped, shown
+from mtpbench.cli.options import CheckDtype, MaxModelLen, ModelOrProfile, Parallel, Runner, grouped, shown
 from mtpbench.errors import MtpBenchError
 
-DRAFTER_DEFAULTS = {"k": (2,), "mode": ("reuse",), "num_prompts": 2, "max_tokens": 24, "out": "drafter"}
+# float32 on every backend: the reference is compared with the engine's numbers at float32's tolerance
+DRAFTER_DEFAULTS = {"k": (2,), "mode": ("reuse",), "num_prompts": 2, "max_tokens": 24, "dtype": "float32",
+                    "out": "drafter"}
 
 
 @grouped
@@ -26,7 +28,7 @@ def check_drafter(
     prompts: Annotated[Optional[str], typer.Option(help="'builtin' or a JSONL file.", show_default="builtin")] = None,
     num_prompts: Annotated[Optional[int], typer.Option(help="Prompts, each generated on its own.", show_default=shown(DRAFTER_DEFAULTS["num_prompts"]))] = None,
     max_tokens: Annotated[Optional[int], typer.Option(help="Output tokens per prompt.", show_default=shown(DRAFTER_DEFAULTS["max_tokens"]))] = None,
-    dtype: Dtype = None,
+    dtype: CheckDtype = None,
     max_model_len: MaxModelLen = None,
     engine_arg: Annotated[Optional[list[str]], typer.Option(help="Extra vllm.LLM argument KEY=VALUE (repeatable).")] = None,
     profile: Annotated[Optional[str], typer.Option(help="Profile name or .toml path.")] = None,

@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from mtpbench.cli.common import connection_options, engine_args, fail, wrote
-from mtpbench.cli.options import Dtype, EngineArg, MaxModelLen, Parallel, Runner, ServerAccess, grouped, shown
+from mtpbench.cli.options import CheckDtype, EngineArg, MaxModelLen, Parallel, Runner, ServerAccess, grouped, shown
 from mtpbench.cli.progress import with_progress
 from mtpbench.errors import MtpBenchError
 from mtpbench.lossless.config import CHECK_DEFAULTS, DEFAULT_MAX_MDE, DEFAULT_SAMPLES_PER_PROMPT
@@ -31,7 +31,7 @@ def check_lossless(
     prompts: Annotated[Optional[str], typer.Option(help="builtin, spec-bench, mt-bench or a JSONL file.", show_default="builtin")] = None,
     batch_size: Annotated[Optional[int], typer.Option(help="Sequences decoded together; greedy's A/A control reruns k = 0 at batch size 1.", show_default=shown(CHECK_DEFAULTS["batch_size"]))] = None,
     device: Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:1 and so on.", show_default="cpu")] = None,
-    dtype: Dtype = None,
+    dtype: CheckDtype = None,
     threads: Annotated[Optional[int], typer.Option(help="torch CPU threads.", show_default="torch's own")] = None,
     runner: Runner = None,
     max_model_len: MaxModelLen = None,

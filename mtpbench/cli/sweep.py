@@ -44,7 +44,7 @@ def sweep(
     chat_template: Annotated[Optional[str], typer.Option(help="auto: prompts through the checkpoint's chat template where it has one; none: raw text.", show_default=D.chat_template)] = None,
     context_tokens: Annotated[Optional[str], typer.Option(help="Tokens of held-out text before each prompt, a grid dimension, e.g. 0,512,1024.", show_default="none")] = None,
     max_tokens: Annotated[Optional[int], typer.Option(help="Output tokens per prompt.", show_default=str(D.max_tokens))] = None,
-    repeats: Annotated[Optional[int], typer.Option(help="Timed runs per point, round robin on the native backend: tokens/s, TTFT and TPOT as median with a 95 % interval from 6, speedup intervals from 3.", show_default="6 on the native backend, 1 on vLLM's")] = None,
+    repeats: Annotated[Optional[int], typer.Option(help="Timed runs per point, round robin on the native backend: tokens/s, TTFT and TPOT as median with a 95 % interval from 6, speedup intervals from 3.", show_default="6 on native; 3 on vLLM, each a whole timed run of the point: 3 times one run's time")] = None,
     temperature: Annotated[Optional[float], typer.Option(help="0 = greedy; > 0 uses rejection sampling.", show_default=str(D.temperature))] = None,
     batch_size: Annotated[Optional[int], typer.Option("--batch-size", "--max-num-seqs", help="Sequences decoded together.", show_default=str(D.batch_size))] = None,
     seed: Seed = None,

@@ -38,8 +38,9 @@ DEFAULT_MAX_MDE = 0.10
 
 # --planted-subtle: the acceptance ratio's p at 0.95 T (engine.Faults.ratio_temperature_factor)
 SUBTLE_FACTOR = 0.95
+# float32 on every backend: the check compares the arms' numbers (greedy divergences, log-probs) to a rounding bound
 CHECK_DEFAULTS = {"k": (2,), "mode": ("reuse",), "num_prompts": DEFAULT_PROMPTS, "max_tokens": DEFAULT_MAX_TOKENS,
-                  "temperature": 1.0, "batch_size": DEFAULT_BATCH_SIZE, "out": "lossless"}
+                  "temperature": 1.0, "batch_size": DEFAULT_BATCH_SIZE, "dtype": "float32", "out": "lossless"}
 
 
 class CheckBackend(Protocol):

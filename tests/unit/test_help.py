@@ -80,7 +80,7 @@ def test_the_defaults_shown_are_the_ones_the_commands_use():
         r = rows(command)
         for field, value in defaults.items():
             opt = "--" + field.replace("_", "-")
-            if field in ("repeats", "num_prompts") and command == "tune":  # and what more they do
+            if field == "dtype" or (field in ("repeats", "num_prompts") and command == "tune"):  # and what more
                 assert shown(r[opt]).startswith(text(value)), (command, opt, r[opt])
             else:
                 assert shown(r[opt]) == text(value), (command, opt, r[opt])
@@ -88,6 +88,8 @@ def test_the_defaults_shown_are_the_ones_the_commands_use():
     assert str(ROUNDS["max_repeats"]) in shown(tune["--max-repeats"])
     assert text(int(ROUNDS["max_seconds"])) in shown(tune["--max-seconds"])
     assert "OPENAI_API_KEY" in shown(sweep["--api-key-env"])
+    assert shown(sweep["--dtype"]) == "float32 on native, auto on vLLM"  # the backends' defaults (backend_info)
+    assert shown(sweep["--repeats"]).startswith("6 on native; 3 on vLLM")
 
 
 def test_short_help_and_version():

@@ -10,8 +10,24 @@ def test_the_default_sweep_times_six_repeats_on_the_native_backend_only():
 
     assert resolve({}).repeats == 6  # the fewest that give tokens/s an interval
     assert resolve({"repeats": 2}).repeats == 2
-    assert resolve({"backend": "vllm"}).repeats == 1  # each repeat there is a whole timed engine run
+    for backend in ("vllm", "vllm-server"):  # the fewest that give the speedup an interval, not 1 without any
+        assert resolve({"backend": backend}).repeats == 3
     assert resolve({}, defaults={"repeats": 3}).repeats == 3
+
+
+def test_vllm_backends_default_to_vllms_dtype_and_the_native_engine_to_float32(tmp_path):
+    """vLLM's default is auto (the checkpoint's dtype): float32 doubles a real checkpoint's memory and is not what a
+    deployment runs. The native engine keeps float32 (its exact comparisons). A dtype given anywhere wins."""
+    from mtpbench.config import resolve
+
+    assert resolve({}).dtype == "float32"
+    assert resolve({"backend": "vllm"}).dtype == "auto" and resolve({"backend": "vllm-server"}).dtype == "auto"
+    assert resolve({"backend": "vllm", "dtype": "float32"}).dtype == "float32"
+    assert resolve({"backend": "vllm"}, defaults={"dtype": "bfloat16"}).dtype == "bfloat16"
+    profile = tmp_path / "p.toml"
+    profile.write_text('backend = "vllm"\ndtype = "float16"\nrepeats = 1\n')
+    cfg = resolve({}, str(profile))
+    assert cfg.dtype == "float16" and cfg.repeats == 1
 
 
 def test_the_numerical_count_trusts_only_records_that_describe_the_tokens():
