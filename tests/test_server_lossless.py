@@ -9,7 +9,9 @@ than two servers at once: the launched checks run (and end) before the pair star
 import json
 import os
 import random
+import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from conftest import one_line_error, vllm_expand_fault_expected
@@ -110,8 +112,12 @@ def test_a_launched_server_that_dies_mid_check_is_one_line_with_its_log(tmp_path
                                  "--out", str(out)])
     killer.join(5)
     assert killer.killed, r.output
-    one_line_error(r, "the k = 0 vLLM server launched for check-lossless exited; server log "
-                      "(lossless-k0.server.log): ")
+    # the progress lines of the steps begun (stderr, not a terminal), then the error in one line
+    progress = [x for x in r.output.rstrip("\n").split("\n") if re.match(r"\[\d+/\d+\] ", x)]
+    assert progress and progress[0].startswith("[1/4] sampling: arm off_aa (k = 0)"), r.output
+    one_line_error(SimpleNamespace(exit_code=r.exit_code, output="".join(
+        x + "\n" for x in r.output.rstrip("\n").split("\n") if x not in progress)),
+        "the k = 0 vLLM server launched for check-lossless exited; server log (lossless-k0.server.log): ")
     assert "(during the check; no result was written)" in r.output
     assert not (out / "lossless.json").exists() and not (out / "lossless.md").exists()
     assert_no_server_left(out)

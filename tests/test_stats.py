@@ -54,6 +54,6 @@ def test_a_sweep_reports_intervals_in_every_output(tmp_path):
     assert len(k2["acceptance_rate_per_pos_ci_low"]) == 2
     header = (out / "summary.csv").read_text().splitlines()[0].split(",")
     assert {"acceptance_length_ci_low", "acceptance_length_ci_high", "tpot_ms_p50_ci_high"} <= set(header)
-    half = (k2["acceptance_length_ci_high"] - k2["acceptance_length_ci_low"]) / 2
-    assert f"{k2['acceptance_length']:.3g} ± {half:.2g}" in r.output
+    lo, hi = k2["acceptance_length_ci_low"], k2["acceptance_length_ci_high"]
+    assert f"{k2['acceptance_length']:.3g} [{lo:.3g}, {hi:.3g}]" in r.output  # the interval's two ends
     assert (out / "al_histogram.png").stat().st_size > 1000

@@ -1,4 +1,8 @@
-"""The options more than one command takes, declared once: ``Annotated`` aliases, and option groups.
+"""The options more than one command takes, declared once: ``Annotated`` aliases, and option groups; and the
+command class every command uses (``Command``, ``Group``): every default shown by typer as "[default: ...]" (an
+option left None, so that a profile can set it, names its default with ``show_default``; never in its help text,
+where Rich would read "[default: ...]" as markup and delete it), flags without a <bool> placeholder, and a usage
+error in one line (exit code 2) like every other refused input.
 
 An option group is a dataclass whose fields are options (``ServerAccess``). A command takes it as one parameter
 and is decorated with ``grouped``: typer then sees the group's fields as options in that parameter's place (so
@@ -137,7 +141,8 @@ def _tidy(params: list) -> list:
 def _one_line(call, *args, **kwargs):
     """A usage error (an unknown option, a value of the wrong type, a missing argument) in one line on stderr, exit
     code 2, as every other refused input: not Rich's boxed panel."""
-    usage_error = typer.BadParameter.__mro__[1]  # typer's UsageError (its own copy of click's), named nowhere public
+    # typer's UsageError (typer vendors its own click; the class is exported nowhere public): BadParameter's base
+    usage_error = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
 
     try:
         return call(*args, **kwargs)

@@ -24,6 +24,7 @@ from mtpbench.backend_info import info
 from mtpbench.config import SweepConfig
 from mtpbench.errors import MtpBenchError
 from mtpbench.files import make_out_dir, write_json
+from mtpbench.tune.budget import budget_share, round_cost
 from mtpbench.tune.points import MIN_REPEATS, read_sweeps
 
 DEFAULT_LOADS = {"batch": (1, 2, 4, 8, 16), "concurrency": (1, 2, 4, 8)}
@@ -113,18 +114,6 @@ def sweep_configs(tc: TuneConfig, out: Path, where: str = "sweeps") -> list[Swee
         return [replace(base, server=url, k=(), concurrency=loads, out=str(out / where / f"server-{i}"))
                 for i, url in enumerate(tc.servers)]
     return [replace(base, concurrency=loads, out=str(out / where / "served"))]
-
-
-def round_cost(cfg: SweepConfig) -> float:
-    """A sweep's round, in batches run one after another (its prompts over its batch size): what its share of a
-    tune's time budget is proportional to, so that a slow load (batch 1) can get as many rounds as a fast one."""
-    return max(1.0, (cfg.num_prompts or 8) / (cfg.batch_size or 1))
-
-
-def budget_share(left_s: float, costs: list[float]) -> float:
-    """The next sweep's share of the ``left_s`` seconds left, ``costs`` its round cost and those of the sweeps after
-    it: in proportion to its cost (what a sweep leaves unspent goes to the sweeps after it)."""
-    return max(left_s, 1e-3) * costs[0] / sum(costs)
 
 
 def check_servers(tc: TuneConfig) -> None:

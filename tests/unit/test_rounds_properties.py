@@ -185,7 +185,7 @@ def test_too_few_rounds_give_no_figures():
 def test_a_tune_shares_its_budget_in_proportion_to_each_sweeps_round_cost(left, costs):
     """Each sweep gets left x its cost / the costs of the sweeps still to run: sweeps that spend their whole share
     end the tune on its budget; equal costs share evenly; a costlier sweep never gets less."""
-    from mtpbench.tune.run import budget_share
+    from mtpbench.tune.budget import budget_share
 
     spent, rest, floored = 0.0, left, False
     for i in range(len(costs)):
@@ -202,7 +202,7 @@ def test_a_tune_shares_its_budget_in_proportion_to_each_sweeps_round_cost(left, 
 
 
 def test_a_round_costs_its_batches_one_after_another():
-    from mtpbench.tune.run import budget_share, round_cost
+    from mtpbench.tune.budget import budget_share, round_cost
 
     assert [round_cost(SweepConfig(num_prompts=16, batch_size=b)) for b in (1, 2, 4, 16, 32)] == [16, 8, 4, 1, 1]
     assert round_cost(SweepConfig(batch_size=2)) == 4  # the built-in set's 8 prompts
