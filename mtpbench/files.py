@@ -47,7 +47,6 @@ def make_out_dir(out: Path) -> None:
         raise MtpBenchError(f"output directory is not writable: {out} ({e.strerror})") from None
 
 
-
 def check_writable(out: Path | str) -> None:
     """An output directory that can be made or written, refused in one line before any work: empty, a file, or in a
     directory this user cannot write."""

@@ -10,7 +10,7 @@ from mtpbench.config import SweepConfig
 def round_cost(cfg: SweepConfig) -> float:
     """A sweep's round, in batches run one after another (its prompts over its batch size): what its share of a
     tune's time budget is proportional to, so that a slow load (batch 1) can get as many rounds as a fast one."""
-    return max(1.0, (cfg.num_prompts or 8) / (cfg.batch_size or 1))
+    return max(1.0, (cfg.num_prompts or 8) / cfg.batch_size)
 
 
 def budget_share(left_s: float, costs: list[float]) -> float:

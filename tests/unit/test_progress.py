@@ -18,13 +18,13 @@ def mmss(seconds: float) -> str:
 
 @given(st.integers(0, 50), st.integers(1, 50), st.floats(0, 20000, allow_nan=False))
 def test_a_line_says_the_step_the_elapsed_time_and_the_time_left(i, n, elapsed):
-    i = min(i, n - 1)
+    i = min(i, n)
     text = line(i, n, "k1 (round 2)", elapsed)
-    assert text.startswith(f"[{i + 1}/{n}] k1 (round 2)  elapsed {mmss(elapsed)}")
-    if i == 0:
-        assert "ETA" not in text  # nothing finished yet: no rate to go by
+    head = f"[{min(i + 1, n)}/{n}] k1 (round 2)  elapsed {mmss(elapsed)}"
+    if i == 0 or i == n:
+        assert text == head  # nothing finished yet (no rate to go by), or nothing left
     else:
-        assert text.endswith(f", ETA {mmss(elapsed / i * (n - i))}")
+        assert text == f"{head}, ETA {mmss(elapsed / i * (n - i))}"
 
 
 def test_clock():

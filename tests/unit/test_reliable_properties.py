@@ -108,3 +108,18 @@ def test_the_sweep_that_ran_first_is_the_earliest_dated(dates):
     dated = [i for i, d in enumerate(dates) if d is not None]
     want = min(dated, key=lambda i: (dates[i], i)) if dated else 0
     assert ran_first(dates) == want
+    assert ran_first([]) == 0
+
+
+def test_the_sweep_that_started_first_is_the_one_whose_start_load_is_nobodys(tmp_path):
+    """A tune runs batch 16 first and batch 1 last: the dates in the sweeps' files, not the order they are listed
+    in, say which one started on a machine the tune had not loaded yet."""
+    dates = {"b1": "2026-12-04T22:09:12+00:00", "b2": "2026-12-04T22:08:40+00:00", "b16": "2026-12-04T22:07:05+00:00"}
+    for name, date in dates.items():
+        (tmp_path / name).mkdir()
+        prov = {"load_average": [3.5, 0, 0], "hardware": {"cpus_usable": 2}, "date": date}
+        (tmp_path / name / "run.json").write_text(json.dumps({"provenance": prov}))
+    result = {"choices": [], "rows": [], "costs": [], "prediction": {"held_out_abs_error_max": None}, "unit": "batch"}
+    f = facts(result, [str(tmp_path / n) for n in ("b1", "b2", "b16")])
+    assert [s["own"] for s in f["sweeps"]] == [2, 2, 0]
+    assert reasons(f) == [f"the machine was loaded: load average 3.50 on 2 cores at the start of {tmp_path / 'b16'}"]

@@ -68,6 +68,12 @@ def test_the_next_step(state, repeats, most, elapsed, budget, last_round):
     assert next_step(state, repeats, most, elapsed, budget, last_round) == want
 
 
+def test_a_round_that_ends_on_the_budget_still_runs():
+    assert next_step("open", 3, 12, 10.0, 20.0, 10.0) == "continue"  # ends at 20 s of 20: within the budget
+    assert next_step("open", 3, 12, 10.0, 20.0, 10.5) == "budget"
+    assert next_step("open", 3, 12, max_seconds=0.5) == "continue"  # no time spent yet, no round timed yet
+
+
 def simulate(seed: int, truth: float, runs: int, alpha: float, naive: bool = False, sd: float = 0.05,
              min_repeats: int = 3, max_repeats: int = 15):
     """Share of runs the rule decides, and of those that name the side the truth is not on; and the most
