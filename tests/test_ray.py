@@ -109,6 +109,9 @@ def drop_stale_port_segments() -> list[str]:
     return sorted(stale)
 
 
+EXIT_GRACE_S = 15  # how long the cluster's processes get to exit after their raylets stopped
+
+
 @pytest.fixture(scope="module")
 def cluster():
     """Two raylets on this machine (``ray start --block``, each under mtpbench's process guard, so nothing of them
@@ -149,7 +152,13 @@ def cluster():
         started = members(nodes)
         for node in reversed(nodes):
             node.stop()
-        left = [f"{pid}" for pid, t in started if t is not None and start_time(pid) == t] + naming(tmp)
+        # a worker the raylet signalled may take a moment to exit after its raylet has: give it EXIT_GRACE_S
+        deadline = time.monotonic() + EXIT_GRACE_S
+        while True:
+            left = [f"{pid}" for pid, t in started if t is not None and start_time(pid) == t] + naming(tmp)
+            if not left or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
         shutil.rmtree(tmp, ignore_errors=True)
         assert started and not left, left
 
