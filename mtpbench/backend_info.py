@@ -32,13 +32,13 @@ class BackendInfo:
     # one engine in mtpbench's process serves every point, so the sweep times repeats round robin over the
     # points, asking run_point for one repeat at a time
     interleaves_repeats: bool = False
+    # the native engine's planted lossy rules (engine.Faults): check-lossless's --planted-lossy, --planted-subtle
+    planted_faults: bool = False
 
     @property
     def defaults(self) -> dict:
         """The config fields this backend defaults differently from SweepConfig (where nothing sets them)."""
         return {k: v for k, v in (("repeats", self.default_repeats), ("dtype", self.default_dtype)) if v is not None}
-    # the native engine's planted lossy rules (engine.Faults): check-lossless's --planted-lossy, --planted-subtle
-    planted_faults: bool = False
 
     @property
     def offline_vllm(self) -> bool:

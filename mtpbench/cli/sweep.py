@@ -9,21 +9,18 @@ import typer
 
 from mtpbench.cli.common import (connection_options, engine_args, fail, ints, model_or_profile, rates, show,
                                  strs, wrote)
-from mtpbench.cli.options import (Dtype, EngineArg, ForceSpecStepIdx, MaxModelLen, ModelOrProfile, Parallel, Rounds,
-                                  Runner, Seed, ServerAccess, grouped, shown)
+from mtpbench.cli.options import (BASE, Dtype, EngineArg, ForceSpecStepIdx, MaxModelLen, ModelOrProfile, Parallel,
+                                  Rounds, Runner, Seed, ServerAccess, grouped, shown)
 from mtpbench.cli.progress import with_progress
-from mtpbench.config import SweepConfig
 from mtpbench.errors import MtpBenchError
-
-D = SweepConfig()  # the defaults --help shows
 
 
 @dataclass(frozen=True)
 class Served:
     """A served run: the server (attached or launched), its API and the load put on it."""
     server: Annotated[Optional[str], typer.Option(help="URL of a running vLLM server to measure (implies --backend vllm-server; mtpbench neither starts nor stops it).")] = None
-    api: Annotated[Optional[str], typer.Option(help="Served runs: completions (/v1/completions) or chat (/v1/chat/completions).", show_default=D.api)] = None
-    concurrency: Annotated[Optional[str], typer.Option(help="Served runs: requests in flight at most, e.g. 1,4,16 (closed loop).", show_default=shown(D.concurrency))] = None
+    api: Annotated[Optional[str], typer.Option(help="Served runs: completions (/v1/completions) or chat (/v1/chat/completions).", show_default=BASE.api)] = None
+    concurrency: Annotated[Optional[str], typer.Option(help="Served runs: requests in flight at most, e.g. 1,4,16 (closed loop).", show_default=shown(BASE.concurrency))] = None
     request_rate: Annotated[Optional[str], typer.Option(help="Served runs: Poisson arrivals per second, e.g. 2,8,inf (inf = all at once).", show_default="inf")] = None
     port: Annotated[Optional[int], typer.Option(help="Served runs: port of the launched server on 127.0.0.1.", show_default='a free one')] = None
 
@@ -35,20 +32,20 @@ class Served:
 @grouped
 def sweep(
     model: ModelOrProfile = None,
-    backend: Annotated[Optional[str], typer.Option(help="native, vllm (offline engine) or vllm-server (served, under load).", show_default=D.backend)] = None,
-    k: Annotated[Optional[str], typer.Option("--k", help="num_speculative_tokens values, e.g. 0,1,2,3 (0 = plain decoding baseline; with --server: the server's).", show_default=shown(D.k))] = None,
+    backend: Annotated[Optional[str], typer.Option(help="native, vllm (offline engine) or vllm-server (served, under load).", show_default=BASE.backend)] = None,
+    k: Annotated[Optional[str], typer.Option("--k", help="num_speculative_tokens values, e.g. 0,1,2,3 (0 = plain decoding baseline; with --server: the server's).", show_default=shown(BASE.k))] = None,
     mtp_layers: Annotated[Optional[str], typer.Option(help="MTP layer counts, e.g. 1,2,3.", show_default='all the checkpoint has')] = None,
-    mode: Annotated[Optional[str], typer.Option(help="Drafting modes: reuse (layer 0 every step), chain (step s runs layer s mod L).", show_default=shown(D.mode))] = None,
-    prompts: Annotated[Optional[str], typer.Option(help="builtin, spec-bench (480 questions, 13 categories), mt-bench (its 80), or a JSONL file ('turns' or 'prompt').", show_default=D.prompts)] = None,
+    mode: Annotated[Optional[str], typer.Option(help="Drafting modes: reuse (layer 0 every step), chain (step s runs layer s mod L).", show_default=shown(BASE.mode))] = None,
+    prompts: Annotated[Optional[str], typer.Option(help="builtin, spec-bench (480 questions, 13 categories), mt-bench (its 80), or a JSONL file ('turns' or 'prompt').", show_default=BASE.prompts)] = None,
     num_prompts: Annotated[Optional[int], typer.Option(help="Number of prompts, spread over the categories.", show_default='8 of builtin, all of any other set')] = None,
-    chat_template: Annotated[Optional[str], typer.Option(help="auto: prompts through the checkpoint's chat template where it has one; none: raw text.", show_default=D.chat_template)] = None,
+    chat_template: Annotated[Optional[str], typer.Option(help="auto: prompts through the checkpoint's chat template where it has one; none: raw text.", show_default=BASE.chat_template)] = None,
     context_tokens: Annotated[Optional[str], typer.Option(help="Tokens of held-out text before each prompt, a grid dimension, e.g. 0,512,1024.", show_default="none")] = None,
-    max_tokens: Annotated[Optional[int], typer.Option(help="Output tokens per prompt.", show_default=str(D.max_tokens))] = None,
+    max_tokens: Annotated[Optional[int], typer.Option(help="Output tokens per prompt.", show_default=str(BASE.max_tokens))] = None,
     repeats: Annotated[Optional[int], typer.Option(help="Timed runs per point, round robin on the native backend: tokens/s, TTFT and TPOT as median with a 95 % interval from 6, speedup intervals from 3.", show_default="6 on native; 3 on vLLM, each a whole timed run of the point: 3 times one run's time")] = None,
-    temperature: Annotated[Optional[float], typer.Option(help="0 = greedy; > 0 uses rejection sampling.", show_default=str(D.temperature))] = None,
-    batch_size: Annotated[Optional[int], typer.Option("--batch-size", "--max-num-seqs", help="Sequences decoded together.", show_default=str(D.batch_size))] = None,
+    temperature: Annotated[Optional[float], typer.Option(help="0 = greedy; > 0 uses rejection sampling.", show_default=str(BASE.temperature))] = None,
+    batch_size: Annotated[Optional[int], typer.Option("--batch-size", "--max-num-seqs", help="Sequences decoded together.", show_default=str(BASE.batch_size))] = None,
     seed: Seed = None,
-    device: Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:1 ... (native backend).", show_default=D.device)] = None,
+    device: Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:1 ... (native backend).", show_default=BASE.device)] = None,
     dtype: Dtype = None,
     max_model_len: MaxModelLen = None,
     parallel: Parallel = Parallel(),
@@ -60,7 +57,7 @@ def sweep(
     served: Served = Served(),
     access: ServerAccess = ServerAccess(),
     profile: Annotated[Optional[str], typer.Option(help="Profile name (see `mtpbench profiles`) or .toml path.")] = None,
-    out: Annotated[Optional[str], typer.Option(help="Output directory for point files, summary and plots.", show_default=D.out)] = None,
+    out: Annotated[Optional[str], typer.Option(help="Output directory for point files, summary and plots.", show_default=BASE.out)] = None,
 ) -> None:
     """Sweep k x MTP layers x drafting mode (x load, served); write point JSONs, summary.csv/json and PNG plots."""
     from mtpbench.config import resolve

@@ -11,8 +11,8 @@ import typer
 from dataclasses import asdict, replace
 
 from mtpbench.cli.common import connection_options, engine_args, fail, model_or_profile, strs, wrote
-from mtpbench.cli.options import (RUNNER_HELP, Dtype, ForceSpecStepIdx, MaxModelLen, ModelOrProfile, Parallel, Runner,
-                                  ServerAccess, grouped, shown)
+from mtpbench.cli.options import (BASE, RUNNER_HELP, Dtype, ForceSpecStepIdx, MaxModelLen, ModelOrProfile, Parallel,
+                                  Runner, ServerAccess, grouped, shown)
 from mtpbench.errors import MtpBenchError
 
 TRACE_DEFAULTS = {"k": (3,), "mode": ("reuse",), "num_prompts": 2, "max_tokens": 32, "out": "trace"}
@@ -22,7 +22,7 @@ EXPECTED = {"multi-module": "multi-module", "layer-0-reuse": "layer-0 reuse", No
 @grouped
 def trace_layers(
     model: ModelOrProfile = None,
-    backend: Annotated[Optional[str], typer.Option(help="native, vllm (offline engine) or vllm-server (a server mtpbench launches with its trace plugin).", show_default="native")] = None,
+    backend: Annotated[Optional[str], typer.Option(help="native, vllm (offline engine) or vllm-server (a server mtpbench launches with its trace plugin).", show_default=BASE.backend)] = None,
     server: Annotated[Optional[str], typer.Option(help="URL of a running vLLM server to trace: it must serve mtpbench's trace plugin (VLLM_PLUGINS=mtpbench_trace, --enforce-eager; docs/trace-layers.md). Implies --backend vllm-server.")] = None,
     k: Annotated[Optional[int], typer.Option("--k", help="num_speculative_tokens (draft steps per proposal).", show_default=shown(TRACE_DEFAULTS["k"]))] = None,
     mtp_layers: Annotated[Optional[int], typer.Option(help="MTP layers to load.", show_default='all the checkpoint has')] = None,
@@ -32,7 +32,7 @@ def trace_layers(
     expect: Annotated[Optional[str], typer.Option(help="multi-module or layer-0-reuse: exit 1 if the verdict differs.")] = None,
     synthetic: Annotated[Optional[str], typer.Option(help="Trace a synthetic checkpoint of this vLLM MTP architecture (mtpbench synth --list), built or taken from the cache; implies --backend vllm.")] = None,
     draft_model: Annotated[Optional[str], typer.Option(help="A drafter in a checkpoint of its own (vLLM speculative_config model).")] = None,
-    prompts: Annotated[Optional[str], typer.Option(help="'builtin' or a JSONL file.", show_default="builtin")] = None,
+    prompts: Annotated[Optional[str], typer.Option(help="'builtin' or a JSONL file.", show_default=BASE.prompts)] = None,
     num_prompts: Annotated[Optional[int], typer.Option(help="Number of prompts.", show_default=shown(TRACE_DEFAULTS["num_prompts"]))] = None,
     max_tokens: Annotated[Optional[int], typer.Option(help="Output tokens per prompt.", show_default=shown(TRACE_DEFAULTS["max_tokens"]))] = None,
     dtype: Dtype = None,

@@ -9,10 +9,11 @@ from typing import Annotated, Optional
 import typer
 
 from mtpbench.cli.common import connection_options, engine_args, fail, ints, model_or_profile, strs, wrote
-from mtpbench.cli.options import (Dtype, EngineArg, MaxModelLen, ModelOrProfile, Parallel, Rounds, Runner, Seed,
-                                  ROUNDS, ServerAccess, grouped, shown)
+from mtpbench.cli.options import (BASE, ROUNDS, Dtype, EngineArg, MaxModelLen, ModelOrProfile, Parallel, Rounds, Runner,
+                                  Seed, ServerAccess, grouped, shown)
 from mtpbench.cli.progress import with_progress
 from mtpbench.errors import MtpBenchError
+from mtpbench.tune.run import DEFAULT_LOADS
 
 # a tune's own defaults (its sweeps otherwise take the sweep's): k 0-4, enough prompts for the largest batch,
 # short outputs, the repeats a ratio of tokens/s needs for an interval, and more for the points still undecided
@@ -23,13 +24,13 @@ DEFAULTS = {"k": (0, 1, 2, 3, 4), "num_prompts": 16, "max_tokens": 64, "repeats"
 @grouped
 def tune(
     model: ModelOrProfile = None,
-    backend: Annotated[Optional[str], typer.Option(help="native or vllm (over --batch-size), vllm-server (over --concurrency; launched, or attached with --server).", show_default="native")] = None,
+    backend: Annotated[Optional[str], typer.Option(help="native or vllm (over --batch-size), vllm-server (over --concurrency; launched, or attached with --server).", show_default=BASE.backend)] = None,
     k: Annotated[Optional[str], typer.Option("--k", help="num_speculative_tokens values to measure, with 0.", show_default=shown(DEFAULTS["k"]))] = None,
-    batch_size: Annotated[Optional[str], typer.Option("--batch-size", help="Offline backends: the loads, batch sizes.", show_default='1,2,4,8,16')] = None,
-    concurrency: Annotated[Optional[str], typer.Option(help="vllm-server: the loads, requests in flight.", show_default='1,2,4,8')] = None,
+    batch_size: Annotated[Optional[str], typer.Option("--batch-size", help="Offline backends: the loads, batch sizes.", show_default=shown(DEFAULT_LOADS["batch"]))] = None,
+    concurrency: Annotated[Optional[str], typer.Option(help="vllm-server: the loads, requests in flight.", show_default=shown(DEFAULT_LOADS["concurrency"]))] = None,
     mtp_layers: Annotated[Optional[int], typer.Option(help="MTP layers of the drafter.", show_default='all the checkpoint has')] = None,
     mode: Annotated[Optional[str], typer.Option(help="native backend: the drafting mode to tune, reuse (as vLLM's V1 drafts) or chain.", show_default='reuse')] = None,
-    prompts: Annotated[Optional[str], typer.Option(help="builtin, spec-bench, mt-bench or a JSONL file.", show_default="builtin")] = None,
+    prompts: Annotated[Optional[str], typer.Option(help="builtin, spec-bench, mt-bench or a JSONL file.", show_default=BASE.prompts)] = None,
     num_prompts: Annotated[Optional[int], typer.Option(help="Prompts per point.", show_default=f"{DEFAULTS['num_prompts']}, at least the largest batch")] = None,
     max_tokens: Annotated[Optional[int], typer.Option(help="Output tokens per prompt.", show_default=shown(DEFAULTS["max_tokens"]))] = None,
     repeats: Annotated[Optional[int], typer.Option(help="Timed runs every point gets, at least 3.", show_default=f"{DEFAULTS['repeats']}; on native, up to --max-repeats {ROUNDS['max_repeats']} for undecided points within --max-seconds {ROUNDS['max_seconds']:.0f} for the whole tune")] = None,
@@ -50,7 +51,7 @@ def tune(
 ) -> None:
     """Choose the k to run at every load: measure k x load, choose with intervals, predict, write vLLM's schedule."""
     from mtpbench.config import resolve
-    from mtpbench.tune.run import DEFAULT_LOADS, TuneConfig, run_tune
+    from mtpbench.tune.run import TuneConfig, run_tune
 
     model, profile = model_or_profile(model, profile)
     reach, header_values = connection_options(access)

@@ -98,11 +98,9 @@ def unsure(r: PointResult, name: str) -> bool:
 
 
 def number(name: str, v: float) -> str:
-    """A figure as the table prints it: tokens/s in full to one decimal (1823.4, not 1.82e+03), the rest to 3
-    significant digits, never in scientific notation."""
-    if name == "output_tokens_per_sec" or abs(v) >= 1000:
-        return f"{v:.1f}"
-    return f"{v:.3g}" if abs(v) >= 1e-3 or v == 0 else f"{v:.2e}"
+    """A figure as the table prints it: tokens/s and anything from 1000 up in full to one decimal (1823.4, not
+    1.82e+03), the rest to 3 significant digits (scientific only below 1e-4, which no column of a sweep holds)."""
+    return f"{v:.1f}" if name == "output_tokens_per_sec" or abs(v) >= 1000 else f"{v:.3g}"
 
 
 def _interval(r: PointResult, name: str) -> tuple[float, float] | None:
