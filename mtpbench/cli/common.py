@@ -27,7 +27,7 @@ def ints(text: Optional[str], name: str) -> Optional[tuple[int, ...]]:
 
 
 def rates(text: Optional[str]) -> Optional[tuple[float, ...]]:
-    from mtpbench.config import parse_rate
+    from mtpbench.profile import parse_rate
 
     if text is None:
         return None
@@ -67,7 +67,7 @@ def model_or_profile(arg: Optional[str], profile: Optional[str]) -> tuple[Option
     if arg is None:
         return None, profile
     from mtpbench.builtin import BUILTIN_MODELS
-    from mtpbench.config import list_profiles
+    from mtpbench.profile import list_profiles
 
     if arg in BUILTIN_MODELS or Path(arg).is_dir() or (arg.count("/") == 1 and not Path(arg).exists()
                                                    and not arg.endswith(".toml")):

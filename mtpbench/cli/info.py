@@ -15,7 +15,8 @@ def profiles() -> None:
     """List the profiles and what they set."""
     from tabulate import tabulate
 
-    from mtpbench.config import list_profiles, load_profile
+    from mtpbench.config import load_profile
+    from mtpbench.profile import list_profiles
 
     body = []
     try:

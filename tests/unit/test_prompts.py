@@ -6,7 +6,8 @@ from typer.testing import CliRunner
 
 from conftest import SHARED
 from mtpbench.cli import app
-from mtpbench.config import list_profiles, resolve
+from mtpbench.config import resolve
+from mtpbench.profile import list_profiles
 from mtpbench.prompts import BUILTIN_MODEL_DIR, SPEC_BENCH, load_prompts, prompt_set
 
 
