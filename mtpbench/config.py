@@ -60,6 +60,7 @@ class SweepConfig:
     distributed_executor_backend: str | None = None
     gpu_memory_utilization: float | None = None
     engine_args: dict = field(default_factory=dict)
+    speculative_config: dict = field(default_factory=dict)  # merged into vLLM's speculative_config at k > 0
     server: str | None = None  # served runs: a running server's URL; None: mtpbench launches one per (k, L)
     api: str = "completions"  # or chat
     concurrency: tuple[int, ...] = (1,)  # requests in flight at most
@@ -75,6 +76,11 @@ class SweepConfig:
     metrics_url: str | None = None  # where /metrics is read; None: <server>/metrics
     metrics_credentials: bool = False  # send the credentials to --metrics-url's origin too
     description: str = ""
+    label: str = ""  # --label: names the run in every file it writes (vllm bench serve's)
+    metadata: dict = field(default_factory=dict)  # --metadata KEY=VALUE: recorded in every file
+    # the latency statistics the table shows: metrics (ttft, tpot, itl, e2el) x percentiles; (): the usual columns
+    percentile_metrics: tuple[str, ...] = ()
+    metric_percentiles: tuple[float, ...] = ()
     # --header values: in memory only, never written (to_json leaves it out, profiles cannot set it)
     header_values: dict = field(default_factory=dict, repr=False, compare=False)
 
@@ -118,6 +124,9 @@ _TYPES = {f.name: f.type for f in fields(SweepConfig) if f.name not in RUNTIME_O
 NOT_MEASURED = {
     "out": "where the files go",
     "description": "a note for the reader",
+    "label": "a name for the reader", "metadata": "notes for the reader",
+    "percentile_metrics": "what the table shows, from the saved per-request times",
+    "metric_percentiles": "what the table shows, from the saved per-request times",
     # grid dimensions: each is in the point's own key (its file name and "point" record), so a sweep that
     # adds a value reuses the points of the others
     "k": "grid dimension (point key)",
@@ -214,6 +223,11 @@ def validate(cfg: SweepConfig, checkpoint_layers: int | None) -> None:
             raise MtpBenchError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")
     if any(c < 0 for c in cfg.context_tokens):
         raise MtpBenchError(f"--context-tokens takes integers >= 0, got {','.join(map(str, cfg.context_tokens))}")
+    check_speculative_config(cfg)
+    from mtpbench.metrics.latency import check as check_latency
+
+    if problem := check_latency(cfg.percentile_metrics, cfg.metric_percentiles):
+        raise MtpBenchError(problem)
     if cfg.temperature < 0:
         raise MtpBenchError(f"--temperature must be >= 0, got {cfg.temperature}")
     if checkpoint_layers is not None:
@@ -234,6 +248,20 @@ def validate(cfg: SweepConfig, checkpoint_layers: int | None) -> None:
     check_parallel_layout(cfg)
     check_options(cfg)
     check_writable(cfg.out)
+
+
+def check_speculative_config(cfg: SweepConfig) -> None:
+    """--speculative-config: vLLM's own, merged into a drafting engine's; --k sets num_speculative_tokens."""
+    if not cfg.speculative_config:
+        return
+    if not info(cfg.backend).vllm:
+        raise MtpBenchError("--speculative-config is merged into vLLM's speculative_config: use --backend vllm or "
+                            "vllm-server")
+    if cfg.server:
+        raise MtpBenchError("--speculative-config cannot change an attached --server's speculative config (it is "
+                            "the server's own)")
+    if "num_speculative_tokens" in cfg.speculative_config:
+        raise MtpBenchError("--speculative-config: num_speculative_tokens is what --k sweeps; give it as --k")
 
 
 def check_draft_model(cfg: SweepConfig) -> None:
@@ -281,9 +309,9 @@ def validate_serving(cfg: SweepConfig) -> None:
         raise MtpBenchError(f"vllm.LLM does not run data parallel in one process (data_parallel_size "
                             f"{cfg.data_parallel_size}): serve it with --backend vllm-server")
     if not backend.served:
-        loads = [name for name, default in (("--server", None), ("--concurrency", (1,)),
-                                            ("--request-rate", (math.inf,)), ("--api", "completions"))
-                 if getattr(cfg, name[2:].replace("-", "_")) != default]
+        loads = [flag for flag, name, default in (("--server", "server", None), ("--max-concurrency", "concurrency", (1,)),
+                                                  ("--request-rate", "request_rate", (math.inf,)),
+                                                  ("--api", "api", "completions")) if getattr(cfg, name) != default]
         if loads:
             raise MtpBenchError(f"{', '.join(loads)} apply to served runs (--backend vllm-server); "
                                 f"the {cfg.backend} backend batches with --batch-size")
@@ -294,7 +322,7 @@ def validate_serving(cfg: SweepConfig) -> None:
     if cfg.api not in APIS:
         raise MtpBenchError(f"unknown --api {cfg.api!r} (choose from {', '.join(APIS)})")
     if not cfg.concurrency or any(c < 1 for c in cfg.concurrency):
-        raise MtpBenchError(f"--concurrency takes integers >= 1, got {','.join(map(str, cfg.concurrency))}")
+        raise MtpBenchError(f"--max-concurrency takes integers >= 1, got {','.join(map(str, cfg.concurrency))}")
     if not cfg.request_rate or any(not r > 0 for r in cfg.request_rate):
         raise MtpBenchError("--request-rate takes numbers > 0 or inf")
     if cfg.server and not cfg.server.startswith(("http://", "https://")):

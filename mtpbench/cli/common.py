@@ -8,7 +8,7 @@ from typing import NoReturn, Optional
 
 import typer
 
-from mtpbench.cli.options import ServerAccess
+from mtpbench.cli.options import Reporting, ServerAccess
 from mtpbench.errors import MtpBenchError
 
 
@@ -50,16 +50,51 @@ def parse_value(text: str):
         return text
 
 
-def engine_args(items: Optional[list[str]]) -> Optional[dict]:
+def engine_args(items: Optional[list[str]], flag: str = "--engine-arg") -> Optional[dict]:
+    """KEY=VALUE items (--engine-arg, --metadata) as a dict, each value read as JSON where it is JSON."""
     if not items:
         return None
     out = {}
     for item in items:
         key, eq, value = item.partition("=")
         if not eq or not key:
-            fail(f"--engine-arg takes KEY=VALUE, got {item!r}")
+            fail(f"{flag} takes KEY=VALUE, got {item!r}")
         out[key] = parse_value(value)
     return out
+
+
+def floats(text: Optional[str], name: str) -> Optional[tuple[float, ...]]:
+    if text is None:
+        return None
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        fail(f"{name} takes comma-separated numbers, got {text!r}")
+
+
+def speculative_overrides(text: Optional[str]) -> Optional[dict]:
+    """--speculative-config: a JSON object, or None."""
+    import json
+
+    if text is None:
+        return None
+    try:
+        overrides = json.loads(text)
+    except json.JSONDecodeError as err:
+        fail(f"--speculative-config takes a JSON object: {err.msg} at character {err.pos}")
+    if not isinstance(overrides, dict):
+        fail(f"--speculative-config takes a JSON object, got {type(overrides).__name__}")
+    return overrides
+
+
+def set_threads(threads: Optional[int]) -> None:
+    """--threads: torch's CPU threads in this process (>= 1), or torch's own where not given."""
+    if threads is not None and threads < 1:
+        fail(f"--threads must be >= 1, got {threads}")
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
 
 
 def model_or_profile(arg: Optional[str], profile: Optional[str]) -> tuple[Optional[str], Optional[str]]:
@@ -98,12 +133,24 @@ def connection_options(access: ServerAccess) -> tuple[dict, dict]:
                  metrics_credentials=access.metrics_credentials or None), values)
 
 
+def reporting_options(reporting: Reporting) -> dict:
+    """The config's --label, --metadata and latency statistics options, parsed."""
+    return dict(label=reporting.label, metadata=engine_args(reporting.metadata, "--metadata"),
+                percentile_metrics=strs(reporting.percentile_metrics),
+                metric_percentiles=floats(reporting.metric_percentiles, "--metric-percentiles"))
+
+
 def show(rows, out) -> None:
     """The sweep's table, and one line when it has no GPU telemetry, saying why."""
+    from mtpbench.metrics.latency import columns
+    from mtpbench.sweep.load import read_json
     from mtpbench.sweep.report import notices
     from mtpbench.sweep.table import table
 
-    typer.echo(table(rows))
+    run = Path(out) / "run.json"
+    config = (read_json(run).get("config") or {}) if run.is_file() else {}
+    typer.echo(table(rows, columns(tuple(config.get("percentile_metrics") or ()),
+                                   tuple(config.get("metric_percentiles") or ()))))
     lines = notices(out)
     if lines:
         typer.echo("\n" + "\n".join(lines))

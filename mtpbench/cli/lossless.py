@@ -9,9 +9,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from mtpbench.cli.common import connection_options, engine_args, fail, wrote
-from mtpbench.cli.options import (BASE, CheckDtype, EngineArg, MaxModelLen, Parallel, Runner, ServerAccess, grouped,
-                                  shown)
+from mtpbench.cli.common import connection_options, engine_args, fail, set_threads, speculative_overrides, wrote
+from mtpbench.cli.options import (BASE, BATCH_SIZE, CheckDtype, EngineArg, MaxModelLen, Parallel, Runner, ServerAccess,
+                                  SpeculativeConfig, Threads, grouped, shown)
 from mtpbench.cli.progress import with_progress
 from mtpbench.errors import MtpBenchError
 from mtpbench.lossless.config import CHECK_DEFAULTS, DEFAULT_MAX_MDE, DEFAULT_SAMPLES_PER_PROMPT
@@ -30,15 +30,15 @@ def check_lossless(
     mode: Annotated[Optional[str], typer.Option(help="Native drafting mode: reuse or chain.", show_default=shown(CHECK_DEFAULTS["mode"]))] = None,
     mtp_layers: Annotated[Optional[int], typer.Option(help="MTP layers to draft with.", show_default='all the checkpoint has')] = None,
     prompts: Annotated[Optional[str], typer.Option(help="builtin, spec-bench, mt-bench or a JSONL file.", show_default=BASE.prompts)] = None,
-    batch_size: Annotated[Optional[int], typer.Option(help="Sequences decoded together; greedy's A/A control reruns k = 0 at batch size 1.", show_default=shown(CHECK_DEFAULTS["batch_size"]))] = None,
+    batch_size: Annotated[Optional[int], typer.Option(*BATCH_SIZE, help="Sequences decoded together (vLLM's max_num_seqs); greedy's A/A control reruns k = 0 at batch size 1.", show_default=shown(CHECK_DEFAULTS["batch_size"]))] = None,
     device: Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:1 and so on.", show_default=BASE.device)] = None,
     dtype: CheckDtype = None,
-    threads: Annotated[Optional[int], typer.Option(help="torch CPU threads.", show_default="torch's own")] = None,
+    threads: Threads = None,
     runner: Runner = None,
     max_model_len: MaxModelLen = None,
     engine_arg: EngineArg = None,
     parallel: Parallel = Parallel(),
-    speculative_config: Annotated[Optional[str], typer.Option(help="vLLM only: a JSON object merged into the drafting arm's speculative_config, e.g. '{\"rejection_sample_method\": \"synthetic\", \"synthetic_acceptance_rates\": [0.9, 0.8]}' (vLLM's lossy control; V2 only on a CPU) or '{\"rejection_sample_method\": \"block\"}'.")] = None,
+    speculative_config: SpeculativeConfig = None,
     server: Annotated[Optional[str], typer.Option(help="URL of a running vLLM server that drafts (implies --backend vllm-server; needs --baseline-server).")] = None,
     baseline_server: Annotated[Optional[str], typer.Option(help="URL of a running vLLM server of the same model without drafting: the k = 0 arms of an attached --server. It gets the same API key, headers and TLS settings as --server (both are servers you named); --metrics-url applies to --server only.")] = None,
     access: ServerAccess = ServerAccess(),
@@ -53,7 +53,8 @@ def check_lossless(
     from mtpbench.config import resolve
     from mtpbench.lossless import CHECK_DEFAULTS, DEFAULT_MAX_MDE, CheckConfig, exit_code, run_check, summary
 
-    refuse(model, backend, server, temperature, threads, max_detectable_shift, fail_if_lossy, allow_inconclusive)
+    refuse(model, backend, server, temperature, max_detectable_shift, fail_if_lossy, allow_inconclusive)
+    set_threads(threads)
     overrides, extra = speculative_overrides(speculative_config), engine_args(engine_arg)
     reach, header_values = connection_options(access)
     try:
@@ -69,7 +70,6 @@ def check_lossless(
                           planted_lossy=planted_lossy, planted_subtle=planted_subtle,
                           max_mde=DEFAULT_MAX_MDE if max_detectable_shift is None else max_detectable_shift,
                           baseline_server=baseline_server, speculative_overrides=overrides)
-        set_threads(threads)
         record = with_progress("check-lossless", run_check, cfg, timed=False)
     except MtpBenchError as e:
         fail(str(e))
@@ -79,7 +79,7 @@ def check_lossless(
         raise typer.Exit(code)
 
 
-def refuse(model, backend, server, temperature, threads, max_detectable_shift, fail_if_lossy,
+def refuse(model, backend, server, temperature, max_detectable_shift, fail_if_lossy,
            allow_inconclusive) -> None:
     """Exit 2 on options that contradict each other, before anything is loaded."""
     from mtpbench.builtin import BUILTIN_MODELS
@@ -87,33 +87,9 @@ def refuse(model, backend, server, temperature, threads, max_detectable_shift, f
     if model is not None and model not in BUILTIN_MODELS and not Path(model).is_dir() \
             and model.count("/") != 1:
         fail(f"model directory not found: {model}")
-    if threads is not None and threads < 1:
-        fail(f"--threads must be >= 1, got {threads}")
     if allow_inconclusive and not fail_if_lossy:
         fail("--allow-inconclusive qualifies --fail-if-lossy's exit code: give --fail-if-lossy too")
     if max_detectable_shift is not None and temperature is not None and temperature <= 0:
         fail("--max-detectable-shift applies to sampling (temperature > 0): greedy compares tokens")
     if server and backend not in (None, "vllm-server"):
         fail(f"--server checks a running vLLM server: it takes --backend vllm-server, not {backend}")
-
-
-def speculative_overrides(text: Optional[str]) -> Optional[dict]:
-    """--speculative-config: a JSON object, or None."""
-    import json
-
-    if text is None:
-        return None
-    try:
-        overrides = json.loads(text)
-    except json.JSONDecodeError as err:
-        fail(f"--speculative-config takes a JSON object: {err.msg} at character {err.pos}")
-    if not isinstance(overrides, dict):
-        fail(f"--speculative-config takes a JSON object, got {type(overrides).__name__}")
-    return overrides
-
-
-def set_threads(threads: Optional[int]) -> None:
-    if threads:
-        import torch
-
-        torch.set_num_threads(threads)

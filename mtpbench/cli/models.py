@@ -9,13 +9,14 @@ from typing import Annotated, Optional
 import typer
 
 from mtpbench.cli.common import fail
+from mtpbench.cli.options import ALIAS_NOTE
 from mtpbench.errors import MtpBenchError
 
 
 def synth(
     arch: Annotated[Optional[str], typer.Argument(help="Architecture name (see --list).")] = None,
     list_: Annotated[bool, typer.Option("--list", help="Every MTP class of the installed vLLM's registry, with its status here.")] = False,
-    mtp_layers: Annotated[Optional[int], typer.Option(help="MTP layers in the checkpoint.", show_default="the architecture's, 2 where vLLM allows")] = None,
+    mtp_layers: Annotated[Optional[int], typer.Option("--num-mtp-layers", "--mtp-layers", help="MTP layers to build into the checkpoint (its num_nextn_predict_layers or the family's name for it; elsewhere --mtp-layers is how many of a checkpoint's layers a run uses)." + ALIAS_NOTE, show_default="the architecture's, 2 where vLLM allows")] = None,
     out: Annotated[Optional[str], typer.Option(help="Output directory (new or empty).", show_default='synth-ARCH')] = None,
 ) -> None:
     """Write the smallest checkpoint of a real vLLM MTP architecture (random weights, built-in tokenizer)."""

@@ -47,6 +47,17 @@ ForceSpecStepIdx = Annotated[Optional[bool], typer.Option(
     "--force-spec-step-idx", help="Pass spec_step_idx = draft step to the draft model (the vLLM PR's proposal).",
     show_default="off")]
 Seed = Annotated[Optional[int], typer.Option(help="Random seed.", show_default="0")]
+Threads = Annotated[Optional[int], typer.Option(
+    help="torch's CPU threads in this process (the native engine; vLLM's CPU workers take VLLM_CPU_OMP_THREADS_BIND).",
+    show_default="torch's own")]
+SpeculativeConfig = Annotated[Optional[str], typer.Option(
+    help="vLLM only: a JSON object merged into the drafting engines' speculative_config (k > 0), e.g. "
+         "'{\"rejection_sample_method\": \"synthetic\", \"synthetic_acceptance_rates\": [0.9, 0.8]}' (vLLM's lossy "
+         "control; V2 only on a CPU) or '{\"rejection_sample_method\": \"block\"}'; num_speculative_tokens is --k's.")]
+# a load of served runs: requests in flight at most (vllm bench serve's name; --concurrency, the old one, still works)
+MAX_CONCURRENCY = ("--max-concurrency", "--concurrency")
+BATCH_SIZE = ("--batch-size", "--max-num-seqs")  # sequences decoded together (vLLM's max_num_seqs)
+ALIAS_NOTE = " The second name is an alias (saved command lines keep working)."
 
 # How an attached --server is reached: the options of sweep and check-lossless (mtpbench.connection).
 API_KEY_ENV_HELP = ("Attached server: the environment variable holding its API key, sent as 'Authorization: Bearer "
@@ -80,7 +91,7 @@ class Rounds:
     """How long a point is timed (native backend: its repeats round robin, sweep.rounds)."""
     max_repeats: Annotated[Optional[int], typer.Option(help="Keep timing the points whose speedup over k = 0 is still undecided (its interval, Bonferroni-corrected over the looks, straddles 1) up to this many repeats; decided points stop.", show_default=f"--repeats, no more; tune on native: {ROUNDS['max_repeats']}")] = None
     max_seconds: Annotated[Optional[float], typer.Option(help="With --max-repeats: start no round that would end past this many seconds of rounds (tune: the whole tune's budget).", show_default=f"no limit; tune on native: {ROUNDS['max_seconds']:.0f}")] = None
-    warmup: Annotated[Optional[int], typer.Option(help="Runs of every point before the timed rounds, timed and set aside.", show_default='1')] = None
+    warmup: Annotated[Optional[int], typer.Option("--num-warmups", "--warmup", help="Runs of every point before the timed rounds, timed and set aside (vllm bench's name; --warmup, the old one, still works).", show_default='1')] = None
     aa_control: Annotated[Optional[bool], typer.Option("--aa-control/--no-aa-control", help="Time k = 0 a second time in the same rounds (from 3 repeats): the machine's noise floor, stated under every table; no speedup interval is narrower.", show_default='on')] = None
 
 
@@ -176,3 +187,12 @@ class Group(TyperGroup):
 
     def make_context(self, info_name, args, parent=None, **extra):
         return _one_line(super().make_context, info_name, args, parent=parent, **extra)
+
+
+@dataclass(frozen=True)
+class Reporting:
+    """What the files and the table carry beyond the measurement: names for the reader, which latency statistics."""
+    label: Annotated[Optional[str], typer.Option(help="A name for the run, in every file it writes (vllm bench serve's --label).", show_default="none")] = None
+    metadata: Annotated[Optional[list[str]], typer.Option(help="KEY=VALUE recorded in every file the run writes (repeatable; vllm bench serve's --metadata), e.g. --metadata gpu=H100 --metadata commit=abc123.", show_default="none")] = None
+    percentile_metrics: Annotated[Optional[str], typer.Option(help="Latency metrics the table shows, mean and percentiles: any of ttft, tpot, itl, e2el (vllm bench serve's). Every statistic is in summary.json and summary.csv.", show_default="ttft,tpot,itl once either option is given; else the table's TTFT and TPOT p50")] = None
+    metric_percentiles: Annotated[Optional[str], typer.Option(help="Percentiles the table shows for those metrics, e.g. 50,90,99 (vllm bench serve's). p50, p90 and p99 are always in the files; others are added.", show_default="99 once either option is given")] = None

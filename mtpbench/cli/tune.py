@@ -8,9 +8,11 @@ from typing import Annotated, Optional
 
 import typer
 
-from mtpbench.cli.common import connection_options, engine_args, fail, ints, model_or_profile, strs, wrote
-from mtpbench.cli.options import (BASE, ROUNDS, Dtype, EngineArg, MaxModelLen, ModelOrProfile, Parallel, Rounds, Runner,
-                                  Seed, ServerAccess, grouped, shown)
+from mtpbench.cli.common import (connection_options, engine_args, fail, ints, model_or_profile, set_threads,
+                                 speculative_overrides, strs, wrote)
+from mtpbench.cli.options import (ALIAS_NOTE, BASE, BATCH_SIZE, MAX_CONCURRENCY, ROUNDS, Dtype, EngineArg, MaxModelLen,
+                                  ModelOrProfile, Parallel, Rounds, Runner, Seed, ServerAccess, SpeculativeConfig,
+                                  Threads, grouped, shown)
 from mtpbench.cli.progress import with_progress
 from mtpbench.errors import MtpBenchError
 from mtpbench.tune.run import DEFAULT_LOADS
@@ -24,10 +26,10 @@ DEFAULTS = {"k": (0, 1, 2, 3, 4), "num_prompts": 16, "max_tokens": 64, "repeats"
 @grouped
 def tune(
     model: ModelOrProfile = None,
-    backend: Annotated[Optional[str], typer.Option(help="native or vllm (over --batch-size), vllm-server (over --concurrency; launched, or attached with --server).", show_default=BASE.backend)] = None,
+    backend: Annotated[Optional[str], typer.Option(help="native or vllm (over --batch-size), vllm-server (over --max-concurrency; launched, or attached with --server).", show_default=BASE.backend)] = None,
     k: Annotated[Optional[str], typer.Option("--k", help="num_speculative_tokens values to measure, with 0.", show_default=shown(DEFAULTS["k"]))] = None,
-    batch_size: Annotated[Optional[str], typer.Option("--batch-size", help="Offline backends: the loads, batch sizes.", show_default=shown(DEFAULT_LOADS["batch"]))] = None,
-    concurrency: Annotated[Optional[str], typer.Option(help="vllm-server: the loads, requests in flight.", show_default=shown(DEFAULT_LOADS["concurrency"]))] = None,
+    batch_size: Annotated[Optional[str], typer.Option(*BATCH_SIZE, help="Offline backends: the loads, sequences decoded together (vLLM's max_num_seqs), one sweep each." + ALIAS_NOTE, show_default=shown(DEFAULT_LOADS["batch"]))] = None,
+    concurrency: Annotated[Optional[str], typer.Option(*MAX_CONCURRENCY, help="vllm-server: the loads, requests in flight at most, one sweep each." + ALIAS_NOTE, show_default=shown(DEFAULT_LOADS["concurrency"]))] = None,
     mtp_layers: Annotated[Optional[int], typer.Option(help="MTP layers of the drafter.", show_default='all the checkpoint has')] = None,
     mode: Annotated[Optional[str], typer.Option(help="native backend: the drafting mode to tune, reuse (as vLLM's V1 drafts) or chain.", show_default='reuse')] = None,
     prompts: Annotated[Optional[str], typer.Option(help="builtin, spec-bench, mt-bench or a JSONL file.", show_default=BASE.prompts)] = None,
@@ -38,6 +40,8 @@ def tune(
     dtype: Dtype = None,
     max_model_len: MaxModelLen = None,
     engine_arg: EngineArg = None,
+    speculative_config: SpeculativeConfig = None,
+    threads: Threads = None,
     parallel: Parallel = Parallel(),
     rounds: Rounds = Rounds(),
     runner: Runner = None,
@@ -55,12 +59,14 @@ def tune(
 
     model, profile = model_or_profile(model, profile)
     reach, header_values = connection_options(access)
-    servers = tuple(server or ())
+    servers, spec = tuple(server or ()), speculative_overrides(speculative_config)
+    set_threads(threads)
     try:
         cfg = resolve(dict(model=model, backend="vllm-server" if servers else backend, k=ints(k, "--k"),
                            mtp_layers=(mtp_layers,) if mtp_layers else None, mode=strs(mode), prompts=prompts,
                            num_prompts=num_prompts, max_tokens=max_tokens, repeats=repeats, seed=seed, dtype=dtype,
                            max_model_len=max_model_len, engine_args=engine_args(engine_arg), runner=runner,
+                           speculative_config=spec,
                            out=out, **asdict(parallel), **asdict(rounds), **reach), profile, defaults=DEFAULTS)
         cfg = with_rounds(replace(cfg, header_values=header_values, mode=cfg.mode if mode or cfg.backend != "native"
                                   else ("reuse",)))
@@ -69,9 +75,9 @@ def tune(
         loads = ints(concurrency if tc.unit == "concurrency" else batch_size, "--load")
         other = batch_size if tc.unit == "concurrency" else concurrency
         if other:
-            fail(f"--{'batch-size' if tc.unit == 'concurrency' else 'concurrency'} is the load of "
+            fail(f"--{'batch-size' if tc.unit == 'concurrency' else 'max-concurrency'} is the load of "
                  f"{'offline' if tc.unit == 'concurrency' else 'served'} runs; {cfg.backend} takes "
-                 f"--{'concurrency' if tc.unit == 'concurrency' else 'batch-size'}")
+                 f"--{'max-concurrency' if tc.unit == 'concurrency' else 'batch-size'}")
         tc = replace(tc, loads=loads or DEFAULT_LOADS[tc.unit])
         result = with_progress("tune", run_tune, tc)
     except MtpBenchError as e:

@@ -13,18 +13,17 @@ step is timed at the k = 0 point of the same sweep; without one, the point's own
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 
 from mtpbench.metrics.records import (
     BatchRecord,
     GridPoint,
     RequestRecord,
-    latency_ms,
     mean_call_s,
-    percentile,
     position_count,
     repetition,
 )
+from mtpbench.metrics.latency import statistics
 from mtpbench.telemetry import summarize_samples
 
 
@@ -84,8 +83,25 @@ class PointResult:
     tpot_ms_p90: float | None = None
     tpot_ms_p99: float | None = None
     itl_ms_p50: float | None = None
+    itl_ms_p50_ci_low: float | None = None
+    itl_ms_p50_ci_high: float | None = None
     itl_ms_p90: float | None = None
     itl_ms_p99: float | None = None
+    e2el_ms_p50: float | None = None  # end-to-end latency of a request (vllm bench serve's E2EL)
+    e2el_ms_p50_ci_low: float | None = None
+    e2el_ms_p50_ci_high: float | None = None
+    e2el_ms_p90: float | None = None
+    e2el_ms_p99: float | None = None
+    # mean and standard deviation (ddof 0, as vLLM) of each, and any other percentile asked for (metrics.latency)
+    ttft_ms_mean: float | None = None
+    ttft_ms_std: float | None = None
+    tpot_ms_mean: float | None = None
+    tpot_ms_std: float | None = None
+    itl_ms_mean: float | None = None
+    itl_ms_std: float | None = None
+    e2el_ms_mean: float | None = None
+    e2el_ms_std: float | None = None
+    latency_percentiles_ms: dict = field(default_factory=dict)  # e.g. {"ttft_ms_p95": 12.5}: --metric-percentiles
     decode_time_s: float | None = None
     startup_s: float | None = None
     output_repetition: float | None = None
@@ -113,6 +129,8 @@ class PointResult:
     client_cpu_ms_per_request: float | None = None
     notes: str | None = None
     error: str | None = None
+    label: str | None = None  # --label and --metadata KEY=VALUE of the run, in every file it writes
+    metadata: tuple[str, ...] = ()
 
     @classmethod
     def columns(cls) -> list[str]:
@@ -122,8 +140,13 @@ class PointResult:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
 
     def to_csv(self) -> dict:
-        return {k: ";".join("" if x is None else _fmt(x) for x in v) if isinstance(v, (tuple, list))
-                else ("" if v is None else _fmt(v)) for k, v in self.to_json().items()}
+        def cell(v):
+            if isinstance(v, dict):  # latency_percentiles_ms: "ttft_ms_p95=12.5;..."
+                return ";".join(f"{k}={'' if x is None else _fmt(x)}" for k, x in v.items())
+            if isinstance(v, (tuple, list)):
+                return ";".join("" if x is None else _fmt(x) for x in v)
+            return "" if v is None else _fmt(v)
+        return {k: cell(v) for k, v in self.to_json().items()}
 
 
 # what a row measures in time: left null where the clock measured something else (Model Runner V2 through
@@ -133,11 +156,14 @@ TIMING_FIELDS = ("draft_cost_ratio", "theoretical_speedup", "output_tokens_per_s
                  "speedup_ci_high", "ttft_ms_p50", "ttft_ms_p50_ci_low", "ttft_ms_p50_ci_high", "ttft_ms_p90",
                  "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p50_ci_low", "tpot_ms_p50_ci_high", "tpot_ms_p90",
                  "tpot_ms_p99", "itl_ms_p50", "itl_ms_p90", "itl_ms_p99", "decode_time_s", "startup_s",
+                 "itl_ms_p50_ci_low", "itl_ms_p50_ci_high", "e2el_ms_p50", "e2el_ms_p50_ci_low", "e2el_ms_p50_ci_high",
+                 "e2el_ms_p90", "e2el_ms_p99", "ttft_ms_mean", "ttft_ms_std", "tpot_ms_mean", "tpot_ms_std",
+                 "itl_ms_mean", "itl_ms_std", "e2el_ms_mean", "e2el_ms_std",
                  "energy_j_per_token", "energy_method", "avg_power_w")
 
 
 def without_timings(row: PointResult) -> PointResult:
-    return replace(row, **{name: None for name in TIMING_FIELDS})
+    return replace(row, **{name: None for name in TIMING_FIELDS}, latency_percentiles_ms={})
 
 
 def _fmt(x) -> str:
@@ -212,8 +238,11 @@ def repeat_intervals(repeats: list[dict]) -> dict:
     if len(repeats) < 2:
         return {}
     out = {"num_repeats": len(repeats)}
-    for name, nd in (("output_tokens_per_sec", 2), ("ttft_ms_p50", 3), ("tpot_ms_p50", 3)):
+    for name, nd in (("output_tokens_per_sec", 2), ("ttft_ms_p50", 3), ("tpot_ms_p50", 3), ("itl_ms_p50", 3),
+                     ("e2el_ms_p50", 3)):
         values = [r.get(name) for r in repeats]
+        if all(v is None for v in values):  # not observed, or not kept by an older mtpbench: the run's own stands
+            continue
         ci = stats.median_ci(values)
         out[name] = _round(stats.median(values), nd)
         out[f"{name}_ci_low"], out[f"{name}_ci_high"] = (_round(ci[0], nd), _round(ci[1], nd)) if ci else (None, None)
@@ -223,11 +252,12 @@ def repeat_intervals(repeats: list[dict]) -> dict:
 def summarize(backend: str, point: GridPoint, category: str, requests: list[RequestRecord],
               batches: list[BatchRecord], startup_s: float | None, target_step_s: float | None = None,
               telemetry: dict | None = None, mtp_weight_bytes: int | None = None,
-              notes: list[str] = (), repeats: list[dict] = ()) -> PointResult:
+              notes: list[str] = (), repeats: list[dict] = (), percentiles: tuple[float, ...] = ()) -> PointResult:
     """Aggregate the records of one category (or all of them) into a result row.
 
     ``target_step_s``: the target's decode-step time from the k = 0 point, if the sweep has one.
-    ``telemetry``: the energy/power/memory summary of the measured window (whole point only)."""
+    ``telemetry``: the energy/power/memory summary of the measured window (whole point only). ``percentiles``:
+    latency percentiles asked for beyond the p50, p90 and p99 every row has (``--metric-percentiles``)."""
     k = point.k
     # the engine's counters of these batches; a category of a concurrent window has none of its own,
     # and then its requests' own counts stand in where the engine gave them
@@ -254,7 +284,7 @@ def summarize(backend: str, point: GridPoint, category: str, requests: list[Requ
         if point.context_tokens is not None and requests else None,
         num_prompts=len(requests), num_output_tokens=out_tokens,
         **acceptance,
-        **_speed_fields(requests, wall, out_tokens),
+        **_speed_fields(requests, wall, out_tokens), **statistics(requests, percentiles),
         decode_time_s=_round(wall), startup_s=_round(startup_s, 3),
         output_repetition=_round(sum(r for r, _ in rep) / ngrams) if ngrams else None,
         **energy,
@@ -311,14 +341,9 @@ def _acceptance_fields(k: int, counted: list, batches: list[BatchRecord],
 
 
 def _speed_fields(requests: list[RequestRecord], wall: float, out_tokens: int) -> dict:
-    """Throughput over the batches' wall time, and the p50/p90/p99 of TTFT, TPOT and ITL."""
-    lat = latency_ms(requests)
-    q = {name: [_round(percentile(xs, p), 3) for p in (0.5, 0.9, 0.99)] for name, xs in lat.items()}
+    """Throughput over the batches' wall time (the latency statistics: ``metrics.latency``)."""
     return {"output_tokens_per_sec": _round(out_tokens / wall, 2) if wall > 0 else None,
-            "request_throughput_per_sec": _round(len(requests) / wall) if wall > 0 else None,
-            "ttft_ms_p50": q["ttft"][0], "ttft_ms_p90": q["ttft"][1], "ttft_ms_p99": q["ttft"][2],
-            "tpot_ms_p50": q["tpot"][0], "tpot_ms_p90": q["tpot"][1], "tpot_ms_p99": q["tpot"][2],
-            "itl_ms_p50": q["itl"][0], "itl_ms_p90": q["itl"][1], "itl_ms_p99": q["itl"][2]}
+            "request_throughput_per_sec": _round(len(requests) / wall) if wall > 0 else None}
 
 
 def _telemetry_fields(telemetry: dict | None, out_tokens: int, repeats: list[dict]) -> tuple[dict, str | None]:

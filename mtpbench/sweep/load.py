@@ -81,9 +81,10 @@ def read_json(path: Path):
         raise MtpBenchError(f"{path}: unreadable ({e})") from None
 
 
-def rows_from_points(points: list[dict], failures: list[dict], floor: float = 0.0) -> list[PointResult]:
+def rows_from_points(points: list[dict], failures: list[dict], floor: float = 0.0,
+                     percentiles: tuple[float, ...] = ()) -> list[PointResult]:
     """The rows of a sweep's point files; ``floor``: the A/A noise floor (log ratio, ``read_noise``), the
-    narrowest a speedup interval is shown."""
+    narrowest a speedup interval is shown; ``percentiles``: latency percentiles asked for beyond p50/p90/p99."""
     loaded = [(d, PointRun.from_json(d)) for d in sorted(points, key=lambda d: sort_key(d["point"]))]
     step_s = _target_step_s(loaded)
     plain = _greedy_k0_tokens(loaded)
@@ -91,7 +92,7 @@ def rows_from_points(points: list[dict], failures: list[dict], floor: float = 0.
     tokps: dict[int, list] = {}  # each whole-point row's tokens/s per repeat, for the speedup's interval
     untimed: set[int] = set()  # rows whose clock measured Triton's interpreter (V2 on a CPU): timings null
     for data, run in loaded:
-        mine = _point_rows(data, run, step_s, plain)
+        mine = _point_rows(data, run, step_s, plain, tuple(percentiles))
         mine[0] = replace(mine[0], speedup_decision=(data.get("sequential") or {}).get("state"))
         tokps[id(mine[0])] = [r.get("output_tokens_per_sec") for r in run.repeats]
         if run.engine.get("interpreted"):
@@ -133,7 +134,7 @@ def _greedy_k0_tokens(loaded: list[tuple[dict, PointRun]]) -> dict:
             and len({r.prompt_id for r in run.requests}) == len(run.requests)}  # ids that pair requests
 
 
-def _point_rows(data: dict, run: PointRun, step_s: dict, plain: dict) -> list[PointResult]:
+def _point_rows(data: dict, run: PointRun, step_s: dict, plain: dict, percentiles: tuple = ()) -> list[PointResult]:
     """One point file's rows: the whole point first, then one per category where it has several."""
     requests, batches = run.requests, run.batches
     point = GridPoint.from_json(data["point"])
@@ -142,7 +143,7 @@ def _point_rows(data: dict, run: PointRun, step_s: dict, plain: dict) -> list[Po
     ran = {"runner": run.engine.get("runner"), "drafter": run.engine.get("drafter")}
     rows = [_with_greedy(replace(summarize(backend, point, "all", requests, batches, data.get("startup_s"),
                                            step_s.get((_where(data), "all")), run.telemetry,
-                                           run.mtp_weight_bytes, run.notes, run.repeats), **ran),
+                                           run.mtp_weight_bytes, run.notes, run.repeats, percentiles), **ran),
                          data, requests, plain)]
     if len(cats) > 1:
         for c in cats:
@@ -152,7 +153,8 @@ def _point_rows(data: dict, run: PointRun, step_s: dict, plain: dict) -> list[Po
             note = [] if bats else ["tokens/s of a concurrent window is not split by category"]
             mine = [r for r in requests if r.category == c]
             rows.append(_with_greedy(replace(summarize(backend, point, c, mine, bats, data.get("startup_s"),
-                                                       step_s.get((_where(data), c)), notes=note), **ran),
+                                                       step_s.get((_where(data), c)), notes=note,
+                                                       percentiles=percentiles), **ran),
                                      data, mine, plain))
     return rows
 

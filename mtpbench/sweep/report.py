@@ -8,6 +8,7 @@ served runs ``serving.png`` (tokens/sec vs k, one line per concurrency, best k m
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from mtpbench.environment import load_change
@@ -49,12 +50,20 @@ def telemetry_notice(out: Path) -> str | None:
     return f"GPU telemetry: none ({'; '.join(sorted(reasons))})" if reasons else None
 
 
+def labels(config: dict) -> dict:
+    """A run's --label and --metadata as every row carries them (summary.csv: "key=value;...")."""
+    return {"label": config.get("label") or None,
+            "metadata": tuple(f"{k}={v}" for k, v in (config.get("metadata") or {}).items())}
+
+
 def build(out: Path) -> list[PointResult]:
     """Rebuild every summary file of a sweep directory from its point files; returns the rows."""
     out = Path(out)
     run, points, failures = load_run(out)
     noise = read_noise(out, run, points)
-    rows = rows_from_points(points, failures, (noise or {}).get("floor") or 0.0)
+    config = run.get("config") or {}
+    rows = [replace(r, **labels(config)) for r in
+            rows_from_points(points, failures, (noise or {}).get("floor") or 0.0, config.get("metric_percentiles") or ())]
     write_text(out / "summary.csv", csv_text(rows))
     write_json(out / "summary.json", {**run, "noise": noise, "rows": [r.to_json() for r in rows]})
     plots(out, rows)

@@ -7,6 +7,7 @@ Output directory layout::
     <mode>-L<layers>-k<k>.json     raw records of one point: per-request tokens and times, per-batch counters
     ...-c<concurrency>[-r<rate>]   served runs: one point per load (concurrency x request rate)
     <mode>-L<layers>-k<k>.server.log   a launched vLLM server's log (served runs)
+    <point>.requests.jsonl    one line per request of the point's first timed run: TTFT, TPOT, E2EL, ITL (ms), drafts
     <point>.failure.json      a point that failed, with the error; the sweep goes on
     summary.csv / summary.json / *.png    rebuilt from the files above by ``mtpbench report``
 
@@ -28,8 +29,9 @@ from mtpbench.config import SweepConfig, execution, fingerprint, validate, with_
 from mtpbench.environment import environment, provenance
 from mtpbench.errors import MtpBenchError
 from mtpbench.files import make_out_dir
-from mtpbench.files import write_json
+from mtpbench.files import write_json, write_text
 from mtpbench.metrics import GridPoint, PointResult, check_requests_against_counters
+from mtpbench.metrics.latency import request_lines
 from mtpbench.prompts import run_prompts
 from mtpbench.sweep.load import divergence_holds
 from mtpbench.sweep.report import build
@@ -209,7 +211,9 @@ def save_point(cfg: SweepConfig, point: GridPoint, run, out: Path, fp: dict, wal
                 "startup_s": run.startup_s, "engine": run.engine, "mtp_weight_bytes": run.mtp_weight_bytes,
                 "notes": run.notes, "telemetry": run.telemetry, "repeats": run.repeats,
                 "requests": [asdict(r) for r in run.requests], "batches": [asdict(b) for b in run.batches],
-                **(extra or {})})
+                "label": cfg.label or None, "metadata": cfg.metadata, **(extra or {})})
+    write_text(out / f"{point.name}.requests.jsonl", "".join(
+        json.dumps({"point": point.name, "label": cfg.label or None, **line}) + "\n" for line in request_lines(run.requests)))
 
 
 def greedy_dtype(cfg: SweepConfig, backend, engine: dict) -> str | None:

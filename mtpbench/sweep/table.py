@@ -25,7 +25,9 @@ def csv_text(rows: list[PointResult]) -> str:
     return files.csv_text(PointResult.columns(), (r.to_csv() for r in rows))
 
 
-def table(rows: list[PointResult]) -> str:
+def table(rows: list[PointResult], latency: list[tuple[str, str]] | None = None) -> str:
+    """``latency``: the latency columns to show instead of the usual ones (``metrics.latency.columns``: what
+    --percentile-metrics and --metric-percentiles ask for)."""
     from tabulate import tabulate
 
     from mtpbench.runners import label
@@ -65,7 +67,12 @@ def table(rows: list[PointResult]) -> str:
         cols[i:i] = [("num_repeats", "n"), ("speedup_decision", "decided")]
     if any(r.runner for r in rows):
         cols[1:1] = [("runner", "vLLM runner")]
-    body = [[cell(name, getattr(r, name), r) for name, _ in cols] for r in rows]
+    if latency is not None:
+        names = [name for name, _ in cols]
+        i = names.index("ttft_ms_p50")
+        cols = [c for c in cols if not c[0].startswith(("ttft_ms", "tpot_ms", "itl_ms"))]
+        cols[i:i] = latency
+    body = [[cell(name, _value(r, name), r) for name, _ in cols] for r in rows]
     # 3 significant digits, but tokens/s in full (1823.4, not 1.82e+03)
     fmt = [".1f" if name == "output_tokens_per_sec" else ".3g" for name, _ in cols]
     text = tabulate(body, headers=[h for _, h in cols], floatfmt=fmt)
@@ -80,9 +87,9 @@ def table(rows: list[PointResult]) -> str:
 
 
 # timings vary from run to run: one shown without an interval is marked (table: *, plots: a hollow marker)
-TIMINGS = ("output_tokens_per_sec", "speedup", "ttft_ms_p50", "tpot_ms_p50")
+TIMINGS = ("output_tokens_per_sec", "speedup", "ttft_ms_p50", "tpot_ms_p50", "itl_ms_p50", "e2el_ms_p50")
 NO_INTERVAL = ("no interval: a timing from too few timed runs to tell its noise (--repeats 3 gives speedup "
-               "intervals, --repeats 6 also tokens/s, TTFT and TPOT)")
+               "intervals, --repeats 6 also tokens/s and the TTFT, TPOT, ITL and E2EL medians)")
 
 
 DECIDED = ("decided: the rounds' last look at the speedup, faster or slower where its interval at 1 - 0.05 / L "
@@ -101,6 +108,11 @@ def number(name: str, v: float) -> str:
     """A figure as the table prints it: tokens/s and anything from 1000 up in full to one decimal (1823.4, not
     1.82e+03), the rest to 3 significant digits (scientific only below 1e-4, which no column of a sweep holds)."""
     return f"{v:.1f}" if name == "output_tokens_per_sec" or abs(v) >= 1000 else f"{v:.3g}"
+
+
+def _value(r: PointResult, name: str):
+    """A column's value: a field of the row, or a latency percentile asked for beyond the row's own columns."""
+    return getattr(r, name) if hasattr(r, name) else r.latency_percentiles_ms.get(name)
 
 
 def _interval(r: PointResult, name: str) -> tuple[float, float] | None:

@@ -126,7 +126,7 @@ def check(s: Sweeps) -> None:
     loads = sorted({m.load for m in s.points})
     where = ", ".join(s.dirs) if len(s.dirs) < 4 else f"{s.dirs[0]} and {len(s.dirs) - 1} more"
     if len(loads) < 2:
-        flag = "--concurrency" if s.unit == "concurrency" else "--batch-size"
+        flag = "--max-concurrency" if s.unit == "concurrency" else "--batch-size"
         raise MtpBenchError(f"{where}: covers one load only ({s.unit} {loads[0]}); tune chooses k across loads "
                             f"(run it with {flag} 1,2,4,8, or give sweeps at several)")
     for b in loads:

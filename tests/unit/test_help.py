@@ -73,7 +73,7 @@ def test_the_defaults_shown_are_the_ones_the_commands_use():
     for opt, field in (("--backend", "backend"), ("--k", "k"), ("--mode", "mode"), ("--prompts", "prompts"),
                        ("--max-tokens", "max_tokens"), ("--temperature", "temperature"), ("--batch-size", "batch_size"),
                        ("--seed", "seed"), ("--device", "device"), ("--out", "out"), ("--api", "api"),
-                       ("--concurrency", "concurrency")):
+                       ("--max-concurrency", "concurrency")):
         assert shown(sweep[opt]) == text(getattr(s, field)), (opt, sweep[opt])
     for command, defaults in (("tune", DEFAULTS), ("check-lossless", CHECK_DEFAULTS), ("trace-layers", TRACE_DEFAULTS),
                               ("check-drafter", DRAFTER_DEFAULTS)):

@@ -255,7 +255,7 @@ def _one_line_exit_2(args, message, out):
 
 @pytest.mark.parametrize("args,message", [
     (["--concurrency", "4"], "apply to served runs (--backend vllm-server)"),
-    (["--backend", "vllm-server", "--concurrency", "0"], "--concurrency takes integers >= 1"),
+    (["--backend", "vllm-server", "--concurrency", "0"], "--max-concurrency takes integers >= 1"),
     (["--backend", "vllm-server", "--request-rate", "fast"], "--request-rate takes comma-separated numbers or inf"),
     (["--backend", "vllm-server", "--api", "grpc"], "unknown --api 'grpc'"),
     (["--server", "ftp://host"], "--server takes an http:// or https:// URL"),

@@ -35,6 +35,7 @@ def engine_kwargs(cfg: SweepConfig, model: str, k: int) -> dict:
         kw["speculative_config"] = {"method": cfg.method, "num_speculative_tokens": k}
         if cfg.draft_model:
             kw["speculative_config"]["model"] = str(cfg.mtp_dir)
+        kw["speculative_config"].update(cfg.speculative_config)  # --speculative-config
     kw.update(cfg.engine_args)
     return kw
 

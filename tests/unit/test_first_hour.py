@@ -1,0 +1,168 @@
+"""The first hour's options (issue 37) without an engine: vllm bench serve's latency statistics (mean, std, percentiles
+of TTFT, TPOT, ITL and E2EL, against numpy as the oracle), --percentile-metrics / --metric-percentiles, the
+per-request lines, --dry-run's plan, and vLLM's option names with the old ones kept as aliases."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import typer
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from mtpbench.cli import app
+from mtpbench.metrics import RequestRecord
+from mtpbench.metrics.latency import check, columns, request_lines, statistics
+from tests.conftest import one_line_error
+
+MS = st.floats(min_value=0.0005, max_value=5.0, allow_nan=False)
+
+
+@st.composite
+def requests(draw):
+    out = []
+    for i in range(draw(st.integers(1, 12))):
+        n = draw(st.integers(1, 20))
+        ttft = draw(MS)
+        gaps = draw(st.lists(MS, min_size=n - 1, max_size=n - 1))
+        out.append(RequestRecord("c", 5, list(range(n)), ttft, ttft + sum(gaps), itl_s=gaps, prompt_id=str(i)))
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(requests(), st.lists(st.floats(0, 100, allow_nan=False), max_size=3))
+def test_latency_statistics_are_vllm_bench_serves(reqs, extra):
+    """vllm bench serve's definitions, computed here with numpy: TPOT = (E2EL - TTFT) / (tokens - 1) over requests
+    with more than one token, ITL every gap, np.std with ddof 0, np.percentile's linear interpolation."""
+    ttft = [r.ttft_s * 1e3 for r in reqs]
+    e2el = [r.latency_s * 1e3 for r in reqs]
+    tpot = [(r.latency_s - r.ttft_s) * 1e3 / (len(r.output_token_ids) - 1) for r in reqs if len(r.output_token_ids) > 1]
+    itl = [g * 1e3 for r in reqs for g in r.itl_s]
+    got = statistics(reqs, tuple(extra))
+    for name, xs in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2el", e2el)):
+        if not xs:
+            assert got[f"{name}_ms_mean"] is None and got[f"{name}_ms_p50"] is None
+            continue
+        assert got[f"{name}_ms_mean"] == pytest.approx(np.mean(xs), abs=1e-3)
+        assert got[f"{name}_ms_std"] == pytest.approx(np.std(xs), abs=2e-3)
+        for q in (50, 90, 99):
+            assert got[f"{name}_ms_p{q}"] == pytest.approx(np.percentile(xs, q), abs=1e-3)
+        for q in extra:
+            if q not in (50, 90, 99):
+                assert got["latency_percentiles_ms"][f"{name}_ms_p{q:g}"] == pytest.approx(np.percentile(xs, q), abs=1e-3)
+    assert not any(k.endswith(("p50", "p90", "p99")) for k in got["latency_percentiles_ms"])
+
+
+def test_the_per_request_lines_carry_vllms_fields():
+    r = RequestRecord("code", 7, [1, 2, 3], 0.010, 0.050, itl_s=[0.02, 0.02], prompt_id="p1", num_drafts=1,
+                      num_draft_tokens=2, num_accepted_tokens=1)
+    (line,) = request_lines([r])
+    assert line["ttft_ms"] == 10.0 and line["e2el_ms"] == 50.0 and line["tpot_ms"] == 20.0
+    assert line["itl_ms"] == [20.0, 20.0] and line["num_output_tokens"] == 3 and line["acceptance_length"] == 2.0
+    json.dumps(line)  # one JSON line
+
+
+def test_the_table_shows_what_the_options_ask_for():
+    from mtpbench.metrics import PointResult
+    from mtpbench.sweep.table import table
+
+    assert columns((), ()) is None  # the usual columns
+    assert columns((), (95.0,)) == [("ttft_ms_mean", "TTFT mean ms"), ("ttft_ms_p95", "TTFT p95 ms"),
+                                    ("tpot_ms_mean", "TPOT mean ms"), ("tpot_ms_p95", "TPOT p95 ms"),
+                                    ("itl_ms_mean", "ITL mean ms"), ("itl_ms_p95", "ITL p95 ms")]
+    row = PointResult("native", "plain", 0, 0, "all", "ok", e2el_ms_mean=12.5, e2el_ms_p99=30.25,
+                      latency_percentiles_ms={"e2el_ms_p95": 28.0}, ttft_ms_p50=4.0)
+    text = table([row], columns(("e2el",), (95.0, 99.0)))
+    header = text.splitlines()[0]
+    assert "E2EL mean ms" in header and "E2EL p95 ms" in header and "E2EL p99 ms" in header
+    assert "TTFT p50 ms" not in header and "28" in text and "30.2" in text
+    assert row.to_csv()["latency_percentiles_ms"] == "e2el_ms_p95=28"
+
+
+@pytest.mark.parametrize("metrics, percentiles, message", [
+    (("ttft", "goodput"), (), "unknown metric 'goodput'"), ((), (99.0, 101.0), "from 0 to 100, got 101"),
+    ((), (-1.0,), "from 0 to 100, got -1")])
+def test_bad_latency_options_are_named(metrics, percentiles, message):
+    assert message in check(metrics, percentiles)
+    assert check(("e2el", "itl"), (0.0, 99.9, 100.0)) is None
+
+
+def dry(*args):
+    return CliRunner().invoke(app, ["sweep", *args, "--dry-run"])
+
+
+def test_a_dry_run_counts_the_grid_and_writes_nothing(tmp_path):
+    """Points: k = 0, each mode x k > 0, the A/A copy (repeats >= 3 on native); runs: points x (warm-ups + repeats)."""
+    out = tmp_path / "out"
+    r = dry("--k", "0,1,2", "--mode", "reuse", "--repeats", "3", "--num-warmups", "1", "--num-prompts", "4",
+            "--max-tokens", "16", "--out", str(out))
+    assert r.exit_code == 0, r.output
+    points = 1 + 2 + 1
+    assert f"grid: {points} points: k0, reuse-L3-k1, reuse-L3-k2, aa-k0" in r.output
+    assert f"timed runs: {points * (1 + 3)}" in r.output and f"output tokens: {points * 4 * 4 * 16}" in r.output
+    assert "no estimate" in r.output and not out.exists()
+
+
+def test_a_dry_run_estimates_from_an_earlier_sweep():
+    from mtpbench.sweep.plan import estimate
+
+    rows = [{"output_tokens_per_sec": 10.0, "startup_s": 2.0}, {"output_tokens_per_sec": 30.0, "startup_s": 4.0},
+            {"output_tokens_per_sec": 20.0, "startup_s": None}]
+    guess = estimate(rows, {"output_tokens": 600, "engine_starts": 3})
+    assert guess == {"seconds": 600 / 20.0 + 3 * 3.0, "tokens_per_sec": 20.0, "startup_s": 3.0}
+    assert estimate([{"output_tokens_per_sec": None}], {"output_tokens": 1, "engine_starts": 1}) is None
+
+
+@pytest.mark.parametrize("new, old", [("--max-concurrency", "--concurrency"), ("--num-warmups", "--warmup"),
+                                      ("--max-num-seqs", "--batch-size")])
+def test_vllms_names_and_the_old_ones_mean_the_same(new, old, tmp_path):
+    backend = ["--backend", "vllm-server", "builtin-glm"] if "concurrency" in new else []
+    value = "1,4" if "concurrency" in new else "2"
+    a, b = (dry(*backend, "--k", "0,1", flag, value, "--out", str(tmp_path / "o")) for flag in (new, old))
+    assert a.exit_code == 0 and a.output == b.output, (a.output, b.output)
+    base = dry(*backend, "--k", "0,1", "--out", str(tmp_path / "o"))
+    assert a.output != base.output or new == "--max-num-seqs"  # the option changed the plan (a batch: its engines)
+
+
+def test_the_help_names_each_alias():
+    for command, names in (("sweep", ("--max-concurrency", "--concurrency", "--num-warmups", "--warmup",
+                                      "--batch-size", "--max-num-seqs")),
+                           ("tune", ("--max-concurrency", "--concurrency", "--batch-size", "--max-num-seqs")),
+                           ("synth", ("--num-mtp-layers", "--mtp-layers"))):
+        cmd = typer.main.get_command(app).commands[command]
+        opts = {o for p in cmd.params for o in getattr(p, "opts", [])}
+        assert set(names) <= opts, (command, names)
+    synth = typer.main.get_command(app).commands["synth"]
+    for flag in ("--num-mtp-layers", "--mtp-layers"):
+        assert synth.make_context("synth", ["glm4_moe", flag, "3"]).params["mtp_layers"] == 3
+    r = CliRunner().invoke(app, ["sweep", "--help"], env={"COLUMNS": "3000"}, terminal_width=3000)
+    assert r.output.count("The second name is an alias (saved command lines keep working).") >= 2
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--speculative-config", '{"rejection_sample_method": "block"}'], "--speculative-config is merged into vLLM's"),
+    (["--backend", "vllm", "--speculative-config", '{"num_speculative_tokens": 3}'], "give it as --k"),
+    (["--backend", "vllm", "--speculative-config", "[1]"], "--speculative-config takes a JSON object, got list"),
+    (["--threads", "0"], "--threads must be >= 1, got 0"),
+    (["--metric-percentiles", "99,x"], "--metric-percentiles takes comma-separated numbers"),
+    (["--percentile-metrics", "ttft,goodput"], "unknown metric 'goodput'"),
+    (["--metadata", "novalue"], "--metadata takes KEY=VALUE, got 'novalue'"),
+])
+def test_bad_first_hour_input_is_one_line_and_writes_nothing(tmp_path, args, message):
+    out = tmp_path / "out"
+    r = CliRunner().invoke(app, ["sweep", *args, "--out", str(out)])
+    one_line_error(r, message)
+    assert not out.exists()
+
+
+def test_the_speculative_config_reaches_the_drafting_engines_only():
+    from mtpbench.backends.vllm.engine_args import engine_kwargs
+    from mtpbench.config import SweepConfig
+
+    cfg = SweepConfig(backend="vllm", speculative_config={"rejection_sample_method": "block"})
+    assert engine_kwargs(cfg, "m", 2)["speculative_config"] == {"method": "mtp", "num_speculative_tokens": 2,
+                                                                "rejection_sample_method": "block"}
+    assert "speculative_config" not in engine_kwargs(cfg, "m", 0)
