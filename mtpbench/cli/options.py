@@ -91,7 +91,7 @@ class Rounds:
     """How long a point is timed (native backend: its repeats round robin, sweep.rounds)."""
     max_repeats: Annotated[Optional[int], typer.Option(help="Keep timing the points whose speedup over k = 0 is still undecided (its interval, Bonferroni-corrected over the looks, straddles 1) up to this many repeats; decided points stop.", show_default=f"--repeats, no more; tune on native: {ROUNDS['max_repeats']}")] = None
     max_seconds: Annotated[Optional[float], typer.Option(help="With --max-repeats: start no round that would end past this many seconds of rounds (tune: the whole tune's budget).", show_default=f"no limit; tune on native: {ROUNDS['max_seconds']:.0f}")] = None
-    warmup: Annotated[Optional[int], typer.Option("--num-warmups", "--warmup", help="Runs of every point before the timed rounds, timed and set aside (vllm bench's name; --warmup, the old one, still works).", show_default='1')] = None
+    warmup: Annotated[Optional[int], typer.Option("--num-warmups", "--warmup", help="Warm-up before timing, never in the figures: native, whole runs of every point before the rounds; vllm, generate calls; vllm-server, rounds of as many requests as the load has in flight, before each point's window. 0: none." + ALIAS_NOTE, show_default='1')] = None
     aa_control: Annotated[Optional[bool], typer.Option("--aa-control/--no-aa-control", help="Time k = 0 a second time in the same rounds (from 3 repeats): the machine's noise floor, stated under every table; no speedup interval is narrower.", show_default='on')] = None
 
 

@@ -38,8 +38,9 @@ def measure(llm, cfg: dict, k: int, prompts: list[Prompt]) -> PointRun:
     params = SamplingParams(temperature=cfg["temperature"], max_tokens=cfg["max_tokens"], ignore_eos=True,
                             seed=cfg["seed"] if cfg["temperature"] > 0 else None)
     groups = batches(prompts, cfg["batch_size"])
-    llm.generate([groups[0][0].text], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True),
-                 use_tqdm=False)  # warm-up
+    for _ in range(cfg.get("warmup", 1)):  # --num-warmups: untimed, before the counters' first read
+        llm.generate([groups[0][0].text], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True),
+                     use_tqdm=False)
     run = PointRun()
     with GpuSampler() as tel:
         for _ in range(cfg.get("repeats") or 1):

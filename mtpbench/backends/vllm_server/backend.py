@@ -236,7 +236,8 @@ class VllmServerBackend(BackendBase):
         return up.startup_s
 
     def _warm_up(self, cfg: SweepConfig, prompts: list[Prompt], n: int) -> list[str]:
-        return warm_up(self.server, cfg, prompts, n)
+        """--num-warmups rounds of ``n`` requests at once before a window (0: none)."""
+        return [note for _ in range(cfg.warmup) for note in warm_up(self.server, cfg, prompts, n)]
 
     # -- one load point -------------------------------------------------------------------------------
 

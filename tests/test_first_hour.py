@@ -1,0 +1,106 @@
+"""The first hour's options on real runs (issue 37): --label and --metadata in every file, the per-request JSONL and
+the latency statistics against it (numpy as the oracle), --percentile-metrics / --metric-percentiles in the table,
+--num-warmups, --max-concurrency and --speculative-config, on the native engine, vLLM offline and a launched
+vLLM server."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from mtpbench.cli import app
+
+SMALL = ["--num-prompts", "3", "--max-tokens", "8", "--repeats", "1"]
+REPORTING = ["--label", "first-hour", "--metadata", "gpu=none", "--metadata", "batch=2",
+             "--percentile-metrics", "e2el,itl", "--metric-percentiles", "50,95"]
+
+
+def sweep(*args) -> str:
+    r = CliRunner().invoke(app, ["sweep", *args])
+    assert r.exit_code == 0, r.output
+    return r.output
+
+
+def check_files(out: Path, points: list[str], prompts: int = 3, repeats: int = 1) -> None:
+    """Every file names the run; each point's JSONL holds its requests (the first timed run's), and its row's
+    statistics follow from them (its medians are over the repeats where it has several)."""
+    run = json.loads((out / "run.json").read_text())["config"]
+    assert run["label"] == "first-hour" and run["metadata"] == {"gpu": "none", "batch": 2}
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["config"]["label"] == "first-hour"
+    rows = {r["k"]: r for r in summary["rows"] if r["category"] == "all"}
+    with open(out / "summary.csv") as f:
+        assert {(r["label"], r["metadata"]) for r in csv.DictReader(f)} == {("first-hour", "gpu=none;batch=2")}
+    for name in points:
+        point = json.loads((out / f"{name}.json").read_text())
+        assert point["label"] == "first-hour" and point["metadata"] == {"gpu": "none", "batch": 2}
+        lines = [json.loads(x) for x in (out / f"{name}.requests.jsonl").read_text().splitlines()]
+        assert len(lines) == prompts and {x["label"] for x in lines} == {"first-hour"}
+        assert [x["e2el_ms"] for x in lines] == pytest.approx([r["latency_s"] * 1e3 for r in point["requests"]], abs=1e-3)
+        row = rows[point["point"]["k"]]
+        e2el = [x["e2el_ms"] for x in lines]
+        itl = [g for x in lines for g in x["itl_ms"]]
+        assert row["e2el_ms_mean"] == pytest.approx(np.mean(e2el), abs=2e-3)
+        assert row["e2el_ms_std"] == pytest.approx(np.std(e2el), abs=2e-3)
+        if repeats == 1:
+            assert row["e2el_ms_p50"] == pytest.approx(np.percentile(e2el, 50), abs=2e-3)
+        assert row["latency_percentiles_ms"]["e2el_ms_p95"] == pytest.approx(np.percentile(e2el, 95), abs=2e-3)
+        assert row["latency_percentiles_ms"]["itl_ms_p95"] == pytest.approx(np.percentile(itl, 95), rel=1e-3, abs=2e-3)
+
+
+def check_table(output: str) -> None:
+    header = next(line for line in output.splitlines() if line.startswith("mode"))
+    for col in ("E2EL mean ms", "E2EL p50 ms", "E2EL p95 ms", "ITL mean ms", "ITL p95 ms"):
+        assert col in header, header
+    assert "TTFT p50 ms" not in header
+
+
+def test_a_native_sweep_names_itself_everywhere_and_its_statistics_follow_from_its_requests(tmp_path):
+    out = tmp_path / "native"
+    output = sweep("--k", "0,1", "--mode", "reuse", *SMALL, "--repeats", "2", "--num-warmups", "0", *REPORTING,
+                   "--out", str(out))
+    check_files(out, ["k0", "reuse-L3-k1"], repeats=2)
+    check_table(output)
+    for name in ("k0", "reuse-L3-k1"):
+        assert json.loads((out / f"{name}.json").read_text())["warmup"] == []  # --num-warmups 0: none
+
+
+@pytest.mark.vllm
+def test_vllm_offline_takes_the_first_hour_options(tmp_path):
+    out = tmp_path / "vllm"
+    output = sweep("builtin-glm", "--backend", "vllm", "--k", "0,1", *SMALL, "--max-model-len", "1024",
+                   "--engine-arg", "enforce_eager=true", "--num-warmups", "0", *REPORTING, "--out", str(out))
+    check_files(out, ["k0", "vllm-L1-k1"])
+    check_table(output)
+
+
+@pytest.mark.vllm
+def test_vllm_receives_the_speculative_config(tmp_path):
+    """A value vLLM's own SpeculativeConfig refuses: the drafting point fails with vLLM's words about it."""
+    out = tmp_path / "spec"
+    sweep("builtin-glm", "--backend", "vllm", "--k", "1", *SMALL, "--max-model-len", "1024", "--engine-arg",
+          "enforce_eager=true", "--speculative-config", '{"draft_tensor_parallel_size": 0}', "--out", str(out))
+    error = json.loads((out / "vllm-L1-k1.failure.json").read_text())["error"]
+    assert "draft_tensor_parallel_size" in error, error
+
+
+@pytest.mark.vllm
+def test_a_launched_server_takes_the_first_hour_options(tmp_path):
+    out = tmp_path / "served"
+    output = sweep("builtin-glm", "--backend", "vllm-server", "--k", "0", "--max-concurrency", "1,2", *SMALL,
+                   "--max-model-len", "1024", "--engine-arg", "enforce_eager=true", "--num-warmups", "2", *REPORTING,
+                   "--out", str(out))
+    for name in ("k0-c1", "k0-c2"):
+        lines = [json.loads(x) for x in (out / f"{name}.requests.jsonl").read_text().splitlines()]
+        assert all(x["sent_s"] is not None and x["itl_ms"] for x in lines)
+    summary = json.loads((out / "summary.json").read_text())
+    assert [r["concurrency"] for r in summary["rows"] if r["category"] == "all"] == [1, 2]
+    check_table(output)
+    log = (out / "k0.server.log").read_text()
+    # the launch's readiness round (2 requests at the top load), then 2 warm-up rounds of 1 and of 2 requests
+    assert log.count("POST /v1/completions") >= 2 + 2 * 1 + 2 * 2 + 2 * 3, log[-2000:]
