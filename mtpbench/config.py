@@ -62,6 +62,7 @@ class SweepConfig:
     engine_args: dict = field(default_factory=dict)
     speculative_config: dict = field(default_factory=dict)  # merged into vLLM's speculative_config at k > 0
     server: str | None = None  # served runs: a running server's URL; None: mtpbench launches one per (k, L)
+    servers: tuple[str, ...] = ()  # several running servers, each at its own k, as one sweep (server: the first)
     api: str = "completions"  # or chat
     concurrency: tuple[int, ...] = (1,)  # requests in flight at most
     request_rate: tuple[float, ...] = (math.inf,)  # Poisson arrivals per second; inf: all at once
@@ -325,8 +326,9 @@ def validate_serving(cfg: SweepConfig) -> None:
         raise MtpBenchError(f"--max-concurrency takes integers >= 1, got {','.join(map(str, cfg.concurrency))}")
     if not cfg.request_rate or any(not r > 0 for r in cfg.request_rate):
         raise MtpBenchError("--request-rate takes numbers > 0 or inf")
-    if cfg.server and not cfg.server.startswith(("http://", "https://")):
-        raise MtpBenchError(f"--server takes an http:// or https:// URL, got {cfg.server!r}")
+    for url in (cfg.server, *cfg.servers):
+        if url and not url.startswith(("http://", "https://")):
+            raise MtpBenchError(f"--server takes an http:// or https:// URL, got {url!r}")
     if not 0 <= cfg.server_port < 65536:
         raise MtpBenchError(f"--port must be 0..65535, got {cfg.server_port}")
 

@@ -368,8 +368,31 @@ def test_attached_server_without_drafting_refuses_k(tmp_path, drafting_server):
         assert r.exit_code == 0, r.output
         assert (out / "k0-c1.json").exists()
         tune_attached(tmp_path, url, drafting_server)
+        sweep_attached(tmp_path, url, drafting_server)
     finally:
         stop_server(proc)
+
+
+def sweep_attached(tmp_path, plain: str, drafting: str) -> None:
+    """One sweep over two running servers, each at its own k (read from each): one directory, k = 2 against the
+    k = 0 server at every load; --num-warmups rounds counted by the drafting server itself; one k twice refused."""
+    out = tmp_path / "two"
+    r = CliRunner().invoke(app, ["sweep", "--server", drafting, "--server", drafting, "--out", str(out)])
+    assert r.exit_code == 2 and f"--server {drafting} and {drafting} both serve k = 2" in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1 and not out.exists()
+    before = parse_metrics(http_get(drafting + "/metrics")[1])
+    r = CliRunner().invoke(app, ["sweep", "--server", drafting, "--server", plain, "--max-concurrency", "1,2",
+                                 "--num-prompts", "2", "--max-tokens", "8", "--repeats", "1", "--num-warmups", "2",
+                                 "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    after = parse_metrics(http_get(drafting + "/metrics")[1])
+    # 2 prompts at 2 loads, one timed run each, each window after 2 warm-up rounds of as many requests as it has in flight
+    assert after["num_requests_finished"] - before["num_requests_finished"] == 2 * 2 + 2 * (1 + 2)
+    for name, url in (("k0-c1", plain), ("k0-c2", plain), ("vllm-k2-c1", drafting), ("vllm-k2-c2", drafting)):
+        assert json.loads((out / f"{name}.json").read_text())["server"] == url
+    rows = [x for x in json.loads((out / "summary.json").read_text())["rows"] if x["category"] == "all"]
+    assert sorted((x["k"], x["concurrency"]) for x in rows) == [(0, 1), (0, 2), (2, 1), (2, 2)]
+    assert all(x["speedup"] is not None for x in rows if x["k"] == 2)  # against the k = 0 server's point
 
 
 def tune_attached(tmp_path, plain: str, drafting: str) -> None:

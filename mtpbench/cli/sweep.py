@@ -19,14 +19,15 @@ from mtpbench.errors import MtpBenchError
 @dataclass(frozen=True)
 class Served:
     """A served run: the server (attached or launched), its API and the load put on it."""
-    server: Annotated[Optional[str], typer.Option(help="URL of a running vLLM server to measure (implies --backend vllm-server; mtpbench neither starts nor stops it).")] = None
+    server: Annotated[Optional[list[str]], typer.Option(help="URL of a running vLLM server to measure (implies --backend vllm-server; mtpbench neither starts nor stops it). Repeatable: several servers of one model, each serving its own k (read from each), make one sweep.")] = None
     api: Annotated[Optional[str], typer.Option(help="Served runs: completions (/v1/completions) or chat (/v1/chat/completions).", show_default=BASE.api)] = None
     concurrency: Annotated[Optional[str], typer.Option(*MAX_CONCURRENCY, help="Served runs: requests in flight at most, e.g. 1,4,16 (closed loop)." + ALIAS_NOTE, show_default=shown(BASE.concurrency))] = None
     request_rate: Annotated[Optional[str], typer.Option(help="Served runs: Poisson arrivals per second, e.g. 2,8,inf (inf = all at once).", show_default="inf")] = None
     port: Annotated[Optional[int], typer.Option(help="Served runs: port of the launched server on 127.0.0.1.", show_default='a free one')] = None
 
     def config(self) -> dict:
-        return dict(server=self.server, api=self.api, concurrency=ints(self.concurrency, "--max-concurrency"),
+        servers = tuple(self.server or ())
+        return dict(server=servers[0] if servers else None, servers=servers if len(servers) > 1 else None, api=self.api, concurrency=ints(self.concurrency, "--max-concurrency"),
                     request_rate=rates(self.request_rate), server_port=self.port)
 
 
@@ -77,6 +78,7 @@ def sweep(
     """Sweep k x MTP layers x drafting mode (x load, served); write point JSONs, summary.csv/json and PNG plots."""
     from mtpbench.config import resolve
     from mtpbench.sweep import run_sweep
+    from mtpbench.sweep.servers import run_servers
 
     model, profile = model_or_profile(model, profile)
     extra, spec, _ = engine_args(engine_arg), speculative_overrides(speculative_config), set_threads(threads)
@@ -95,7 +97,7 @@ def sweep(
         cfg = replace(cfg, header_values=header_values, k=() if cfg.server and k is None else cfg.k)
         if dry_run:
             return dry(cfg)
-        rows = with_progress("sweep", run_sweep, cfg)
+        rows = with_progress("sweep", run_servers if cfg.servers else run_sweep, cfg)
     except MtpBenchError as e:
         fail(str(e))
     finish(rows, cfg.out)

@@ -29,12 +29,15 @@ def plan(cfg: SweepConfig) -> dict:
     points = grid(cfg, n_layers, -1)  # an attached server's k is read when the sweep starts: -1 here
     if backend.interleaves_repeats and cfg.repeats > 1:
         points = [p for p, _ in with_aa(cfg, [(p, None) for p in points])]
+    names = [_name(p) for p in points]
+    if cfg.servers:  # each server's points
+        points, names = points * len(cfg.servers), [f"{n} at {url}" for url in cfg.servers for n in names]
     prompts = len(run_prompts(cfg).prompts)
     most = cfg.max_repeats or cfg.repeats
     runs = len(points) * (cfg.warmup * backend.interleaves_repeats + cfg.repeats)
     # the native engine is one for every point; vLLM one per (k, L); an attached server is started by nobody here
     engines = 0 if cfg.server else 1 if not backend.vllm else len({(p.k, p.mtp_layers) for p in points})
-    return {"points": [_name(p) for p in points], "engine_starts": engines, "prompts": prompts,
+    return {"points": names, "engine_starts": engines, "prompts": prompts,
             "timed_runs": runs, "timed_runs_at_most": len(points) * (cfg.warmup * backend.interleaves_repeats + most),
             "output_tokens": runs * prompts * cfg.max_tokens, "max_seconds": cfg.max_seconds}
 

@@ -16,7 +16,7 @@ VERSIONS = {"vllm": None, "torch": "2.13.0", "mtpbench_code": "c0de"}
 MEASURED = {"model", "backend", "method", "draft_model", "prompts", "num_prompts", "chat_template", "max_tokens",
             "repeats", "temperature", "batch_size", "seed", "device", "dtype", "force_spec_step_idx",
             "max_model_len", "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
-            "distributed_executor_backend", "gpu_memory_utilization", "engine_args", "speculative_config", "server", "api",
+            "distributed_executor_backend", "gpu_memory_utilization", "engine_args", "speculative_config", "server", "servers", "api",
             "runner",  # V1 and V2 draft differently: a point of one is never reused for the other
             # how many rounds a point gets and what runs beside it (issue 36): its timings' sample
             "max_repeats", "warmup", "aa_control"}
