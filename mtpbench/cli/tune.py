@@ -8,10 +8,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from mtpbench.cli.common import (connection_options, engine_args, fail, ints, model_or_profile, set_threads,
-                                 speculative_overrides, strs, wrote)
+from mtpbench.cli.common import (connection_options, engine_args, fail, ints, model_or_profile,
+                                 reporting_options, set_threads, speculative_overrides, strs, wrote)
 from mtpbench.cli.options import (ALIAS_NOTE, BASE, BATCH_SIZE, MAX_CONCURRENCY, ROUNDS, Dtype, EngineArg, MaxModelLen,
-                                  ModelOrProfile, Parallel, Rounds, Runner, Seed, ServerAccess, SpeculativeConfig,
+                                  ModelOrProfile, Parallel, Reporting, Rounds, Runner, Seed, ServerAccess, SpeculativeConfig,
                                   Threads, grouped, shown)
 from mtpbench.cli.progress import with_progress
 from mtpbench.errors import MtpBenchError
@@ -47,6 +47,7 @@ def tune(
     runner: Runner = None,
     server: Annotated[Optional[list[str]], typer.Option(help="An attached vLLM server (repeatable): one drafting and one of the same model without drafting (the k = 0 baseline).")] = None,
     access: ServerAccess = ServerAccess(),
+    reporting: Reporting = Reporting(),
     from_: Annotated[Optional[list[str]], typer.Option("--from", help="Read these sweep directories (or a tune's) instead of running sweeps (repeatable).")] = None,
     validate: Annotated[bool, typer.Option("--validate", help="Run the schedule (vLLM's dynamic speculative decoding on vllm and vllm-server) beside the best fixed k of each load and the best single k.")] = False,
     schedule: Annotated[Optional[str], typer.Option(help="With --validate: validate these ranges instead of the chosen ones, e.g. '[[1,2,3],[3,16,1]]'.")] = None,
@@ -66,23 +67,26 @@ def tune(
                            mtp_layers=(mtp_layers,) if mtp_layers else None, mode=strs(mode), prompts=prompts,
                            num_prompts=num_prompts, max_tokens=max_tokens, repeats=repeats, seed=seed, dtype=dtype,
                            max_model_len=max_model_len, engine_args=engine_args(engine_arg), runner=runner,
-                           speculative_config=spec,
+                           speculative_config=spec, **reporting_options(reporting),
                            out=out, **asdict(parallel), **asdict(rounds), **reach), profile, defaults=DEFAULTS)
         cfg = with_rounds(replace(cfg, header_values=header_values, mode=cfg.mode if mode or cfg.backend != "native"
                                   else ("reuse",)))
         tc = TuneConfig(cfg, out=out, sources=tuple(from_ or ()), servers=servers, mode=cfg.mode[0]
                         if mode else None, validate=validate, schedule=parse_schedule(schedule))
-        loads = ints(concurrency if tc.unit == "concurrency" else batch_size, "--load")
-        other = batch_size if tc.unit == "concurrency" else concurrency
-        if other:
-            fail(f"--{'batch-size' if tc.unit == 'concurrency' else 'max-concurrency'} is the load of "
-                 f"{'offline' if tc.unit == 'concurrency' else 'served'} runs; {cfg.backend} takes "
-                 f"--{'max-concurrency' if tc.unit == 'concurrency' else 'batch-size'}")
-        tc = replace(tc, loads=loads or DEFAULT_LOADS[tc.unit])
+        tc = replace(tc, loads=loads_of(tc, batch_size, concurrency))
         result = with_progress("tune", run_tune, tc)
     except MtpBenchError as e:
         fail(str(e))
     show_result(result, out)
+
+
+def loads_of(tc, batch_size: Optional[str], concurrency: Optional[str]) -> tuple[int, ...]:
+    """The tune's loads: --max-concurrency on a served backend, --batch-size on the others (the other refused)."""
+    served = tc.unit == "concurrency"
+    if batch_size if served else concurrency:
+        fail(f"--{'batch-size' if served else 'max-concurrency'} is the load of {'offline' if served else 'served'} "
+             f"runs; {tc.sweep.backend} takes --{'max-concurrency' if served else 'batch-size'}")
+    return ints(concurrency if served else batch_size, "--load") or DEFAULT_LOADS[tc.unit]
 
 
 def with_rounds(cfg):
