@@ -176,3 +176,9 @@ class Group(TyperGroup):
 
     def make_context(self, info_name, args, parent=None, **extra):
         return _one_line(super().make_context, info_name, args, parent=parent, **extra)
+
+
+Goodput = Annotated[Optional[list[str]], typer.Option(
+    help="SLO targets as vllm bench serve --goodput takes them, KEY:VALUE with KEY ttft, tpot or e2el and VALUE in ms, "
+         "quoted together or repeated: --goodput 'ttft:500 tpot:50'. A request is good when it meets every target; "
+         "goodput is good requests per second.", show_default="none")]

@@ -1,0 +1,157 @@
+"""Property tests of ``mtpbench tune --goodput`` (tune/goodput.py): goodput of a timed run as ``vllm bench serve
+--goodput`` defines it, and the choice of k per load by goodput, over random per-request latencies and wall times,
+against an oracle written here from the rule (docs/tune.md), never by calling the code under test for the expectation.
+
+The oracle's goodput: count the requests whose every targeted latency is <= its target, over the run's wall time.
+Its choice: a point with a repeat of goodput 0 takes part in no test; a load whose k = 0 is such a point chooses
+k = 0; the rest is the tokens/s rule's oracle (test_tune_properties.oracle: Welch on logs with its own t tail, Holm as
+the step-down rejection, the interval above 1) run over the goodputs."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mtpbench.errors import MtpBenchError
+from mtpbench.tune.goodput import choose, describe, good_requests, parse, ranges_of, run_goodput, samples
+from mtpbench.tune.model import Measured
+from tests.unit.test_tune_properties import oracle
+
+SETTINGS = settings(max_examples=200, deadline=None)
+METRIC = ("ttft", "tpot", "e2el")
+
+
+# --- the oracle ----------------------------------------------------------------------------------------------------
+
+def goodput_oracle(repeat: dict, slo: dict) -> float | None:
+    requests = list(zip(repeat["request_ttft_ms"], repeat["request_tpot_ms"], repeat["request_e2el_ms"]))
+    if any(r[METRIC.index(m)] is None for r in requests for m in slo):
+        return None
+    good = 0
+    for r in requests:
+        ok = True
+        for m, target in slo.items():
+            if r[METRIC.index(m)] > target:
+                ok = False
+        good += ok
+    return good / repeat["wall_s"]
+
+
+def choice_oracle(goodput: dict) -> dict[int, int]:
+    """load -> the chosen k by the rule (loads with k = 0)."""
+    positive = {key: xs for key, xs in goodput.items() if min(xs) > 0}
+    open_loads = {b for (b, k) in positive if k == 0}
+    points = [Measured(b, k, xs) for (b, k), xs in positive.items() if b in open_loads]
+    want = oracle(points) if points else {}
+    return {b: (want[b]["chosen"] if b in open_loads else 0) for (b, k) in goodput if k == 0}
+
+
+# --- random runs ---------------------------------------------------------------------------------------------------
+
+@st.composite
+def repeats(draw, level: float, speed: float):
+    """One timed run: 1-6 requests with latencies around ``level`` ms, a wall time around 1 s / speed."""
+    n = draw(st.integers(1, 6))
+    vals = lambda: [level * draw(st.sampled_from([0.5, 0.9, 1.0, 1.1, 2.0])) for _ in range(n)]  # noqa: E731
+    return {"request_ttft_ms": vals(), "request_tpot_ms": vals(), "request_e2el_ms": vals(),
+            "wall_s": draw(st.sampled_from([0.95, 1.0, 1.0, 1.05])) / speed}
+
+
+@st.composite
+def tables(draw):
+    """2-3 loads x k = 0..1-3: per point a latency level (against targets of 100 ms) and a speed, 2-6 repeats."""
+    loads = draw(st.lists(st.sampled_from([1, 2, 4, 8]), min_size=2, max_size=3, unique=True))
+    k_max = draw(st.integers(1, 3))
+    out = {}
+    for b in loads:
+        for k in range(k_max + 1):
+            level, speed = draw(st.sampled_from([20.0, 50.0, 100.0, 300.0])), draw(st.sampled_from([0.7, 1.0, 1.6]))
+            n = draw(st.sampled_from([3, 3, 4, 6, 2] if k else [3, 4, 6]))
+            out[b, k] = [draw(repeats(level, speed)) for _ in range(n)]
+    return out
+
+
+slos = st.dictionaries(st.sampled_from(METRIC), st.sampled_from([0.0, 50.0, 100.0, 200.0, 1e9]), min_size=1)
+
+
+@SETTINGS
+@given(repeats(100.0, 1.0), slos)
+def test_a_runs_goodput_counts_the_requests_meeting_every_target(repeat, slo):
+    assert run_goodput(repeat, slo) == pytest.approx(goodput_oracle(repeat, slo))
+    assert good_requests(repeat, slo) == round(goodput_oracle(repeat, slo) * repeat["wall_s"])
+
+
+@SETTINGS
+@given(repeats(100.0, 1.0), slos)
+def test_an_unknown_time_or_a_file_without_them_leaves_goodput_unknown(repeat, slo):
+    m = next(iter(slo))
+    repeat[f"request_{m}_ms"][0] = None
+    assert run_goodput(repeat, slo) is None
+    del repeat[f"request_{m}_ms"]
+    assert run_goodput(repeat, slo) is None and samples([repeat], slo) is None
+
+
+@SETTINGS
+@given(tables(), slos)
+def test_the_choice_by_goodput_is_the_rules(table, slo):
+    goodput = {key: [goodput_oracle(r, slo) for r in reps] for key, reps in table.items()}
+    got, notes = choose({key: samples(reps, slo) for key, reps in table.items()})
+    want = choice_oracle(goodput)
+    assert {c.load: c.chosen for c in got} == want
+    for c in got:
+        meds = {k: statistics.median(xs) for (b, k), xs in goodput.items() if b == c.load}
+        assert c.fastest == min(k for k, m in meds.items() if m == max(meds.values()))
+        zeros = [k for (b, k), xs in goodput.items() if b == c.load and min(xs) == 0]
+        assert (c.load in notes) == bool(zeros)  # a goodput of 0 is said, never divided by
+        if 0 in zeros:
+            assert c.chosen == 0 and not c.p_vs_0
+    if got:
+        ranges = ranges_of(got)
+        assert ranges[0][0] == 1 and ranges[-1][1] == max(c.load for c in got)
+        for c in got:  # the ranges give each measured load its k, contiguous from 1
+            assert next(k for s, e, k in ranges if s <= c.load <= e) == c.chosen
+        assert all(a[1] + 1 == z[0] for a, z in zip(ranges, ranges[1:]))
+
+
+def test_goodput_zero_at_k0_chooses_0_and_says_why():
+    got, notes = choose({(1, 0): [0.0, 1.0, 1.0], (1, 1): [5.0, 5.1, 5.2], (2, 0): [1.0, 1.1, 1.2],
+                         (2, 1): [0.0, 0.0, 0.0]})
+    assert [(c.load, c.chosen, c.fastest) for c in got] == [(1, 0, 1), (2, 0, 0)]
+    assert "no ratio test" in notes[1][0] and "k = 1 had goodput above 0" in notes[1][0]
+    assert notes[2] == ["k = 1: goodput 0 in some repeat, no ratio test"]
+
+
+def test_a_clear_gain_in_goodput_is_chosen():
+    got, notes = choose({(b, k): [x * (1 + k) for x in (1.0, 1.01, 0.99, 1.02)] for b in (1, 4) for k in (0, 1)})
+    assert [c.chosen for c in got] == [1, 1] and not notes
+
+
+@pytest.mark.parametrize("pairs,want", [
+    (["ttft:500", "tpot:50"], {"ttft": 500.0, "tpot": 50.0}),
+    (["ttft:500 tpot:50"], {"ttft": 500.0, "tpot": 50.0}),
+    (["e2el:1000,tpot:7.5"], {"e2el": 1000.0, "tpot": 7.5}),
+    (["tpot:0"], {"tpot": 0.0}),
+])
+def test_goodput_option_parses_vllms_pairs(pairs, want):
+    assert parse(pairs) == want
+    assert describe(want).count("<=") == len(want)
+
+
+@pytest.mark.parametrize("pairs,why", [
+    (["itl:50"], "KEY one of ttft, tpot, e2el"), (["ttft"], "KEY:VALUE"), (["ttft:fast"], "a number of ms >= 0"),
+    (["ttft:-1"], "a number of ms >= 0"), (["ttft:inf"], "a number of ms >= 0"), (["ttft:nan"], ">= 0"),
+    (["ttft:1", "ttft:2"], "gives ttft twice"), ([" "], "at least one"), (["ttft:1:2"], "a number of ms >= 0"),
+])
+def test_bad_goodput_is_one_line(pairs, why):
+    with pytest.raises(MtpBenchError) as e:
+        parse(pairs)
+    assert why in str(e.value) and "\n" not in str(e.value)
+
+
+def test_describe_orders_as_vllm():
+    assert describe({"e2el": 900, "ttft": 500.5}) == "TTFT <= 500.5 ms, E2EL <= 900 ms"
+    assert not math.isnan(parse(["e2el:1e3"])["e2el"])
