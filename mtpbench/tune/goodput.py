@@ -77,7 +77,7 @@ def good_requests(repeat: dict, slo: dict[str, float]) -> int | None:
 def run_goodput(repeat: dict, slo: dict[str, float]) -> float | None:
     """One timed run's goodput in requests per second; None where unknown (``good_requests``, or no wall time)."""
     good, wall = good_requests(repeat, slo), repeat.get("wall_s")
-    if good is None or not wall or wall <= 0:
+    if good is None or wall is None or wall <= 0:
         return None
     return good / wall
 
@@ -100,7 +100,7 @@ def choose(goodputs: dict[tuple[int, int], list[float]]) -> tuple[list[LoadChoic
     loads = sorted({b for b, k in goodputs if (b, 0) in goodputs})
     open_loads = [b for b in loads if testable(goodputs[b, 0])]
     points = [Measured(b, k, xs) for (b, k), xs in sorted(goodputs.items()) if b in open_loads and testable(xs)]
-    found = {c.load: c for c in choose_all(points)} if points else {}
+    found = {c.load: c for c in choose_all(points)}
     notes: dict[int, list[str]] = {b: [] for b in loads}
     out = []
     for b in loads:

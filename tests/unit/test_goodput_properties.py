@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mtpbench.errors import MtpBenchError
+from mtpbench.tune.choose import LoadChoice
 from mtpbench.tune.goodput import choose, describe, good_requests, parse, ranges_of, run_goodput, samples
 from mtpbench.tune.model import Measured
 from tests.unit.test_tune_properties import oracle
@@ -41,13 +42,14 @@ def goodput_oracle(repeat: dict, slo: dict) -> float | None:
     return good / repeat["wall_s"]
 
 
-def choice_oracle(goodput: dict) -> dict[int, int]:
-    """load -> the chosen k by the rule (loads with k = 0)."""
+def choice_oracle(goodput: dict) -> dict[int, dict]:
+    """load -> the chosen k by the rule, the pairs that beat and the Holm-adjusted p of each k > 0 against k = 0
+    (loads with k = 0; where k = 0 has a goodput of 0: k = 0, nothing tested)."""
     positive = {key: xs for key, xs in goodput.items() if min(xs) > 0}
     open_loads = {b for (b, k) in positive if k == 0}
     points = [Measured(b, k, xs) for (b, k), xs in positive.items() if b in open_loads]
     want = oracle(points) if points else {}
-    return {b: (want[b]["chosen"] if b in open_loads else 0) for (b, k) in goodput if k == 0}
+    return {b: want.get(b, {"chosen": 0, "wins": set(), "p_vs_0": {}}) for (b, k) in goodput if k == 0}
 
 
 # --- random runs ---------------------------------------------------------------------------------------------------
@@ -101,8 +103,10 @@ def test_the_choice_by_goodput_is_the_rules(table, slo):
     goodput = {key: [goodput_oracle(r, slo) for r in reps] for key, reps in table.items()}
     got, notes = choose({key: samples(reps, slo) for key, reps in table.items()})
     want = choice_oracle(goodput)
-    assert {c.load: c.chosen for c in got} == want
+    assert {c.load: c.chosen for c in got} == {b: w["chosen"] for b, w in want.items()}
     for c in got:
+        assert c.p_vs_0 == pytest.approx(want[c.load]["p_vs_0"], rel=1e-7, abs=1e-300)
+        assert {(c.load, a, k) for k, winners in c.beaten_by.items() for a in winners} == want[c.load]["wins"]
         meds = {k: statistics.median(xs) for (b, k), xs in goodput.items() if b == c.load}
         assert c.fastest == min(k for k, m in meds.items() if m == max(meds.values()))
         zeros = [k for (b, k), xs in goodput.items() if b == c.load and min(xs) == 0]
@@ -118,11 +122,34 @@ def test_the_choice_by_goodput_is_the_rules(table, slo):
 
 
 def test_goodput_zero_at_k0_chooses_0_and_says_why():
-    got, notes = choose({(1, 0): [0.0, 1.0, 1.0], (1, 1): [5.0, 5.1, 5.2], (2, 0): [1.0, 1.1, 1.2],
-                         (2, 1): [0.0, 0.0, 0.0]})
-    assert [(c.load, c.chosen, c.fastest) for c in got] == [(1, 0, 1), (2, 0, 0)]
-    assert "no ratio test" in notes[1][0] and "k = 1 had goodput above 0" in notes[1][0]
-    assert notes[2] == ["k = 1: goodput 0 in some repeat, no ratio test"]
+    """Loads with different k, one without k = 0 (no choice there), zeros at k = 0 and at k > 0."""
+    got, notes = choose({(1, 0): [0.0, 1.0, 1.0], (1, 1): [5.0, 0.0, 5.2], (1, 2): [5.0, 5.1, 5.2], (1, 3): [6.0] * 3,
+                         (2, 0): [1.0, 1.1, 1.2], (2, 1): [0.0, 0.0, 0.0], (3, 1): [1.0, 1.0, 1.0]})
+    assert [(c.load, c.chosen, c.fastest) for c in got] == [(1, 0, 3), (2, 0, 0)]
+    assert all(not c.p_vs_0 and not any(c.beaten_by.values()) for c in got)
+    assert notes == {1: ["k = 0 had goodput 0 in some repeat (no request met the SLO): no ratio test against it, so "
+                         "no k > 0 can qualify (k = 2, 3 had goodput above 0 in every repeat)"],
+                     2: ["k = 1: goodput 0 in some repeat, no ratio test"]}
+    got, notes = choose({(1, 0): [0.0] * 3, (1, 1): [0.0] * 3, (2, 0): [1.0] * 3, (2, 1): [0.0, 1.0, 0.0],
+                         (2, 2): [0.0] * 3})
+    assert notes == {1: ["k = 0 had goodput 0 in some repeat (no request met the SLO): no ratio test against it, so "
+                         "no k > 0 can qualify"], 2: ["k = 1, 2: goodput 0 in some repeat, no ratio test"]}
+
+
+def test_a_run_without_a_positive_wall_time_has_no_goodput():
+    run = {"request_ttft_ms": [1.0], "request_tpot_ms": [1.0], "request_e2el_ms": [1.0]}
+    for wall in (None, 0.0, -1.0):
+        assert run_goodput({**run, "wall_s": wall}, {"ttft": 5}) is None
+    assert run_goodput({**run, "wall_s": 0.5}, {"ttft": 5}) == 2.0
+
+
+def test_ranges_switch_at_the_measured_load_that_chose_the_next_k():
+    def c(load, k):
+        return LoadChoice(load, k, k)
+
+    assert ranges_of([c(4, 0), c(1, 2), c(2, 2), c(8, 1)]) == [[1, 2, 2], [3, 4, 0], [5, 8, 1]]
+    assert ranges_of([c(2, 1), c(16, 1)]) == [[1, 16, 1]]
+    assert ranges_of([c(3, 0)]) == [[1, 3, 0]]
 
 
 def test_a_clear_gain_in_goodput_is_chosen():
@@ -144,7 +171,8 @@ def test_goodput_option_parses_vllms_pairs(pairs, want):
 @pytest.mark.parametrize("pairs,why", [
     (["itl:50"], "KEY one of ttft, tpot, e2el"), (["ttft"], "KEY:VALUE"), (["ttft:fast"], "a number of ms >= 0"),
     (["ttft:-1"], "a number of ms >= 0"), (["ttft:inf"], "a number of ms >= 0"), (["ttft:nan"], ">= 0"),
-    (["ttft:1", "ttft:2"], "gives ttft twice"), ([" "], "at least one"), (["ttft:1:2"], "a number of ms >= 0"),
+    (["ttft:1", "ttft:2"], "--goodput gives ttft twice (1 and 2 ms)"), (["ttft:1:2"], "a number of ms >= 0"),
+    ([" "], "--goodput needs at least one KEY:VALUE target, e.g. --goodput 'ttft:500 tpot:50'"),
 ])
 def test_bad_goodput_is_one_line(pairs, why):
     with pytest.raises(MtpBenchError) as e:
