@@ -9,8 +9,8 @@ from typing import Annotated, Optional
 import typer
 
 from mtpbench.cli.common import connection_options, engine_args, fail, ints, model_or_profile, strs, wrote
-from mtpbench.cli.options import (BASE, ROUNDS, Dtype, EngineArg, Goodput, MaxModelLen, ModelOrProfile, Parallel, Rounds, Runner,
-                                  Seed, ServerAccess, grouped, shown)
+from mtpbench.cli.options import (BASE, ROUNDS, Dtype, EngineArg, Goodput, MaxModelLen, ModelOrProfile, Parallel,
+                                  Rounds, Runner, Seed, ServerAccess, grouped, shown)
 from mtpbench.cli.progress import with_progress
 from mtpbench.errors import MtpBenchError
 from mtpbench.tune.run import DEFAULT_LOADS

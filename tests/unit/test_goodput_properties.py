@@ -177,9 +177,21 @@ def test_goodput_option_parses_vllms_pairs(pairs, want):
 def test_bad_goodput_is_one_line(pairs, why):
     with pytest.raises(MtpBenchError) as e:
         parse(pairs)
-    assert why in str(e.value) and "\n" not in str(e.value)
+    assert why in str(e.value) and "\n" not in str(e.value) and str(e.value).startswith("--goodput ")
 
 
 def test_describe_orders_as_vllm():
     assert describe({"e2el": 900, "ttft": 500.5}) == "TTFT <= 500.5 ms, E2EL <= 900 ms"
     assert not math.isnan(parse(["e2el:1e3"])["e2el"])
+
+
+def test_a_points_goodput_columns_never_divide_by_a_zero():
+    from mtpbench.tune.by_goodput import point_fields
+
+    assert point_fields(None, [1.0] * 3) == {}
+    for xs, base in (([0.0, 1.0, 2.0], [1.0] * 3), ([1.0, 2.0, 3.0], [0.0, 1.0, 1.0]), ([1.0] * 3, None)):
+        f = point_fields(xs, base)
+        assert f["goodput_rps"] == statistics.median(xs) and "goodput_ratio" not in f
+    f = point_fields([2.0, 2.2, 1.8], [1.0, 1.1, 0.9])
+    assert f["goodput_ratio"] == 2.0 and f["goodput_ratio_ci_low"] < 2.0 < f["goodput_ratio_ci_high"]
+    assert f["goodput_rps_ci_low"] is None  # an interval of the median needs 6 repeats
