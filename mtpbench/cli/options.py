@@ -196,3 +196,9 @@ class Reporting:
     metadata: Annotated[Optional[list[str]], typer.Option(help="KEY=VALUE recorded in every file the run writes (repeatable; vllm bench serve's --metadata), e.g. --metadata gpu=H100 --metadata commit=abc123.", show_default="none")] = None
     percentile_metrics: Annotated[Optional[str], typer.Option(help="Latency metrics the table shows, mean and percentiles: any of ttft, tpot, itl, e2el (vllm bench serve's). Every statistic is in summary.json and summary.csv.", show_default="ttft,tpot,itl once either option is given; else the table's TTFT and TPOT p50")] = None
     metric_percentiles: Annotated[Optional[str], typer.Option(help="Percentiles the table shows for those metrics, e.g. 50,90,99 (vllm bench serve's). p50, p90 and p99 are always in the files; others are added.", show_default="99 once either option is given")] = None
+
+
+Goodput = Annotated[Optional[list[str]], typer.Option(
+    help="SLO targets as vllm bench serve --goodput takes them, KEY:VALUE with KEY ttft, tpot or e2el and VALUE in ms, "
+         "quoted together or repeated: --goodput 'ttft:500 tpot:50'. A request is good when it meets every target; "
+         "goodput is good requests per second.", show_default="none")]

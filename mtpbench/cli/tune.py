@@ -10,9 +10,9 @@ import typer
 
 from mtpbench.cli.common import (connection_options, engine_args, fail, ints, model_or_profile,
                                  reporting_options, set_threads, speculative_overrides, strs, wrote)
-from mtpbench.cli.options import (ALIAS_NOTE, BASE, BATCH_SIZE, MAX_CONCURRENCY, ROUNDS, Dtype, EngineArg, MaxModelLen,
-                                  ModelOrProfile, Parallel, Reporting, Rounds, Runner, Seed, ServerAccess, SpeculativeConfig,
-                                  Threads, grouped, shown)
+from mtpbench.cli.options import (ALIAS_NOTE, BASE, BATCH_SIZE, MAX_CONCURRENCY, ROUNDS, Dtype, EngineArg, Goodput,
+                                  MaxModelLen, ModelOrProfile, Parallel, Reporting, Rounds, Runner, Seed, ServerAccess,
+                                  SpeculativeConfig, Threads, grouped, shown)
 from mtpbench.cli.progress import with_progress
 from mtpbench.errors import MtpBenchError
 from mtpbench.tune.run import DEFAULT_LOADS
@@ -50,6 +50,7 @@ def tune(
     reporting: Reporting = Reporting(),
     from_: Annotated[Optional[list[str]], typer.Option("--from", help="Read these sweep directories (or a tune's) instead of running sweeps (repeatable).")] = None,
     validate: Annotated[bool, typer.Option("--validate", help="Run the schedule (vLLM's dynamic speculative decoding on vllm and vllm-server) beside the best fixed k of each load and the best single k.")] = False,
+    goodput: Goodput = None,
     schedule: Annotated[Optional[str], typer.Option(help="With --validate: validate these ranges instead of the chosen ones, e.g. '[[1,2,3],[3,16,1]]'.")] = None,
     profile: Annotated[Optional[str], typer.Option(help="Profile name or .toml path (its sweep settings).")] = None,
     out: Annotated[str, typer.Option(help="Output directory.")] = "tune",
@@ -58,6 +59,7 @@ def tune(
     from mtpbench.config import resolve
     from mtpbench.tune.run import TuneConfig, run_tune
 
+    slo = parse_goodput(goodput, model)
     model, profile = model_or_profile(model, profile)
     reach, header_values = connection_options(access)
     servers, spec = tuple(server or ()), speculative_overrides(speculative_config)
@@ -72,7 +74,7 @@ def tune(
         cfg = with_rounds(replace(cfg, header_values=header_values, mode=cfg.mode if mode or cfg.backend != "native"
                                   else ("reuse",)))
         tc = TuneConfig(cfg, out=out, sources=tuple(from_ or ()), servers=servers, mode=cfg.mode[0]
-                        if mode else None, validate=validate, schedule=parse_schedule(schedule))
+                        if mode else None, validate=validate, schedule=parse_schedule(schedule), goodput=slo)
         tc = replace(tc, loads=loads_of(tc, batch_size, concurrency))
         result = with_progress("tune", run_tune, tc)
     except MtpBenchError as e:
@@ -96,6 +98,20 @@ def with_rounds(cfg):
     if not info(cfg.backend).interleaves_repeats:
         return cfg
     return replace(cfg, **{k: v for k, v in ROUNDS.items() if getattr(cfg, k) is None})
+
+
+def parse_goodput(pairs: Optional[list[str]], model: Optional[str]) -> Optional[dict]:
+    """--goodput's SLO; a MODEL argument that is a KEY:VALUE pair is vLLM's unquoted syntax, which an option here
+    cannot take (one value per --goodput)."""
+    from mtpbench.tune.goodput import METRICS, parse
+
+    if model and model.partition(":")[0] in METRICS and pairs:
+        fail(f"--goodput takes its KEY:VALUE pairs quoted together or repeated (--goodput '{pairs[-1]} {model}'), "
+             f"not as separate words: {model} was read as the model")
+    try:
+        return parse(pairs) if pairs else None
+    except MtpBenchError as e:
+        fail(str(e))
 
 
 def parse_schedule(text: Optional[str]) -> Optional[tuple]:
@@ -128,9 +144,24 @@ def show_result(result: dict, out: str) -> None:
     if result.get("unreliable_because"):  # the answer carries its noise
         typer.echo("not reliable: " + "; ".join(result["unreliable_because"]))
     typer.echo(f"--speculative-config '{json.dumps(spec)}'" if spec else "no --speculative-config: don't draft")
+    if result.get("goodput"):
+        show_goodput(result)
     for r in (result.get("validation") or {}).get("rows") or []:
         if r["verdict"]:
             typer.echo(f"validate: {result['unit']} {r['load']}: schedule / {r['arm']} (k = {r['k']}) = "
                        f"{r['schedule_ratio']:.3f} [{r['schedule_ratio_ci_low']:.3f}, "
                        f"{r['schedule_ratio_ci_high']:.3f}]: {r['verdict']}")
     wrote(out, "schedule.json", "tune.json", "tune.md", "tune.csv", "tune.png", "report.html")
+
+
+def show_goodput(result: dict) -> None:
+    from mtpbench.tune.markdown import goodput_headline
+
+    g = result["goodput"]
+    rows = {(r["load"], r["k"]): r for r in result["rows"] if r["measured"]}
+    by_tokps = {c["load"]: c["chosen"] for c in result["choices"]}
+    for c in g["choices"]:
+        r = rows[c["load"], c["chosen"]]
+        typer.echo(f"goodput: {result['unit']} {c['load']}: k = {c['chosen']} by goodput ({r['goodput_rps']:.3g} req/s"
+                   f" meeting the SLO), k = {by_tokps[c['load']]} by tokens/s")
+    typer.echo(goodput_headline(result))

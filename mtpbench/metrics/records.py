@@ -203,17 +203,39 @@ def latency_ms(requests: list[RequestRecord]) -> dict[str, list[float]]:
     return {"ttft": ttft, "tpot": tpot, "itl": itl}
 
 
+def slo_latencies(requests: list[RequestRecord]) -> dict[str, list[float | None]]:
+    """Each request's TTFT, TPOT and E2EL in ms, in request order, as ``vllm bench serve --goodput`` judges them: TPOT
+    0 for a request of one output token or none (vLLM's rule for goodput), None where the engine did not report a
+    time (that request's standing against a target is then unknown)."""
+    def ms(x: float | None) -> float | None:
+        return None if x is None else round(x * 1e3, 3)
+
+    def tpot(r: RequestRecord) -> float | None:
+        if len(r.output_token_ids) <= 1:
+            return 0.0
+        if r.latency_s is None or r.ttft_s is None:
+            return None
+        return ms((r.latency_s - r.ttft_s) / (len(r.output_token_ids) - 1))
+
+    return {"request_ttft_ms": [ms(r.ttft_s) for r in requests], "request_tpot_ms": [tpot(r) for r in requests],
+            "request_e2el_ms": [ms(r.latency_s) for r in requests]}
+
+
 def timing(requests: list[RequestRecord], batches: list[BatchRecord]) -> dict:
-    """The timing figures of one timed run: output tokens/s over its decode time, TTFT, TPOT and ITL medians (the ITL
-    median: a typical decode step, a round of drafts and their verification), and the run's acceptance length."""
+    """The timing figures of one timed run: output tokens/s over its decode time, TTFT, TPOT, ITL and E2EL medians (the
+    ITL median: a typical decode step, a round of drafts and their verification), the run's acceptance length, and
+    what goodput at any SLO needs: the run's wall time (``wall_s``, the time tokens/s divides by) and each request's
+    TTFT, TPOT and E2EL (``slo_latencies``)."""
     wall = sum(b.wall_s for b in batches)
     lat = latency_ms(requests)
     out = sum(len(r.output_token_ids) for r in requests)
     drafts = sum(b.num_drafts or 0 for b in batches)
     accepted = sum(b.num_accepted_tokens or 0 for b in batches)
+    e2el = [r.latency_s * 1e3 for r in requests if r.latency_s is not None]
     return {"output_tokens_per_sec": out / wall if wall > 0 else None, "ttft_ms_p50": percentile(lat["ttft"], 0.5),
             "tpot_ms_p50": percentile(lat["tpot"], 0.5), "itl_ms_p50": percentile(lat["itl"], 0.5),
-            "acceptance_length": 1 + accepted / drafts if drafts else None}
+            "e2el_ms_p50": percentile(e2el, 0.5), "acceptance_length": 1 + accepted / drafts if drafts else None,
+            "wall_s": wall, **slo_latencies(requests)}
 
 
 def position_count(records: list, i: int) -> int | None:

@@ -37,6 +37,16 @@ class TuneRow:
     speedup_p_holm: float | None = None  # one-sided p of "faster than k = 0", Holm-adjusted over the tune (choose)
     chosen: bool = False  # the choice at this measured load (choose.RULE)
     scheduled_k: int | None = None  # the schedule's k at this load
+    # with --goodput (tune.by_goodput): requests meeting the SLO per second, median of the repeats with its interval,
+    # its ratio to k = 0's (where neither has a repeat of goodput 0), the Holm-adjusted p and the goodput choice
+    goodput_rps: float | None = None
+    goodput_rps_ci_low: float | None = None
+    goodput_rps_ci_high: float | None = None
+    goodput_ratio: float | None = None
+    goodput_ratio_ci_low: float | None = None
+    goodput_ratio_ci_high: float | None = None
+    goodput_p_holm: float | None = None
+    goodput_chosen: bool | None = None
 
 
 def _r(x: float | None, nd: int = 4) -> float | None:
@@ -113,9 +123,10 @@ def schedule_measured(validation: dict | None, ranges: list[list[int]], loads: l
     return all(rows[b]["verdict"] != "schedule slower" for b in idle), figures
 
 
-def analyse(sweeps: Sweeps, validation: dict | None = None) -> dict:
+def analyse(sweeps: Sweeps, validation: dict | None = None, slo: dict[str, float] | None = None) -> dict:
     """Everything ``tune`` decides and reports, as JSON; ``validation`` (``validate.read_validation``) says whether
-    the schedule's no-drafting ranges were measured under its speculative config."""
+    the schedule's no-drafting ranges were measured under its speculative config; ``slo`` (--goodput) adds the choice
+    by goodput (``by_goodput``: the result's ``goodput``, null without an SLO)."""
     check(sweeps)  # hand-made Sweeps too: no drafted point leaves nothing to fit the costs from
     model = Model(sweeps.points)
     loads = sorted({m.load for m in sweeps.points})
@@ -135,6 +146,15 @@ def analyse(sweeps: Sweeps, validation: dict | None = None) -> dict:
     rows += predicted_rows(model, pred_ks, max(loads), {(r.load, r.k) for r in rows})
     for r in rows:
         r.scheduled_k = k_of.get(r.load)
+    by_goodput = None
+    if slo:
+        from mtpbench.tune.by_goodput import section
+
+        by_goodput, fields = section(sweeps.points, slo, sweeps.unit, sweeps.run["config"].get("method") or "mtp")
+        for r in rows:
+            if r.measured:
+                for name, value in fields.get((r.load, r.k), {}).items():
+                    setattr(r, name, value)
     spec = speculative_config(plan["run"], sweeps.run["config"].get("method") or "mtp")
     problem = check_schedule(plan["run"], max(k for *_, k in plan["run"])) if spec else None
     return {"unit": sweeps.unit, "backend": sweeps.backend, "mode": sweeps.mode, "mtp_layers": sweeps.mtp_layers,
@@ -145,4 +165,5 @@ def analyse(sweeps: Sweeps, validation: dict | None = None) -> dict:
             "best_single_k": best_single_k(sweeps.points),
             "costs": costs_table(sweeps, model, pred_ks), "prediction": prediction_summary(
                 [r for r in rows if r.measured], choices, model, pred_ks),
-            "rows": [asdict(r) for r in rows], "sweeps": sweeps.dirs, "failed_points": sweeps.failed}
+            "goodput": by_goodput, "rows": [asdict(r) for r in rows], "sweeps": sweeps.dirs,
+            "failed_points": sweeps.failed}

@@ -30,6 +30,57 @@ def measured_table(result: dict) -> list[str]:
     return lines
 
 
+def _goodput_cell(r: dict) -> str:
+    if r.get("goodput_rps") is None:
+        return "unknown"
+    ci = (f" [{r['goodput_rps_ci_low']:.3g}, {r['goodput_rps_ci_high']:.3g}]"
+          if r.get("goodput_rps_ci_low") is not None else "")
+    text = f"{r['goodput_rps']:.3g}{ci}"
+    if r["k"] and r.get("goodput_ratio") is not None:
+        rci = (f" [{r['goodput_ratio_ci_low']:.2f}, {r['goodput_ratio_ci_high']:.2f}]"
+               if r.get("goodput_ratio_ci_low") is not None else "")
+        p = f", p {r['goodput_p_holm']:.2g}" if r.get("goodput_p_holm") is not None else ""
+        text += f" (x{r['goodput_ratio']:.2f}{rci}{p})"
+    elif r["k"]:
+        text += " (no ratio: a goodput of 0)"
+    return text
+
+
+def goodput_lines(result: dict) -> list[str]:
+    """Goodput per load and k (req/s meeting the SLO, median [95 % interval], ratio to k = 0), the k chosen by goodput
+    (bold) beside the one chosen by tokens/s, and what could not be tested."""
+    g, unit, ks = result["goodput"], result["unit"], result["k"]
+    rows = {(r["load"], r["k"]): r for r in result["rows"] if r["measured"]}
+    by_tokps = {c["load"]: c["chosen"] for c in result["choices"]}
+    lines = [f"SLO: {g['slo_text']}. Rule: {g['rule']}.", "",
+             f"| {unit} | " + " | ".join(f"k = {k}" for k in ks) + " | chosen by goodput | chosen by tokens/s |",
+             "|---:|" + "---:|" * len(ks) + "---:|---:|"]
+    chosen = {c["load"]: c["chosen"] for c in g["choices"]}
+    for b in result["loads"]:
+        cells = []
+        for k in ks:
+            r = rows.get((b, k))
+            text = _goodput_cell(r) if r else "failed"
+            cells.append(f"**{text}**" if chosen.get(b) == k else text)
+        lines.append(f"| {b} | " + " | ".join(cells) + f" | {chosen.get(b, 'unknown')} | {by_tokps.get(b)} |")
+    notes = [f"{unit} {b}: {n}" for b, ns in g["notes"].items() for n in ns]
+    if g["unknown"]:
+        notes.append(f"goodput unknown at {'; '.join(g['unknown'])}: {g['unknown_because']}")
+    return lines + (["", *[f"- {n}." for n in notes]] if notes else [])
+
+
+def goodput_headline(result: dict) -> str | None:
+    """The choice by goodput in one sentence (None without --goodput)."""
+    g = result.get("goodput")
+    if not g:
+        return None
+    if not g["decision"]:
+        return f"By goodput ({g['slo_text']}): unknown ({g['unknown_because']})"
+    spec = g["speculative_config"]
+    ready = f"--speculative-config '{json.dumps(spec)}'" if spec else "no --speculative-config"
+    return f"By goodput ({g['slo_text']}): {g['decision']} ({ready})"
+
+
 def costs_lines(result: dict) -> list[str]:
     ks = [k for k in result["k"] if k]
     lines = [f"| {result['unit']} | tokens/s at k = 0 | f | c | " +
@@ -114,6 +165,8 @@ def markdown(result: dict) -> str:
              f"**{result['decision'][0].upper() + result['decision'][1:]}.** Run it with {ready}.", ""]
     if result.get("decision_note"):
         parts += [f"Why: {result['decision_note']}.", ""]
+    if result.get("goodput"):
+        parts += [f"**{goodput_headline(result)}.**", ""]
     if result.get("unreliable_because"):
         parts += ["**This decision is not reliable:** " + "; ".join(result["unreliable_because"]) + ".", ""]
     if result["schedule_problem"]:
@@ -124,7 +177,11 @@ def markdown(result: dict) -> str:
     parts += [f"Rule: {result['rule']}. Best single k over every load: {result['best_single_k']}.", "",
               "## Measured tokens/s (speedup over k = 0 with its 95 % interval and the Holm-adjusted one-sided "
               "p-value of being faster; chosen in bold)", "",
-              *measured_table(result), "", "## Costs", "",
+              *measured_table(result), "",
+              *(["## Goodput (requests per second meeting the SLO, median [95 % interval], ratio to k = 0 with its "
+                 "95 % interval and Holm-adjusted p; chosen by goodput in bold)", "", *goodput_lines(result), ""]
+                if result.get("goodput") else []),
+              "## Costs", "",
               "t(k) / t(0) = 1 + f + c k: c is one drafted token's cost as a fraction of a decode step, f the fixed "
               "cost of drafting at all; k pays where the acceptance length exceeds 1 + f + c k.", "",
               *costs_lines(result), "", "## Prediction", "", *prediction_lines(result), "",

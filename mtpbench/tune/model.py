@@ -36,6 +36,7 @@ class Measured:
     tokps: list[float]
     num_drafts: int = 0
     num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+    repeats: list[dict] = field(default_factory=list)  # the repeats' timing dicts (goodput at any SLO: tune.goodput)
 
     @property
     def median(self) -> float:

@@ -20,6 +20,10 @@ def page(out: Path) -> Path:
     note = result.get("decision_note")
     if note:  # why it is not the schedule of the per-load choices, or what validated it
         sub += f" {note[0].upper() + note[1:]}."
+    if result.get("goodput"):  # the choice by goodput beside the one by tokens/s
+        from mtpbench.tune.markdown import goodput_headline
+
+        sub += f" {goodput_headline(result)}."
     md = (out / "tune.md").read_text() if (out / "tune.md").is_file() else ""
     body = (figure(out / "tune.png", "Tokens/s against load, one line per k; the schedule's envelope; the validated "
                    "schedule starred") + to_html(md) + provenance(result.get("provenance")))

@@ -118,7 +118,7 @@ def measured(d: Path, data: dict, load: int) -> Measured:
         for i, n in enumerate((b.get("num_accepted_tokens_per_pos") or [])[:k]):
             per_pos[i] += n or 0
     drafts = sum(b.get("num_drafts") or 0 for b in data.get("batches") or [])
-    return Measured(load, k, tokps, drafts, per_pos)
+    return Measured(load, k, tokps, drafts, per_pos, data.get("repeats") or [])
 
 
 def check(s: Sweeps) -> None:

@@ -30,10 +30,11 @@ def build(out: Path) -> dict:
     except (OSError, json.JSONDecodeError, KeyError) as e:
         raise MtpBenchError(f"{out}/tune.json cannot be read as a tune ({e})") from None
     sweeps = read_sweeps(config["sources"] or [out / "sweeps"], config.get("mode"))
-    result = analyse(sweeps)
+    slo = config.get("goodput")  # --goodput: the SLO to choose by beside tokens/s (null: none)
+    result = analyse(sweeps, slo=slo)
     validation = read_validation(out, result)
     if validation:  # it may have measured the schedule where it gives k = 0 under its speculative config
-        result = analyse(sweeps, validation)
+        result = analyse(sweeps, validation, slo)
     result["validation"] = validation
     why = reasons(facts(result, sweeps.dirs))  # the answer carries its noise
     result["decision_reliable"], result["unreliable_because"] = not why, why

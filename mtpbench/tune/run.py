@@ -40,6 +40,7 @@ class TuneConfig:
     mode: str | None = None  # the drafting mode chosen for (a native sweep runs one)
     validate: bool = False
     schedule: tuple | None = None  # --schedule: validate these ranges instead of the chosen ones
+    goodput: dict | None = None  # --goodput: {"ttft"|"tpot"|"e2el": ms}, the SLO to choose k by beside tokens/s
 
     @property
     def unit(self) -> str:
@@ -48,7 +49,8 @@ class TuneConfig:
     def to_json(self) -> dict:
         return {"sweep": self.sweep.to_json(), "loads": list(self.loads), "out": self.out,
                 "sources": list(self.sources), "servers": list(self.servers), "mode": self.mode,
-                "validate": self.validate, "schedule": [list(r) for r in self.schedule] if self.schedule else None}
+                "validate": self.validate, "schedule": [list(r) for r in self.schedule] if self.schedule else None,
+                "goodput": self.goodput}
 
 
 def saved_config(config: dict) -> SweepConfig:

@@ -1,0 +1,197 @@
+"""Property tests of ``mtpbench tune --goodput`` (tune/goodput.py): goodput of a timed run as ``vllm bench serve
+--goodput`` defines it, and the choice of k per load by goodput, over random per-request latencies and wall times,
+against an oracle written here from the rule (docs/tune.md), never by calling the code under test for the expectation.
+
+The oracle's goodput: count the requests whose every targeted latency is <= its target, over the run's wall time.
+Its choice: a point with a repeat of goodput 0 takes part in no test; a load whose k = 0 is such a point chooses
+k = 0; the rest is the tokens/s rule's oracle (test_tune_properties.oracle: Welch on logs with its own t tail, Holm as
+the step-down rejection, the interval above 1) run over the goodputs."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mtpbench.errors import MtpBenchError
+from mtpbench.tune.choose import LoadChoice
+from mtpbench.tune.goodput import choose, describe, good_requests, parse, ranges_of, run_goodput, samples
+from mtpbench.tune.model import Measured
+from tests.unit.test_tune_properties import oracle
+
+SETTINGS = settings(max_examples=200, deadline=None)
+METRIC = ("ttft", "tpot", "e2el")
+
+
+# --- the oracle ----------------------------------------------------------------------------------------------------
+
+def goodput_oracle(repeat: dict, slo: dict) -> float | None:
+    requests = list(zip(repeat["request_ttft_ms"], repeat["request_tpot_ms"], repeat["request_e2el_ms"]))
+    if any(r[METRIC.index(m)] is None for r in requests for m in slo):
+        return None
+    good = 0
+    for r in requests:
+        ok = True
+        for m, target in slo.items():
+            if r[METRIC.index(m)] > target:
+                ok = False
+        good += ok
+    return good / repeat["wall_s"]
+
+
+def choice_oracle(goodput: dict) -> dict[int, dict]:
+    """load -> the chosen k by the rule, the pairs that beat and the Holm-adjusted p of each k > 0 against k = 0
+    (loads with k = 0; where k = 0 has a goodput of 0: k = 0, nothing tested)."""
+    positive = {key: xs for key, xs in goodput.items() if min(xs) > 0}
+    open_loads = {b for (b, k) in positive if k == 0}
+    points = [Measured(b, k, xs) for (b, k), xs in positive.items() if b in open_loads]
+    want = oracle(points) if points else {}
+    return {b: want.get(b, {"chosen": 0, "wins": set(), "p_vs_0": {}}) for (b, k) in goodput if k == 0}
+
+
+# --- random runs ---------------------------------------------------------------------------------------------------
+
+@st.composite
+def repeats(draw, level: float, speed: float):
+    """One timed run: 1-6 requests with latencies around ``level`` ms, a wall time around 1 s / speed."""
+    n = draw(st.integers(1, 6))
+    vals = lambda: [level * draw(st.sampled_from([0.5, 0.9, 1.0, 1.1, 2.0])) for _ in range(n)]  # noqa: E731
+    return {"request_ttft_ms": vals(), "request_tpot_ms": vals(), "request_e2el_ms": vals(),
+            "wall_s": draw(st.sampled_from([0.95, 1.0, 1.0, 1.05])) / speed}
+
+
+@st.composite
+def tables(draw):
+    """2-3 loads x k = 0..1-3: per point a latency level (against targets of 100 ms) and a speed, 2-6 repeats."""
+    loads = draw(st.lists(st.sampled_from([1, 2, 4, 8]), min_size=2, max_size=3, unique=True))
+    k_max = draw(st.integers(1, 3))
+    out = {}
+    for b in loads:
+        for k in range(k_max + 1):
+            level, speed = draw(st.sampled_from([20.0, 50.0, 100.0, 300.0])), draw(st.sampled_from([0.7, 1.0, 1.6]))
+            n = draw(st.sampled_from([3, 3, 4, 6, 2] if k else [3, 4, 6]))
+            out[b, k] = [draw(repeats(level, speed)) for _ in range(n)]
+    return out
+
+
+slos = st.dictionaries(st.sampled_from(METRIC), st.sampled_from([0.0, 50.0, 100.0, 200.0, 1e9]), min_size=1)
+
+
+@SETTINGS
+@given(repeats(100.0, 1.0), slos)
+def test_a_runs_goodput_counts_the_requests_meeting_every_target(repeat, slo):
+    assert run_goodput(repeat, slo) == pytest.approx(goodput_oracle(repeat, slo))
+    assert good_requests(repeat, slo) == round(goodput_oracle(repeat, slo) * repeat["wall_s"])
+
+
+@SETTINGS
+@given(repeats(100.0, 1.0), slos)
+def test_an_unknown_time_or_a_file_without_them_leaves_goodput_unknown(repeat, slo):
+    m = next(iter(slo))
+    repeat[f"request_{m}_ms"][0] = None
+    assert run_goodput(repeat, slo) is None
+    del repeat[f"request_{m}_ms"]
+    assert run_goodput(repeat, slo) is None and samples([repeat], slo) is None
+
+
+@SETTINGS
+@given(tables(), slos)
+def test_the_choice_by_goodput_is_the_rules(table, slo):
+    goodput = {key: [goodput_oracle(r, slo) for r in reps] for key, reps in table.items()}
+    got, notes = choose({key: samples(reps, slo) for key, reps in table.items()})
+    want = choice_oracle(goodput)
+    assert {c.load: c.chosen for c in got} == {b: w["chosen"] for b, w in want.items()}
+    for c in got:
+        assert c.p_vs_0 == pytest.approx(want[c.load]["p_vs_0"], rel=1e-7, abs=1e-300)
+        assert {(c.load, a, k) for k, winners in c.beaten_by.items() for a in winners} == want[c.load]["wins"]
+        meds = {k: statistics.median(xs) for (b, k), xs in goodput.items() if b == c.load}
+        assert c.fastest == min(k for k, m in meds.items() if m == max(meds.values()))
+        zeros = [k for (b, k), xs in goodput.items() if b == c.load and min(xs) == 0]
+        assert (c.load in notes) == bool(zeros)  # a goodput of 0 is said, never divided by
+        if 0 in zeros:
+            assert c.chosen == 0 and not c.p_vs_0
+    if got:
+        ranges = ranges_of(got)
+        assert ranges[0][0] == 1 and ranges[-1][1] == max(c.load for c in got)
+        for c in got:  # the ranges give each measured load its k, contiguous from 1
+            assert next(k for s, e, k in ranges if s <= c.load <= e) == c.chosen
+        assert all(a[1] + 1 == z[0] for a, z in zip(ranges, ranges[1:]))
+
+
+def test_goodput_zero_at_k0_chooses_0_and_says_why():
+    """Loads with different k, one without k = 0 (no choice there), zeros at k = 0 and at k > 0."""
+    got, notes = choose({(1, 0): [0.0, 1.0, 1.0], (1, 1): [5.0, 0.0, 5.2], (1, 2): [5.0, 5.1, 5.2], (1, 3): [6.0] * 3,
+                         (2, 0): [1.0, 1.1, 1.2], (2, 1): [0.0, 0.0, 0.0], (3, 1): [1.0, 1.0, 1.0]})
+    assert [(c.load, c.chosen, c.fastest) for c in got] == [(1, 0, 3), (2, 0, 0)]
+    assert all(not c.p_vs_0 and not any(c.beaten_by.values()) for c in got)
+    assert notes == {1: ["k = 0 had goodput 0 in some repeat (no request met the SLO): no ratio test against it, so "
+                         "no k > 0 can qualify (k = 2, 3 had goodput above 0 in every repeat)"],
+                     2: ["k = 1: goodput 0 in some repeat, no ratio test"]}
+    got, notes = choose({(1, 0): [0.0] * 3, (1, 1): [0.0] * 3, (2, 0): [1.0] * 3, (2, 1): [0.0, 1.0, 0.0],
+                         (2, 2): [0.0] * 3})
+    assert notes == {1: ["k = 0 had goodput 0 in some repeat (no request met the SLO): no ratio test against it, so "
+                         "no k > 0 can qualify"], 2: ["k = 1, 2: goodput 0 in some repeat, no ratio test"]}
+
+
+def test_a_run_without_a_positive_wall_time_has_no_goodput():
+    run = {"request_ttft_ms": [1.0], "request_tpot_ms": [1.0], "request_e2el_ms": [1.0]}
+    for wall in (None, 0.0, -1.0):
+        assert run_goodput({**run, "wall_s": wall}, {"ttft": 5}) is None
+    assert run_goodput({**run, "wall_s": 0.5}, {"ttft": 5}) == 2.0
+
+
+def test_ranges_switch_at_the_measured_load_that_chose_the_next_k():
+    def c(load, k):
+        return LoadChoice(load, k, k)
+
+    assert ranges_of([c(4, 0), c(1, 2), c(2, 2), c(8, 1)]) == [[1, 2, 2], [3, 4, 0], [5, 8, 1]]
+    assert ranges_of([c(2, 1), c(16, 1)]) == [[1, 16, 1]]
+    assert ranges_of([c(3, 0)]) == [[1, 3, 0]]
+
+
+def test_a_clear_gain_in_goodput_is_chosen():
+    got, notes = choose({(b, k): [x * (1 + k) for x in (1.0, 1.01, 0.99, 1.02)] for b in (1, 4) for k in (0, 1)})
+    assert [c.chosen for c in got] == [1, 1] and not notes
+
+
+@pytest.mark.parametrize("pairs,want", [
+    (["ttft:500", "tpot:50"], {"ttft": 500.0, "tpot": 50.0}),
+    (["ttft:500 tpot:50"], {"ttft": 500.0, "tpot": 50.0}),
+    (["e2el:1000,tpot:7.5"], {"e2el": 1000.0, "tpot": 7.5}),
+    (["tpot:0"], {"tpot": 0.0}),
+])
+def test_goodput_option_parses_vllms_pairs(pairs, want):
+    assert parse(pairs) == want
+    assert describe(want).count("<=") == len(want)
+
+
+@pytest.mark.parametrize("pairs,why", [
+    (["itl:50"], "KEY one of ttft, tpot, e2el"), (["ttft"], "KEY:VALUE"), (["ttft:fast"], "a number of ms >= 0"),
+    (["ttft:-1"], "a number of ms >= 0"), (["ttft:inf"], "a number of ms >= 0"), (["ttft:nan"], ">= 0"),
+    (["ttft:1", "ttft:2"], "--goodput gives ttft twice (1 and 2 ms)"), (["ttft:1:2"], "a number of ms >= 0"),
+    ([" "], "--goodput needs at least one KEY:VALUE target, e.g. --goodput 'ttft:500 tpot:50'"),
+])
+def test_bad_goodput_is_one_line(pairs, why):
+    with pytest.raises(MtpBenchError) as e:
+        parse(pairs)
+    assert why in str(e.value) and "\n" not in str(e.value) and str(e.value).startswith("--goodput ")
+
+
+def test_describe_orders_as_vllm():
+    assert describe({"e2el": 900, "ttft": 500.5}) == "TTFT <= 500.5 ms, E2EL <= 900 ms"
+    assert not math.isnan(parse(["e2el:1e3"])["e2el"])
+
+
+def test_a_points_goodput_columns_never_divide_by_a_zero():
+    from mtpbench.tune.by_goodput import point_fields
+
+    assert point_fields(None, [1.0] * 3) == {}
+    for xs, base in (([0.0, 1.0, 2.0], [1.0] * 3), ([1.0, 2.0, 3.0], [0.0, 1.0, 1.0]), ([1.0] * 3, None)):
+        f = point_fields(xs, base)
+        assert f["goodput_rps"] == statistics.median(xs) and "goodput_ratio" not in f
+    f = point_fields([2.0, 2.2, 1.8], [1.0, 1.1, 0.9])
+    assert f["goodput_ratio"] == 2.0 and f["goodput_ratio_ci_low"] < 2.0 < f["goodput_ratio_ci_high"]
+    assert f["goodput_rps_ci_low"] is None  # an interval of the median needs 6 repeats
