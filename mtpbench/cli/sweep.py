@@ -11,6 +11,7 @@ from mtpbench.cli.common import (connection_options, engine_args, fail, ints, mo
                                  strs, wrote)
 from mtpbench.cli.options import (BASE, Dtype, EngineArg, ForceSpecStepIdx, MaxModelLen, ModelOrProfile, Parallel,
                                   Rounds, Runner, Seed, ServerAccess, grouped, shown)
+from mtpbench.cli.options import Workload
 from mtpbench.cli.progress import with_progress
 from mtpbench.errors import MtpBenchError
 
@@ -36,7 +37,7 @@ def sweep(
     k: Annotated[Optional[str], typer.Option("--k", help="num_speculative_tokens values, e.g. 0,1,2,3 (0 = plain decoding baseline; with --server: the server's).", show_default=shown(BASE.k))] = None,
     mtp_layers: Annotated[Optional[str], typer.Option(help="MTP layer counts, e.g. 1,2,3.", show_default='all the checkpoint has')] = None,
     mode: Annotated[Optional[str], typer.Option(help="Drafting modes: reuse (layer 0 every step), chain (step s runs layer s mod L).", show_default=shown(BASE.mode))] = None,
-    prompts: Annotated[Optional[str], typer.Option(help="builtin, spec-bench (480 questions, 13 categories), mt-bench (its 80), or a JSONL file ('turns' or 'prompt').", show_default=BASE.prompts)] = None,
+    workload: Workload = Workload(),
     num_prompts: Annotated[Optional[int], typer.Option(help="Number of prompts, spread over the categories.", show_default='8 of builtin, all of any other set')] = None,
     chat_template: Annotated[Optional[str], typer.Option(help="auto: prompts through the checkpoint's chat template where it has one; none: raw text.", show_default=BASE.chat_template)] = None,
     context_tokens: Annotated[Optional[str], typer.Option(help="Tokens of held-out text before each prompt, a grid dimension, e.g. 0,512,1024.", show_default="none")] = None,
@@ -70,7 +71,7 @@ def sweep(
     reach, header_values = connection_options(access)
     try:
         cfg = resolve(dict(model=model, backend="vllm-server" if served.server else backend, k=ints(k, "--k"),
-                           mtp_layers=ints(mtp_layers, "--mtp-layers"), mode=strs(mode), prompts=prompts,
+                           mtp_layers=ints(mtp_layers, "--mtp-layers"), mode=strs(mode), **asdict(workload),
                            num_prompts=num_prompts, chat_template=chat_template,
                            context_tokens=ints(context_tokens, "--context-tokens"), max_tokens=max_tokens,
                            repeats=repeats, temperature=temperature, batch_size=batch_size, seed=seed, device=device,

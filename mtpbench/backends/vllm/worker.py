@@ -36,6 +36,7 @@ def measure(llm, cfg: dict, k: int, prompts: list[Prompt]) -> PointRun:
     from mtpbench.telemetry import GpuSampler
 
     params = SamplingParams(temperature=cfg["temperature"], max_tokens=cfg["max_tokens"], ignore_eos=True,
+                            top_p=cfg.get("top_p", 1.0), top_k=cfg.get("top_k", 0),
                             seed=cfg["seed"] if cfg["temperature"] > 0 else None)
     groups = batches(prompts, cfg["batch_size"])
     llm.generate([groups[0][0].text], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True),
