@@ -3,8 +3,8 @@
 * ``random`` (``--prompts random``): per request a prompt of ``input_len`` random token ids of the model's vocabulary
   (special tokens left out), its length uniform over the integers in [floor(n (1 - r)), ceil(n (1 + r))] with
   n = ``input_len`` less the special tokens the tokenizer adds, r = ``range_ratio`` in [0, 1); decoded to text and
-  read back, and cut or topped up until it reads back as that many tokens (a few tries; what it reads back as is
-  kept). Seeded (numpy's default_rng): the same seed, the same prompts. Unlike vLLM's, the output length is the
+  read back, and cut or topped up until it reads back as that many tokens (a few tries; where they do not converge,
+  a token or two off, as vLLM warns of the same). Seeded (numpy's default_rng): the same seed, the same prompts. Unlike vLLM's, the output length is the
   run's one --max-tokens (every backend decodes a batch to one length): the range ratio spreads the inputs only.
 * ShareGPT (``--prompts FILE.json``): a JSON list of ``{"conversations": [{"from": "human", "value": ...},
   {"from": "gpt", ...}, ...]}``; a conversation's first turn (the human's) is the prompt, as vLLM's ShareGPTDataset
