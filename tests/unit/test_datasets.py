@@ -111,3 +111,15 @@ def test_what_vllm_takes_is_taken_and_random_output_len_sets_max_tokens(tmp_path
     assert len(lengths) == 5 and all(28 <= n <= 52 for n in lengths), lengths  # 30-50, a token or two off
     assert pset.name == "random" and "30-50 random tokens" in pset.notes[0] and "16 tokens" in pset.notes[0]
     assert not any(p.templated for p in pset.prompts)
+
+
+def test_compare_refuses_runs_that_sampled_other_laws_and_reads_an_older_run_as_uncut():
+    from mtpbench.compare.checks import check_same_workload
+
+    base = {"model": "builtin", "prompts": "builtin", "num_prompts": 8, "chat_template": "auto", "max_tokens": 8,
+            "temperature": 1.0, "seed": 0}
+    old, cut = {"config": base}, {"config": {**base, "top_p": 0.9, "top_k": 0}}
+    check_same_workload(old, {"config": {**base, "top_p": 1.0, "top_k": 0}}, force=False)  # older: top_p 1, top_k 0
+    with pytest.raises(MtpBenchError, match=r"top_p \(1.0 vs 0.9\)"):
+        check_same_workload(old, cut, force=False)
+    check_same_workload(old, cut, force=True)
