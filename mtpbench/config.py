@@ -14,6 +14,7 @@ from pathlib import Path
 from mtpbench.backend_info import REGISTRY, info
 from mtpbench.builtin import resolve_model_dir
 from mtpbench.checkpoint import no_mtp_layers, read_config
+from mtpbench.datasets import check_random
 from mtpbench.environment import installed_vllm
 from mtpbench.errors import MtpBenchError
 from mtpbench.files import check_writable
@@ -35,7 +36,10 @@ class SweepConfig:
     k: tuple[int, ...] = (0, 1, 2, 3)
     mtp_layers: tuple[int, ...] = ()  # empty: every MTP layer the checkpoint has
     mode: tuple[str, ...] = MODES
-    prompts: str = "builtin"  # builtin, spec-bench, mt-bench, or a JSONL file
+    prompts: str = "builtin"  # builtin, spec-bench, mt-bench, random, a JSONL file or a ShareGPT .json file
+    random_input_len: int = 1024  # --prompts random (vLLM's random dataset): prompt tokens, ...
+    random_output_len: int | None = None  # ... output tokens (None: max_tokens; given, it sets max_tokens) ...
+    random_range_ratio: float = 0.0  # ... and the prompt lengths' spread, uniform in len x [1 - r, 1 + r]
     num_prompts: int | None = None  # None: 8 of the built-in set, every prompt of any other set
     chat_template: str = "auto"  # auto: through the checkpoint's chat template where it has one; none
     context_tokens: tuple[int, ...] = ()  # held-out text before each prompt, a grid dimension; (): none
@@ -46,6 +50,8 @@ class SweepConfig:
     warmup: int = 1  # runs of every point before the rounds, timed and set aside (interleaving backends)
     aa_control: bool = True  # k = 0 timed twice (A/A) in the same rounds: the machine's noise floor
     temperature: float = 0.0
+    top_p: float = 1.0  # vLLM SamplingParams: (0, 1], 1 = off; the target's law (mtpbench.sampling)
+    top_k: int = 0  # vLLM SamplingParams: 0 or -1 = off, else the k most likely tokens
     batch_size: int = 1
     seed: int = 0
     device: str = "cpu"
@@ -202,7 +208,19 @@ def resolve(cli: dict, profile: str | None = None, defaults: dict | None = None)
     for name, value in (own.defaults if own else {}).items():
         if name not in given and name not in (defaults or {}) and not (profile and name in values):
             cfg = replace(cfg, **{name: value})
-    return cfg
+    return with_output_len(cfg, given)
+
+
+def with_output_len(cfg: SweepConfig, given: dict) -> SweepConfig:
+    """--random-output-len is --max-tokens under another name (vLLM's random dataset's): it sets max_tokens, and
+    giving both with different values is refused."""
+    n = cfg.random_output_len
+    if n is None:
+        return cfg
+    if "max_tokens" in given and given["max_tokens"] != n:
+        raise MtpBenchError(f"--random-output-len {n} and --max-tokens {given['max_tokens']} name the same thing "
+                            f"(output tokens per request): give one")
+    return replace(cfg, max_tokens=n)
 
 
 def validate(cfg: SweepConfig, checkpoint_layers: int | None) -> None:
@@ -231,6 +249,8 @@ def validate(cfg: SweepConfig, checkpoint_layers: int | None) -> None:
         raise MtpBenchError(problem)
     if cfg.temperature < 0:
         raise MtpBenchError(f"--temperature must be >= 0, got {cfg.temperature}")
+    check_sampling(cfg)
+    check_random(cfg)  # mtpbench.datasets
     if checkpoint_layers is not None:
         if checkpoint_layers < 1 and any(k > 0 for k in cfg.k):
             raise no_mtp_layers(cfg.model_dir)
@@ -263,6 +283,20 @@ def check_speculative_config(cfg: SweepConfig) -> None:
                             "the server's own)")
     if "num_speculative_tokens" in cfg.speculative_config:
         raise MtpBenchError("--speculative-config: num_speculative_tokens is what --k sweeps; give it as --k")
+
+
+def check_sampling(cfg: SweepConfig) -> None:
+    """vLLM's ranges (SamplingParams): top_p in (0, 1], top_k -1 or 0 (off) or >= 1; nothing vLLM takes is refused.
+    At temperature 0 both are taken and do nothing (greedy), as in vLLM."""
+    if not 0.0 < cfg.top_p <= 1.0:
+        raise MtpBenchError(f"--top-p must be in (0, 1] (1 = off), got {cfg.top_p}")
+    if cfg.top_k < -1:
+        raise MtpBenchError(f"--top-k must be -1 or 0 (off) or >= 1, got {cfg.top_k}")
+
+
+def truncated(cfg: SweepConfig) -> bool:
+    """Whether top-k or top-p cut the law sampled at a temperature > 0 (top-k 0 and -1, top-p 1: off)."""
+    return cfg.temperature > 0 and (cfg.top_p < 1.0 or cfg.top_k > 0)
 
 
 def check_draft_model(cfg: SweepConfig) -> None:

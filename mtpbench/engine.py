@@ -32,6 +32,7 @@ import torch
 
 from mtpbench.config import MODES
 from mtpbench.model import KVCache, MiMoModel
+from mtpbench.sampling import draw, probs, verify  # noqa: F401 (verify: the engine's verify step)
 from mtpbench.scoring import Divergence, check_score_args, divergence_points, first_divergence, top_two_margin  # noqa: F401
 
 
@@ -69,16 +70,13 @@ class Faults:
     ratio_temperature_factor: float = 1.0
 
 
-def _sample(probs: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
-    return torch.multinomial(probs, 1, generator=gen).squeeze(-1)
-
-
 class Generation:
     """Iterate to run; each iteration is one decode round and yields the new tokens of every row."""
 
     def __init__(self, model: MiMoModel, prompts: list[list[int]], max_tokens: int, k: int,
                  mode: str = "reuse", num_mtp_layers: int | None = None, temperature: float = 0.0,
-                 seed: int = 0, faults: Faults | None = None, force_spec_step_idx: bool = False):
+                 seed: int = 0, faults: Faults | None = None, force_spec_step_idx: bool = False,
+                 top_p: float = 1.0, top_k: int = 0):
         if k > 0 and mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}")
         a = model.args
@@ -89,6 +87,7 @@ class Generation:
         self.drafter.drop_spec_step_idx = self.faults.wrapper_drops_spec_step_idx
         self.prompts, self.max_tokens, self.k, self.mode = prompts, max_tokens, k, mode
         self.temperature, self.force = temperature, force_spec_step_idx
+        self.top_k, self.top_p = top_k, top_p  # the target's law only, as vLLM's (mtpbench.sampling)
         # layers the data flow cycles through: reuse feeds layer 0 its own output
         self.L = 0 if k == 0 else (1 if mode == "reuse" else min(k, L))
         dev = next(model.parameters()).device
@@ -113,11 +112,11 @@ class Generation:
         return [KVCache(B, a.num_key_value_heads, self.maxlen, a.head_dim, self.dev, self.dtype)
                 for _ in range(n)]
 
-    def _pick(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _pick(self, logits: torch.Tensor, draft: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.temperature <= 0:
             return logits.argmax(-1), None
-        probs = torch.softmax(logits.float() / self.temperature, -1)
-        return _sample(probs, self.gen), probs
+        p = probs(logits, self.temperature) if draft else probs(logits, self.temperature, self.top_k, self.top_p)
+        return draw(p, self.gen), p
 
     @torch.inference_mode()
     def __iter__(self):
@@ -184,7 +183,8 @@ class Generation:
         h = self.target(X[rows[:, None], vpos], vpos, tcache)
         Ht[rows[:, None], vpos] = h
         logits = self.target.compute_logits(h)
-        accepted, bonus = verify(logits, drafts, qprobs, self.temperature, self.gen, self.faults)
+        accepted, bonus = verify(logits, drafts, qprobs, self.temperature, self.gen, self.faults, self.top_k,
+                                 self.top_p)
         self.target_time_s += self._clock() - t0
         self.num_target_calls += 1
         new = []
@@ -236,10 +236,10 @@ class Generation:
             last = out[rows, end - start]
             logits = (self.drafter.compute_logits(last, spec_step_idx=idx) if passes
                       else self.drafter.compute_logits(last))
-            d, probs = self._pick(logits)
+            d, q = self._pick(logits, draft=True)
             X[rows, n + s] = d
             drafts.append(d)
-            qprobs.append(probs)
+            qprobs.append(q)
             self.draft_time_s += self._clock() - t0
             self.num_draft_calls += 1
         q = torch.stack(qprobs, 1) if self.temperature > 0 else None
@@ -273,43 +273,6 @@ class Generation:
             final = (slots <= (n - 2)[:, None])[..., None]
             prev = torch.where(final, Ht[rows, slots], prev)
         return slots, tokens, prev
-
-
-def verify(logits: torch.Tensor, drafts: torch.Tensor, qprobs: torch.Tensor | None, temperature: float,
-           gen: torch.Generator | None, faults: Faults | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """One verify step: the accepted-draft count [B] and the bonus/correction token [B] per row.
-
-    ``logits`` [B, k+1, V] are the target's at the k+1 verified positions, ``drafts`` [B, k] the proposed
-    tokens, ``qprobs`` [B, k, V] the drafter's probabilities (None at temperature 0).
-    """
-    B, k = drafts.shape
-    rows = torch.arange(B, device=drafts.device)
-    if temperature <= 0:
-        target = logits.argmax(-1)  # [B, k+1]
-        ok = (target[:, :k] == drafts).long()
-        accepted = ok.cumprod(1).sum(1)
-        return accepted, target[rows, accepted]
-    p = torch.softmax(logits.float() / temperature, -1)  # [B, k+1, V]
-    pr = p if faults is None or faults.ratio_temperature_factor == 1.0 else \
-        torch.softmax(logits.float() / (temperature * faults.ratio_temperature_factor), -1)  # the planted fault
-    pd = pr[:, :k].gather(-1, drafts[..., None]).squeeze(-1)
-    qd = qprobs.gather(-1, drafts[..., None]).squeeze(-1)
-    u = torch.rand(B, k, generator=gen, device=drafts.device)
-    ok = u * qd <= pd  # accept with probability min(1, p/q)
-    if faults is not None and faults.accept_draft_argmax:
-        ok = ok | (drafts == qprobs.argmax(-1))
-    accepted = ok.long().cumprod(1).sum(1)
-    bonus = torch.empty(B, dtype=torch.long, device=drafts.device)
-    for b in range(B):
-        a = int(accepted[b])
-        if a == k:
-            dist = p[b, k]
-        else:  # rejected at a: resample from the residual max(0, p - q)
-            dist = (p[b, a] - qprobs[b, a]).clamp(min=0)
-            if float(dist.sum()) <= 0:
-                dist = p[b, a]
-        bonus[b] = _sample(dist / dist.sum(), gen)
-    return accepted, bonus
 
 
 def generate(model: MiMoModel, prompts: list[list[int]], max_tokens: int, k: int = 0, **kw) -> Generation:

@@ -45,10 +45,17 @@ class LoadResult:
     arrival_s: list[float] = field(default_factory=list)
 
 
-def payload(api: str, model: str, prompt: Prompt, max_tokens: int, temperature: float, seed: int | None) -> dict:
+def sampling_fields(top_p: float = 1.0, top_k: int = 0) -> dict:
+    """A request's top_p and top_k, always sent (a server fills what a request leaves out from the model's
+    generation_config.json); top_k off as -1, which every vLLM takes (0.32 prefers 0, older ones refuse it)."""
+    return {"top_p": top_p, "top_k": top_k if top_k > 0 else -1}
+
+
+def payload(api: str, model: str, prompt: Prompt, max_tokens: int, temperature: float, seed: int | None,
+            top_p: float = 1.0, top_k: int = 0) -> dict:
     text = prompt.text
-    body = {"model": model, "max_tokens": max_tokens, "temperature": temperature, "stream": True,
-            "stream_options": {"include_usage": True}, "ignore_eos": True, "return_token_ids": True}
+    body = {"model": model, "max_tokens": max_tokens, "temperature": temperature, **sampling_fields(top_p, top_k),
+            "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True, "return_token_ids": True}
     if prompt.templated:  # rendered through the chat template: it holds its special tokens already
         body["add_special_tokens"] = False
     if seed is not None and temperature > 0:
@@ -155,7 +162,8 @@ def served_acceptance(spec: dict | None, prompt_tokens: int) -> dict:
     return request_acceptance_from_histogram(k, spec["acceptance_histogram"], spec["num_draft_tokens"])
 
 
-async def _run(base_url, api, model, prompts, max_tokens, temperature, seed, concurrency, request_rate, conn=None):
+async def _run(base_url, api, model, prompts, max_tokens, temperature, seed, concurrency, request_rate, conn=None,
+               law=(1.0, 0)):
     url = base_url.rstrip("/") + ("/v1/chat/completions" if api == "chat" else "/v1/completions")
     rng = random.Random(seed)
     gate = asyncio.Semaphore(concurrency)
@@ -163,7 +171,7 @@ async def _run(base_url, api, model, prompts, max_tokens, temperature, seed, con
     async with _session(base_url, conn, read_bufsize=2 ** 22) as session:
         async def one(p: Prompt):
             async with gate:
-                return await _request(session, url, payload(api, model, p, max_tokens, temperature, seed), p, t0,
+                return await _request(session, url, payload(api, model, p, max_tokens, temperature, seed, *law), p, t0,
                                       headers)
 
         # the event loop's thread is the client: its CPU time, not the process's (a GPU sampler runs beside)
@@ -212,10 +220,10 @@ def post_all(url: str, bodies: list[dict], concurrency: int = 1,
 
 def run_load(base_url: str, model: str, prompts: list[Prompt], *, api: str = "completions", max_tokens: int,
              temperature: float = 0.0, seed: int = 0, concurrency: int = 1,
-             request_rate: float = math.inf, conn=None) -> LoadResult:
+             request_rate: float = math.inf, conn=None, top_p: float = 1.0, top_k: int = 0) -> LoadResult:
     """Send every prompt once under the given load; see the module docstring. ``conn``: the server's
     ``mtpbench.connection.Connection`` (headers, TLS), None for an open one."""
     if api not in APIS:
         raise ValueError(f"unknown api {api!r}")
     return asyncio.run(_run(base_url, api, model, prompts, max_tokens, temperature, seed, max(1, concurrency),
-                            request_rate, conn))
+                            request_rate, conn, (top_p, top_k)))

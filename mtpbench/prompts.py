@@ -1,5 +1,6 @@
 """Prompt sets: the built-in code prompts, Spec-Bench and its MT-Bench subset (shipped in
-``mtpbench/data``), and any JSONL file (MT-Bench/Spec-Bench ``turns`` lines or ``{"prompt": ...}`` lines).
+``mtpbench/data``), any JSONL file (MT-Bench/Spec-Bench ``turns`` lines or ``{"prompt": ...}`` lines), a
+ShareGPT-format ``.json`` file and vLLM's random dataset (``random``; both in ``mtpbench.datasets``).
 
 A chat model is benchmarked on what it is served: ``prompt_set`` renders each question through the
 checkpoint's own chat template (``--chat-template auto``, the default, when the checkpoint has one) with
@@ -18,7 +19,7 @@ from mtpbench.errors import MtpBenchError
 from mtpbench.paths import BUILTIN_MODEL_DIR, DATA_DIR, SPEC_BENCH  # noqa: F401 (the prompt sets' homes)
 
 MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
-NAMED_SETS = ("builtin", "spec-bench", "mt-bench")
+NAMED_SETS = ("builtin", "spec-bench", "mt-bench", "random")
 BUILTIN_DEFAULT_PROMPTS = 8  # the built-in set's default size; every other set defaults to all of it
 CHAT_TEMPLATE_MODES = ("auto", "none")
 
@@ -53,10 +54,17 @@ def _read(spec: str) -> tuple[list[Prompt], set[str]]:
         path = BUILTIN_MODEL_DIR / "prompts.jsonl"
     elif spec in ("spec-bench", "mt-bench"):
         path = SPEC_BENCH
+    elif spec == "random":
+        raise MtpBenchError("--prompts random (vLLM's random dataset) is the workload of sweep, tune and "
+                            "check-lossless: give this command a prompt set or file")
     else:
         path = Path(spec)
     if not path.is_file():
         raise MtpBenchError(f"prompts file not found: {path}")
+    if path.suffix == ".json":
+        from mtpbench.datasets import read_sharegpt
+
+        return [Prompt(text, "sharegpt", id_) for id_, text in read_sharegpt(path)], set()
     try:
         text_lines = path.read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError:
@@ -269,6 +277,8 @@ def run_prompts(cfg, context_tokens: int = 0) -> PromptSet:
     """A run's prompts as its config (a ``config.SweepConfig``) asks for them (a sweep's, a check's), with ``context_tokens`` of held-out text first, through the model's chat template
     unless the server applies its own (--api chat) or its files are not here (an attached server)."""
     local = None if cfg.server else cfg.model_dir
+    if cfg.prompts == "random":
+        return random_set(cfg)
     if info(cfg.backend).served and cfg.api == "chat":
         pset = prompt_set(cfg.prompts, cfg.num_prompts, local, "none", context_tokens)
         pset.notes.append("the server applies its chat template (--api chat)")
@@ -280,3 +290,19 @@ def run_prompts(cfg, context_tokens: int = 0) -> PromptSet:
     else:
         pset = prompt_set(cfg.prompts, cfg.num_prompts, cfg.model_dir, cfg.chat_template, context_tokens)
     return pset
+
+
+def random_set(cfg) -> PromptSet:
+    """vLLM's random dataset (``mtpbench.datasets``) as a run's config asks for it: ``num_prompts`` (default the
+    built-in set's 8) random-token prompts of the model's tokenizer, seeded by ``seed``, as raw text."""
+    from mtpbench.datasets import length_range, random_token_prompts
+
+    n = cfg.num_prompts or BUILTIN_DEFAULT_PROMPTS
+    tokenizer = load_tokenizer(cfg.model_dir)
+    made = random_token_prompts(tokenizer, n, cfg.random_input_len, cfg.random_range_ratio, cfg.seed)
+    low, high = length_range(cfg.random_input_len, cfg.random_range_ratio,
+                             len(tokenizer.encode("", add_special_tokens=True).ids))
+    prompts = [Prompt(text, "random", f"random-{i}") for i, (text, _) in enumerate(made)]
+    note = (f"vLLM's random dataset: prompts of {low}-{high} random tokens (seed {cfg.seed}), each output "
+            f"{cfg.max_tokens} tokens; no chat template")
+    return PromptSet(prompts, "random", [note])

@@ -480,3 +480,20 @@ def test_the_aa_control_of_one_prompt_runs_it_beside_a_copy_and_can_fail(tmp_pat
     assert rec["why"].startswith("the A/A control (k = 0 at batch sizes 1 and 2, the prompt beside a copy of itself) "
                                  "diverges beyond rounding: prompt ")
     assert ", token 3," in rec["why"] and rec["identical_share"] == 1.0
+
+
+def test_top_k_and_top_p_reach_both_sampling_arms_and_leave_out_the_whole_law_s_test(tmp_path):
+    """--top-k 1 at T = 1: every arm, drafting or not, samples the target's argmax, so the arms' continuations are
+    greedy's (the cut reached both); the one-sample test against the whole law is left out, and said why."""
+    size = ["--num-prompts", "2", "--samples-per-prompt", "4", "--max-tokens", "8", "--max-detectable-shift", "100"]
+    r = run(*size, "--top-k", "1", "--top-p", "0.9", "--out", tmp_path / "cut")
+    assert r.exit_code == 0, r.output
+    rec = json.loads((tmp_path / "cut" / "lossless.json").read_text())
+    assert rec["config"]["top_k"] == 1 and rec["config"]["top_p"] == 0.9
+    assert "top-k/top-p" in rec["score_tests_unavailable"] and rec["score_tests"] is None
+    g = run("--temperature", "0", "--num-prompts", "2", "--max-tokens", "8", "--out", tmp_path / "greedy")
+    assert g.exit_code == 0, g.output
+    greedy = json.loads((tmp_path / "greedy" / "lossless.json").read_text())
+    tokens = {tuple(p["k0_tokens"]) for p in greedy["per_prompt"]}
+    drawn = {tuple(c) for p in rec["per_prompt"] for arm in ("tokens_off", "tokens_on") for c in p[arm]}
+    assert drawn == tokens, (drawn, tokens)

@@ -172,7 +172,7 @@ def test_the_native_backend_hands_out_the_scoring_pass_and_carries_the_planted_f
 
     b = NativeBackend()
     b.model, b.faults = model, LOSSY
-    cfg = SimpleNamespace(seed=0, temperature=1.0, force_spec_step_idx=False)
+    cfg = SimpleNamespace(seed=0, temperature=1.0, force_spec_step_idx=False, top_p=1.0, top_k=0)
     assert b.generation(cfg, prompt_ids[:1], 2, "reuse", 1, 4).faults.accept_draft_argmax
     assert b.target_logprobs(prompt_ids, sampled, 1.0) == target_logprobs(model, prompt_ids, sampled, 1.0)
     assert b.greedy_divergences(prompt_ids, sampled, sampled) == [None] * len(sampled)

@@ -226,3 +226,28 @@ def test_an_engine_that_does_not_say_its_dtype_under_auto_saves_margins_unclassi
     [rec] = saved["records"]
     assert rec["position"] == 3 and rec["margin"] > 0 and rec["class"] is None and saved["threshold"] is None
     assert row.greedy_match_k0 == 0.5 and row.greedy_numerical is None and "dtype is unknown" in row.notes
+
+
+def test_top_k_1_at_temperature_1_on_random_prompts_emits_greedy_s_tokens_and_records_the_workload(tmp_path):
+    """--top-k 1 cuts the target's law to its argmax: sampling at T = 1 must emit the greedy sweep's tokens at every k
+    (the drafter samples its own uncut law, as vLLM's, so it accepts less than greedy drafting); --prompts random
+    gives both sweeps the same seeded prompts, of lengths in vLLM's range, and the point files record it all."""
+    from dataclasses import replace
+
+    from mtpbench.prompts import load_tokenizer, run_prompts
+
+    cut = SweepConfig(k=(0, 2), mode=("reuse",), prompts="random", random_input_len=48, random_range_ratio=0.5,
+                      num_prompts=3, max_tokens=12, repeats=1, temperature=1.0, top_k=1, out=str(tmp_path / "cut"))
+    greedy = replace(cut, temperature=0.0, top_k=0, out=str(tmp_path / "greedy"))
+    rows = {cfg.out: {r.k: r for r in run_sweep(cfg) if r.category == "all"} for cfg in (cut, greedy)}
+    for name in ("k0", "reuse-L3-k2"):
+        a, b = (json.loads((tmp_path / d / f"{name}.json").read_text()) for d in ("cut", "greedy"))
+        assert [r["output_token_ids"] for r in a["requests"]] == [r["output_token_ids"] for r in b["requests"]]
+        fp = a["fingerprint"]
+        assert (fp["top_k"], fp["top_p"], fp["temperature"]) == (1, 1.0, 1.0)
+        assert (fp["prompts"], fp["random_input_len"], fp["random_range_ratio"]) == ("random", 48, 0.5)
+        assert fp["prompts_sha256"] == b["fingerprint"]["prompts_sha256"]  # the same seeded prompts
+    assert rows[cut.out][2].acceptance_length < rows[greedy.out][2].acceptance_length
+    tok = load_tokenizer(cut.model_dir)
+    lengths = [len(tok.encode(p.text).ids) for p in run_prompts(cut).prompts]
+    assert all(24 - 2 <= n <= 72 + 2 for n in lengths) and len(set(lengths)) > 1, lengths

@@ -73,7 +73,7 @@ class NativeBackend(BackendBase):
         torch.manual_seed(cfg.seed)
         return Generation(self.model, ids, max_tokens, k, mode=mode, num_mtp_layers=mtp_layers,
                           temperature=cfg.temperature, seed=cfg.seed, faults=self.faults,
-                          force_spec_step_idx=cfg.force_spec_step_idx)
+                          force_spec_step_idx=cfg.force_spec_step_idx, top_p=cfg.top_p, top_k=cfg.top_k)
 
     # ---- check-lossless (lossless.CheckBackend) -----------------------------------------------------------
 

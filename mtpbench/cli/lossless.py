@@ -11,7 +11,7 @@ import typer
 
 from mtpbench.cli.common import connection_options, engine_args, fail, set_threads, speculative_overrides, wrote
 from mtpbench.cli.options import (BASE, BATCH_SIZE, CheckDtype, EngineArg, MaxModelLen, Parallel, Runner, ServerAccess,
-                                  SpeculativeConfig, Threads, grouped, shown)
+                                  SpeculativeConfig, Threads, Workload, grouped, shown)
 from mtpbench.cli.progress import with_progress
 from mtpbench.errors import MtpBenchError
 from mtpbench.lossless.config import CHECK_DEFAULTS, DEFAULT_MAX_MDE, DEFAULT_SAMPLES_PER_PROMPT
@@ -29,7 +29,7 @@ def check_lossless(
     seed: Annotated[Optional[int], typer.Option(help="Seed of the check: the arms' seeds and the permutations derive from it.", show_default="0")] = None,
     mode: Annotated[Optional[str], typer.Option(help="Native drafting mode: reuse or chain.", show_default=shown(CHECK_DEFAULTS["mode"]))] = None,
     mtp_layers: Annotated[Optional[int], typer.Option(help="MTP layers to draft with.", show_default='all the checkpoint has')] = None,
-    prompts: Annotated[Optional[str], typer.Option(help="builtin, spec-bench, mt-bench or a JSONL file.", show_default=BASE.prompts)] = None,
+    workload: Workload = Workload(),
     batch_size: Annotated[Optional[int], typer.Option(*BATCH_SIZE, help="Sequences decoded together (vLLM's max_num_seqs); greedy's A/A control reruns k = 0 at batch size 1.", show_default=shown(CHECK_DEFAULTS["batch_size"]))] = None,
     device: Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:1 and so on.", show_default=BASE.device)] = None,
     dtype: CheckDtype = None,
@@ -60,7 +60,7 @@ def check_lossless(
     try:
         engine = resolve(dict(model=model, backend="vllm-server" if server else backend,
                               k=(() if server else None) if k is None else (k,),  # attached: the server's k
-                              mode=None if mode is None else (mode,), prompts=prompts,
+                              mode=None if mode is None else (mode,), **workload.config(),
                               mtp_layers=None if mtp_layers is None else (mtp_layers,), num_prompts=num_prompts,
                               max_tokens=max_tokens, temperature=temperature, batch_size=batch_size, seed=seed,
                               device=device, runner=runner, dtype="auto" if server and dtype is None else dtype,

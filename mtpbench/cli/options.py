@@ -202,3 +202,24 @@ Goodput = Annotated[Optional[list[str]], typer.Option(
     help="SLO targets as vllm bench serve --goodput takes them, KEY:VALUE with KEY ttft, tpot or e2el and VALUE in ms, "
          "quoted together or repeated: --goodput 'ttft:500 tpot:50'. A request is good when it meets every target; "
          "goodput is good requests per second.", show_default="none")]
+
+# What the requests are (sweep, tune, check-lossless): the prompt set, vLLM's random dataset, and the sampling beyond
+# the temperature (vLLM's SamplingParams: the target's law cut to its top-k, then its top-p, before rejection
+# sampling, mtpbench.sampling; at temperature 0 both do nothing)
+PROMPTS_HELP = ("builtin, spec-bench (480 questions, 13 categories), mt-bench (its 80), random (vLLM's random "
+                "dataset: --random-*), a JSONL file ('turns' or 'prompt') or a ShareGPT .json file (each "
+                "conversation's first human turn).")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The prompts and how each request samples."""
+    prompts: Annotated[Optional[str], typer.Option(help=PROMPTS_HELP, show_default=BASE.prompts)] = None
+    random_input_len: Annotated[Optional[int], typer.Option(help="--prompts random: prompt tokens per request (random token ids of the model's vocabulary).", show_default=shown(BASE.random_input_len))] = None
+    random_output_len: Annotated[Optional[int], typer.Option(help="--prompts random: output tokens per request; the same as --max-tokens (every request of a run gets the same), so give one of them.", show_default="--max-tokens")] = None
+    random_range_ratio: Annotated[Optional[float], typer.Option(help="--prompts random: each prompt's length uniform in [len x (1 - r), len x (1 + r)], r in [0, 1). Input only: outputs all have --random-output-len tokens.", show_default=shown(BASE.random_range_ratio))] = None
+    top_p: Annotated[Optional[float], typer.Option(help="vLLM top_p in (0, 1]: sample from the smallest head of the law holding this mass (1 = off).", show_default=shown(BASE.top_p))] = None
+    top_k: Annotated[Optional[int], typer.Option(help="vLLM top_k: sample from the k most likely tokens (0 or -1 = off).", show_default=shown(BASE.top_k))] = None
+
+    def config(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(Workload)}

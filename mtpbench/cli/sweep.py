@@ -10,8 +10,8 @@ import typer
 from mtpbench.cli.common import (connection_options, engine_args, fail, ints, model_or_profile, rates,
                                  reporting_options, set_threads, show, speculative_overrides, strs, wrote)
 from mtpbench.cli.options import (ALIAS_NOTE, BASE, BATCH_SIZE, MAX_CONCURRENCY, Dtype, EngineArg, ForceSpecStepIdx, MaxModelLen, ModelOrProfile, Parallel,
-                                  Reporting, Rounds, Runner, Seed, ServerAccess, SpeculativeConfig, Threads, grouped,
-                                  shown)
+                                  Reporting, Rounds, Runner, Seed, ServerAccess, SpeculativeConfig, Threads, Workload,
+                                  grouped, shown)
 from mtpbench.cli.progress import with_progress
 from mtpbench.errors import MtpBenchError
 
@@ -32,16 +32,16 @@ class Served:
 
 
 @dataclass(frozen=True)
-class Workload:
-    """What is asked of the model: which prompts, how many, how long the answers."""
-    prompts: Annotated[Optional[str], typer.Option(help="builtin, spec-bench (480 questions, 13 categories), mt-bench (its 80), or a JSONL file ('turns' or 'prompt').", show_default=BASE.prompts)] = None
+class SweepWorkload(Workload):
+    """What is asked of the model: the prompts and how each request samples (shared with tune and check-lossless),
+    how many prompts, how long the answers."""
     num_prompts: Annotated[Optional[int], typer.Option(help="Number of prompts, spread over the categories.", show_default='8 of builtin, all of any other set')] = None
     chat_template: Annotated[Optional[str], typer.Option(help="auto: prompts through the checkpoint's chat template where it has one; none: raw text.", show_default=BASE.chat_template)] = None
     context_tokens: Annotated[Optional[str], typer.Option(help="Tokens of held-out text before each prompt, a grid dimension, e.g. 0,512,1024.", show_default="none")] = None
     max_tokens: Annotated[Optional[int], typer.Option(help="Output tokens per prompt.", show_default=str(BASE.max_tokens))] = None
 
     def config(self) -> dict:
-        return dict(prompts=self.prompts, num_prompts=self.num_prompts, chat_template=self.chat_template,
+        return dict(super().config(), num_prompts=self.num_prompts, chat_template=self.chat_template,
                     context_tokens=ints(self.context_tokens, "--context-tokens"), max_tokens=self.max_tokens)
 
 
@@ -52,7 +52,7 @@ def sweep(
     k: Annotated[Optional[str], typer.Option("--k", help="num_speculative_tokens values, e.g. 0,1,2,3 (0 = plain decoding baseline; with --server: the server's).", show_default=shown(BASE.k))] = None,
     mtp_layers: Annotated[Optional[str], typer.Option(help="MTP layer counts, e.g. 1,2,3.", show_default='all the checkpoint has')] = None,
     mode: Annotated[Optional[str], typer.Option(help="Drafting modes: reuse (layer 0 every step), chain (step s runs layer s mod L).", show_default=shown(BASE.mode))] = None,
-    workload: Workload = Workload(),
+    workload: SweepWorkload = SweepWorkload(),
     repeats: Annotated[Optional[int], typer.Option(help="Timed runs per point, round robin on the native backend: tokens/s, TTFT and TPOT as median with a 95 % interval from 6, speedup intervals from 3.", show_default="6 on native; 3 on vLLM, each a whole timed run of the point: 3 times one run's time")] = None,
     temperature: Annotated[Optional[float], typer.Option(help="0 = greedy; > 0 uses rejection sampling.", show_default=str(BASE.temperature))] = None,
     batch_size: Annotated[Optional[int], typer.Option(*BATCH_SIZE, help="Offline backends: sequences decoded together (vLLM's max_num_seqs)." + ALIAS_NOTE, show_default=str(BASE.batch_size))] = None,

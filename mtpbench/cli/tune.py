@@ -12,7 +12,7 @@ from mtpbench.cli.common import (connection_options, engine_args, fail, ints, mo
                                  reporting_options, set_threads, speculative_overrides, strs, wrote)
 from mtpbench.cli.options import (ALIAS_NOTE, BASE, BATCH_SIZE, MAX_CONCURRENCY, ROUNDS, Dtype, EngineArg, Goodput,
                                   MaxModelLen, ModelOrProfile, Parallel, Reporting, Rounds, Runner, Seed, ServerAccess,
-                                  SpeculativeConfig, Threads, grouped, shown)
+                                  SpeculativeConfig, Threads, Workload, grouped, shown)
 from mtpbench.cli.progress import with_progress
 from mtpbench.errors import MtpBenchError
 from mtpbench.tune.run import DEFAULT_LOADS
@@ -32,10 +32,11 @@ def tune(
     concurrency: Annotated[Optional[str], typer.Option(*MAX_CONCURRENCY, help="vllm-server: the loads, requests in flight at most, one sweep each." + ALIAS_NOTE, show_default=shown(DEFAULT_LOADS["concurrency"]))] = None,
     mtp_layers: Annotated[Optional[int], typer.Option(help="MTP layers of the drafter.", show_default='all the checkpoint has')] = None,
     mode: Annotated[Optional[str], typer.Option(help="native backend: the drafting mode to tune, reuse (as vLLM's V1 drafts) or chain.", show_default='reuse')] = None,
-    prompts: Annotated[Optional[str], typer.Option(help="builtin, spec-bench, mt-bench or a JSONL file.", show_default=BASE.prompts)] = None,
+    workload: Workload = Workload(),
     num_prompts: Annotated[Optional[int], typer.Option(help="Prompts per point.", show_default=f"{DEFAULTS['num_prompts']}, at least the largest batch")] = None,
     max_tokens: Annotated[Optional[int], typer.Option(help="Output tokens per prompt.", show_default=shown(DEFAULTS["max_tokens"]))] = None,
     repeats: Annotated[Optional[int], typer.Option(help="Timed runs every point gets, at least 3.", show_default=f"{DEFAULTS['repeats']}; on native, up to --max-repeats {ROUNDS['max_repeats']} for undecided points within --max-seconds {ROUNDS['max_seconds']:.0f} for the whole tune")] = None,
+    temperature: Annotated[Optional[float], typer.Option(help="0 = greedy; > 0 uses rejection sampling.", show_default=str(BASE.temperature))] = None,
     seed: Seed = None,
     dtype: Dtype = None,
     max_model_len: MaxModelLen = None,
@@ -66,8 +67,9 @@ def tune(
     set_threads(threads)
     try:
         cfg = resolve(dict(model=model, backend="vllm-server" if servers else backend, k=ints(k, "--k"),
-                           mtp_layers=(mtp_layers,) if mtp_layers else None, mode=strs(mode), prompts=prompts,
+                           mtp_layers=(mtp_layers,) if mtp_layers else None, mode=strs(mode), **workload.config(),
                            num_prompts=num_prompts, max_tokens=max_tokens, repeats=repeats, seed=seed, dtype=dtype,
+                           temperature=temperature,
                            max_model_len=max_model_len, engine_args=engine_args(engine_arg), runner=runner,
                            speculative_config=spec, **reporting_options(reporting),
                            out=out, **asdict(parallel), **asdict(rounds), **reach), profile, defaults=DEFAULTS)

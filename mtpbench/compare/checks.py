@@ -7,7 +7,9 @@ from mtpbench.config import execution
 from mtpbench.errors import MtpBenchError
 
 # settings that make two runs incomparable unless --force: the model and what it was asked
-SAME_WORKLOAD = ("model", "prompts", "num_prompts", "chat_template", "max_tokens", "temperature", "seed")
+SAME_WORKLOAD = ("model", "prompts", "num_prompts", "chat_template", "max_tokens", "temperature", "top_p", "top_k",
+                 "seed")
+OFF = {"top_p": 1.0, "top_k": 0}  # what a run saved before these settings existed sampled with
 
 
 def differences(a: dict, b: dict) -> list[str]:
@@ -43,8 +45,8 @@ def check_same_workload(a: dict, b: dict, force: bool) -> None:
     pa, pb = (a.get("prompts") or {}).get("sha256"), (b.get("prompts") or {}).get("sha256")
     # where both runs recorded their prompts' texts, those decide, not how the prompts were asked for
     keys = [k for k in SAME_WORKLOAD if not (pa and pb and k in ("prompts", "num_prompts", "chat_template"))]
-    problems = [f"{k} ({a['config'].get(k)!r} vs {b['config'].get(k)!r})" for k in keys
-                if a["config"].get(k) != b["config"].get(k)]
+    problems = [f"{k} ({a['config'].get(k, OFF.get(k))!r} vs {b['config'].get(k, OFF.get(k))!r})" for k in keys
+                if a["config"].get(k, OFF.get(k)) != b["config"].get(k, OFF.get(k))]
     if pa and pb and pa != pb:
         problems.insert(0, f"prompts ({a['config'].get('prompts')!r} vs {b['config'].get('prompts')!r}: "
                            "other prompt texts)")

@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from mtpbench import stats
-from mtpbench.config import SweepConfig, with_runner
+from mtpbench.config import SweepConfig, truncated, with_runner
 from mtpbench.errors import MtpBenchError, Unavailable
 from mtpbench.lossless.config import SUBTLE_FACTOR, CheckConfig, check_config
 from mtpbench.lossless.report import write_outputs
@@ -175,12 +175,17 @@ def _scored(tokens: list[list[int]], lps: list[list[float]]) -> list[list[tuple]
     return [list(zip(range(len(t)), t, lp)) for t, lp in zip(tokens, lps)]
 
 
-def score_arms(backend, prompts: list[list[int]], continuations: list[list[int]], temperature: float):
+def score_arms(backend, prompts: list[list[int]], continuations: list[list[int]], temperature: float,
+               truncated: bool = False):
     """(log-probs, moments, note): every continuation's target log-probs; where the backend has
     ``target_moments``, per token (log p, H, Var) of the target's law as well, else None and the note says why
-    the one-sample test is unavailable."""
+    the one-sample test is unavailable. ``truncated`` (top-k or top-p): the arms sample a cut law that the
+    moments of the whole one do not describe, so only the two-sample tests run (the score is then one fixed
+    function of the tokens, which is all a permutation test needs)."""
     fn = backend.target_moments
-    if fn is None:
+    if truncated:
+        note = "top-k/top-p cut the law sampled: the one-sample test against the whole law does not apply"
+    elif fn is None:
         note = "the backend gives no target entropies"
     else:
         try:
@@ -215,7 +220,8 @@ def draw_stage(backend, cfg: CheckConfig, ids: list[list[int]], seeds: dict[str,
     # entropies where the backend gives them (the excess test), else the log-probs alone
     step("sampling: scoring the arms")
     lps, moments, note = score_arms(backend, [rows[i] for name in STAGES for i in drawn[name][0]],
-                                    [drawn[name][1][i] for name in STAGES for i in drawn[name][0]], e.temperature)
+                                    [drawn[name][1][i] for name in STAGES for i in drawn[name][0]], e.temperature,
+                                    truncated(e))
     lps, per_arm = iter(lps), iter(moments or [])
     arms = {}
     for name in STAGES:

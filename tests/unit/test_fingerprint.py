@@ -14,7 +14,8 @@ VERSIONS = {"vllm": None, "torch": "2.13.0", "mtpbench_code": "c0de"}
 # Every SweepConfig field, classified by hand. A field added to SweepConfig fails this test until it is
 # put here (and, if it does not change what a point measures, into config.NOT_MEASURED with a reason).
 MEASURED = {"model", "backend", "method", "draft_model", "prompts", "num_prompts", "chat_template", "max_tokens",
-            "repeats", "temperature", "batch_size", "seed", "device", "dtype", "force_spec_step_idx",
+            "repeats", "temperature", "top_p", "top_k", "batch_size",
+            "random_input_len", "random_output_len", "random_range_ratio", "seed", "device", "dtype", "force_spec_step_idx",
             "max_model_len", "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
             "distributed_executor_backend", "gpu_memory_utilization", "engine_args", "speculative_config", "server", "servers", "api",
             "runner",  # V1 and V2 draft differently: a point of one is never reused for the other

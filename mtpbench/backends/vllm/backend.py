@@ -145,7 +145,8 @@ class VllmBackend(BackendBase):
         (kwargs, the runner it ran, the drafting class, dtype, start-up) in ``self.last_engine``."""
         cfg = replace(cfg, seed=seed, batch_size=batch_size or cfg.batch_size)
         data = self._lossless_worker(cfg, k, "sample", {
-            "prompts": self._as_ids(prompts), "k": k, "n": n, "temperature": temperature, "max_tokens": max_tokens},
+            "prompts": self._as_ids(prompts), "k": k, "n": n, "temperature": temperature, "max_tokens": max_tokens,
+            "top_p": cfg.top_p, "top_k": cfg.top_k},
             speculative_overrides)
         self.last_counters = data["counters"]
         self.last_engine = {**data["engine"], "runner_asked": cfg.runner, "startup_s": data["startup_s"]}

@@ -24,6 +24,7 @@ def sample(llm, args: dict) -> dict:
     from vllm import SamplingParams
 
     params = SamplingParams(n=args["n"], temperature=args["temperature"], max_tokens=args["max_tokens"],
+                            top_p=args.get("top_p", 1.0), top_k=args.get("top_k", 0),
                             ignore_eos=True)  # no request seed: the engine's (VllmBackend.sample_arm)
     before = read_spec_counters(llm)
     outs = _generate(llm, args["prompts"], params)

@@ -36,6 +36,7 @@ def measure(llm, cfg: dict, k: int, prompts: list[Prompt]) -> PointRun:
     from mtpbench.telemetry import GpuSampler
 
     params = SamplingParams(temperature=cfg["temperature"], max_tokens=cfg["max_tokens"], ignore_eos=True,
+                            top_p=cfg.get("top_p", 1.0), top_k=cfg.get("top_k", 0),
                             seed=cfg["seed"] if cfg["temperature"] > 0 else None)
     groups = batches(prompts, cfg["batch_size"])
     for _ in range(cfg.get("warmup", 1)):  # --num-warmups: untimed, before the counters' first read

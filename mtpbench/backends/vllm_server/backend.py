@@ -268,7 +268,7 @@ class VllmServerBackend(BackendBase):
             load = run_load(base, s.model, prompts, api=cfg.api, max_tokens=cfg.max_tokens,
                             temperature=cfg.temperature, seed=cfg.seed, concurrency=point.concurrency or 1,
                             request_rate=point.request_rate if point.request_rate is not None else math.inf,
-                            conn=s.conn)
+                            conn=s.conn, top_p=cfg.top_p, top_k=cfg.top_k)
         if load.errors:
             raise RuntimeError(f"{len(load.errors)} of {len(prompts)} requests failed; first: {load.errors[0]}")
         after, late = settled_metrics(s.conn, before, len(prompts))

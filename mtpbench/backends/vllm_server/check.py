@@ -31,6 +31,7 @@ from mtpbench.backends.vllm_server.http import LogprobsCapped, Server, complete
 from mtpbench.backends.vllm_server.launch import exited_server, launch, server_args, server_env
 from mtpbench.config import SweepConfig
 from mtpbench.errors import MtpBenchError, Unavailable
+from mtpbench.loadgen import sampling_fields
 from mtpbench.scoring import (MOMENTS_CHUNK, Divergence, check_score_args, divergence_points, law_moments,
                               max_abs_change, moments_vocab, needs_whole_vocab, renormalized, top_two_margin)
 
@@ -184,7 +185,8 @@ def sample_arm(servers: CheckServers, cfg: SweepConfig, ids: list, k: int, seed:
     in flight, on the k = 0 server or the drafting one."""
     starts = servers.starts(k)  # this arm launches its server
     server, facts = servers.get(k, seed, overrides)
-    bodies = [{"prompt": list(p), "max_tokens": max_tokens, "temperature": temperature, **FULL_LAW, "ignore_eos": True,
+    law = {**FULL_LAW, **sampling_fields(cfg.top_p, cfg.top_k)}  # both arms the same top-p and top-k
+    bodies = [{"prompt": list(p), "max_tokens": max_tokens, "temperature": temperature, **law, "ignore_eos": True,
                "return_token_ids": True} for p in ids for _ in range(n)]
     before = read_metrics(server.conn)
     choices = complete(server, bodies, batch_size or cfg.batch_size)
