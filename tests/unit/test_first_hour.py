@@ -166,3 +166,43 @@ def test_the_speculative_config_reaches_the_drafting_engines_only():
     assert engine_kwargs(cfg, "m", 2)["speculative_config"] == {"method": "mtp", "num_speculative_tokens": 2,
                                                                 "rejection_sample_method": "block"}
     assert "speculative_config" not in engine_kwargs(cfg, "m", 0)
+
+
+def readme_commands(text: str) -> list[list[str]]:
+    """Every ``mtpbench ...`` line of the README's bash blocks (continuation lines joined, comments dropped)."""
+    import shlex
+
+    out, fenced, joined = [], False, ""
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fenced = line.strip() == "```bash"
+            continue
+        if not fenced:
+            continue
+        joined += line.rstrip("\\").strip() + " " if line.endswith("\\") else line.strip()
+        if not line.endswith("\\"):
+            words = shlex.split(joined, comments=True)
+            for i, w in enumerate(words):  # after a && or on its own
+                if w == "mtpbench" and (i == 0 or words[i - 1] == "&&"):
+                    end = next((j for j in range(i + 1, len(words)) if words[j] in ("&&", "|", ";")), len(words))
+                    out.append(words[i + 1:end])
+            joined = ""
+    return out
+
+
+def test_every_command_in_the_readme_parses():
+    """A README claim is a test: each command it shows is one the CLI takes (options, values and their types parse,
+    as click parses them before running anything); the first screen's tune, launched sweep and trace are among
+    them."""
+    from pathlib import Path
+
+    cli = typer.main.get_command(app)
+    commands = readme_commands((Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8"))
+    assert {c[0] for c in commands if c} >= {"tune", "sweep", "trace-layers"}
+    for args in commands:
+        ctx = cli.make_context("mtpbench", list(args), resilient_parsing=False)
+        if not args:
+            continue
+        sub = cli.get_command(ctx, args[0])
+        assert sub is not None, args
+        sub.make_context(args[0], list(args[1:]), parent=ctx)  # raises on an unknown option or a bad value
