@@ -10,6 +10,7 @@ in summary.json and summary.csv whatever they say."""
 from __future__ import annotations
 
 import math
+from statistics import median
 
 from mtpbench.metrics.records import RequestRecord, latency_ms, percentile
 
@@ -33,19 +34,39 @@ def _round(x: float | None) -> float | None:
     return None if x is None else round(x, 3)
 
 
-def statistics(requests: list[RequestRecord], percentiles=()) -> dict:
+def statistics(requests: list[RequestRecord], percentiles=(), repeats=()) -> dict:
     """The row's latency fields: mean, std and the fixed percentiles of every metric, and the other asked-for
-    percentiles in ``latency_percentiles_ms``; None where a metric has no value."""
-    values = request_ms(requests)
+    percentiles in ``latency_percentiles_ms``; None where a metric has no value. With two or more timed runs that
+    kept their values (``repeats``, ``timing``'s ``latency_ms``), each field is the median over the runs of that
+    run's own figure, as the p50 columns and their intervals are: p50 <= p90 <= p99 holds as it does in each run
+    (the point's requests are its first run's only)."""
+    runs = [r.get("latency_ms") for r in repeats]
+    if len(runs) < 2 or any(run is None for run in runs):
+        return run_statistics(request_ms(requests), percentiles)
+    each = [run_statistics(run, percentiles) for run in runs]
+    out = {name: _median([e[name] for e in each]) for name in each[0] if name != "latency_percentiles_ms"}
+    out["latency_percentiles_ms"] = {name: _median([e["latency_percentiles_ms"][name] for e in each])
+                                     for name in each[0]["latency_percentiles_ms"]}
+    return out
+
+
+def _median(values: list[float | None]) -> float | None:
+    """The median of the runs that have the figure (a metric a run did not observe is left out); None if none has."""
+    xs = [x for x in values if x is not None]
+    return _round(median(xs)) if xs else None
+
+
+def run_statistics(values: dict[str, list[float]], percentiles=()) -> dict:
+    """One run's fields from its values in ms per metric (``request_ms``)."""
     out: dict = {}
     for m in METRICS:
-        xs = values[m]
+        xs = values.get(m) or []
         mean = sum(xs) / len(xs) if xs else None
         out[f"{m}_ms_mean"] = _round(mean)
         out[f"{m}_ms_std"] = _round(math.sqrt(sum((x - mean) ** 2 for x in xs) / len(xs))) if xs else None
         for q in FIXED:
             out[key(m, q)] = _round(percentile(xs, q / 100))
-    out["latency_percentiles_ms"] = {key(m, q): _round(percentile(values[m], q / 100))
+    out["latency_percentiles_ms"] = {key(m, q): _round(percentile(values.get(m) or [], q / 100))
                                      for m in METRICS for q in sorted(set(percentiles)) if q not in FIXED}
     return out
 

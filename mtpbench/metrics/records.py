@@ -225,7 +225,8 @@ def timing(requests: list[RequestRecord], batches: list[BatchRecord]) -> dict:
     """The timing figures of one timed run: output tokens/s over its decode time, TTFT, TPOT, ITL and E2EL medians (the
     ITL median: a typical decode step, a round of drafts and their verification), the run's acceptance length, and
     what goodput at any SLO needs: the run's wall time (``wall_s``, the time tokens/s divides by) and each request's
-    TTFT, TPOT and E2EL (``slo_latencies``)."""
+    TTFT, TPOT and E2EL (``slo_latencies``); ``latency_ms``: the run's TTFT, TPOT, ITL and E2EL values as
+    ``latency_ms`` counts them (mtpbench.metrics.latency's statistics of each run)."""
     wall = sum(b.wall_s for b in batches)
     lat = latency_ms(requests)
     out = sum(len(r.output_token_ids) for r in requests)
@@ -235,7 +236,8 @@ def timing(requests: list[RequestRecord], batches: list[BatchRecord]) -> dict:
     return {"output_tokens_per_sec": out / wall if wall > 0 else None, "ttft_ms_p50": percentile(lat["ttft"], 0.5),
             "tpot_ms_p50": percentile(lat["tpot"], 0.5), "itl_ms_p50": percentile(lat["itl"], 0.5),
             "e2el_ms_p50": percentile(e2el, 0.5), "acceptance_length": 1 + accepted / drafts if drafts else None,
-            "wall_s": wall, **slo_latencies(requests)}
+            "wall_s": wall, **slo_latencies(requests),
+            "latency_ms": {m: [round(x, 3) for x in xs] for m, xs in {**lat, "e2el": e2el}.items()}}
 
 
 def position_count(records: list, i: int) -> int | None:

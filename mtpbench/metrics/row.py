@@ -284,7 +284,7 @@ def summarize(backend: str, point: GridPoint, category: str, requests: list[Requ
         if point.context_tokens is not None and requests else None,
         num_prompts=len(requests), num_output_tokens=out_tokens,
         **acceptance,
-        **_speed_fields(requests, wall, out_tokens), **statistics(requests, percentiles),
+        **_speed_fields(requests, wall, out_tokens), **statistics(requests, percentiles, repeats),
         decode_time_s=_round(wall), startup_s=_round(startup_s, 3),
         output_repetition=_round(sum(r for r, _ in rep) / ngrams) if ngrams else None,
         **energy,

@@ -56,6 +56,79 @@ def test_latency_statistics_are_vllm_bench_serves(reqs, extra):
     assert not any(k.endswith(("p50", "p90", "p99")) for k in got["latency_percentiles_ms"])
 
 
+def oracle(reqs) -> dict[str, list[float]]:
+    return {"ttft": [r.ttft_s * 1e3 for r in reqs], "e2el": [r.latency_s * 1e3 for r in reqs],
+            "tpot": [(r.latency_s - r.ttft_s) * 1e3 / (len(r.output_token_ids) - 1) for r in reqs
+                     if len(r.output_token_ids) > 1],
+            "itl": [g * 1e3 for r in reqs for g in r.itl_s]}
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(requests(), min_size=2, max_size=5), st.lists(st.floats(0, 100, allow_nan=False), max_size=2))
+def test_with_several_timed_runs_each_statistic_is_the_median_of_the_runs(runs, extra):
+    """A point of several timed runs: every latency field is the median over the runs of that run's own figure
+    (numpy, per run), never a mix of one run's percentiles with the runs' median p50 (seen on a launched server:
+    TTFT p50 136 ms beside a p90 of 15.6 ms); so p50 <= p90 <= p99 and the table's p50 is the repeats' median."""
+    from mtpbench.metrics.records import timing
+    from mtpbench.metrics.row import repeat_intervals
+
+    repeats = [timing(reqs, []) for reqs in runs]
+    got = statistics(runs[0], tuple(extra), repeats)
+    for name in ("ttft", "tpot", "itl", "e2el"):
+        per_run = [oracle(reqs)[name] for reqs in runs]
+        seen = [xs for xs in per_run if xs]
+
+        def want(f):
+            return float(np.median([f(xs) for xs in seen])) if seen else None
+
+        for field, f in (("mean", np.mean), ("std", np.std), ("p50", lambda xs: np.percentile(xs, 50)),
+                         ("p90", lambda xs: np.percentile(xs, 90)), ("p99", lambda xs: np.percentile(xs, 99))):
+            w = want(f)
+            assert got[f"{name}_ms_{field}"] == (None if w is None else pytest.approx(w, abs=2e-3)), (name, field)
+        for q in extra:
+            if q not in (50, 90, 99):
+                w = want(lambda xs: np.percentile(xs, q))
+                assert got["latency_percentiles_ms"][f"{name}_ms_p{q:g}"] == (
+                    None if w is None else pytest.approx(w, abs=2e-3))
+        if seen:
+            assert got[f"{name}_ms_p50"] <= got[f"{name}_ms_p90"] + 1e-9 <= got[f"{name}_ms_p99"] + 2e-9
+    table = repeat_intervals(repeats)
+    for name in ("ttft", "e2el"):
+        assert table[f"{name}_ms_p50"] == pytest.approx(got[f"{name}_ms_p50"], abs=2e-3)
+
+
+def test_one_timed_run_or_runs_saved_without_their_values_read_the_points_requests():
+    """A single run, or point files written before the runs kept their values: the point's own requests."""
+    reqs = [RequestRecord("c", 5, [1, 2, 3], 0.01, 0.05, itl_s=[0.02, 0.02], prompt_id="1")]
+    other = [RequestRecord("c", 5, [1, 2, 3], 0.2, 0.5, itl_s=[0.1, 0.2], prompt_id="1")]
+    from mtpbench.metrics.records import timing
+
+    assert statistics(reqs, (), [timing(reqs, [])])["ttft_ms_p50"] == 10.0
+    old = [{k: v for k, v in timing(r, []).items() if k != "latency_ms"} for r in (reqs, other)]
+    assert statistics(reqs, (), old)["ttft_ms_p50"] == 10.0
+    assert statistics(reqs, (), [timing(r, []) for r in (reqs, other, other)])["ttft_ms_p50"] == 200.0
+
+
+def test_a_rows_latency_columns_agree_across_its_timed_runs():
+    """The row a point file gives (summarize): its first run fast, two later runs slow (a server that delivered
+    late): the p50, p90 and p99 are the runs' medians, in order, and the mean is the slow runs' too."""
+    from mtpbench.metrics.records import BatchRecord, GridPoint, PointRun
+    from mtpbench.metrics.row import summarize
+
+    fast = [RequestRecord("c", 5, [1, 2, 3], 0.013 + i / 1e4, 0.16, itl_s=[0.07, 0.07], prompt_id=str(i)) for i in range(8)]
+    slow = [RequestRecord("c", 5, [1, 2, 3], 0.14 + i / 1e4, 0.141, itl_s=[0.0005, 0.0005], prompt_id=str(i))
+            for i in range(8)]
+    run = PointRun()
+    for reqs in (fast, slow, slow):
+        run.add_repeat(reqs, [BatchRecord("c", 1.3)])
+    row = summarize("vllm-server", GridPoint("plain", 0, 0, 1), "all", run.requests, run.batches, None,
+                    repeats=run.repeats)
+    assert row.ttft_ms_p50 <= row.ttft_ms_p90 <= row.ttft_ms_p99
+    assert row.ttft_ms_p90 == pytest.approx(np.percentile([r.ttft_s * 1e3 for r in slow], 90), abs=1e-3)
+    assert row.ttft_ms_mean == pytest.approx(np.mean([r.ttft_s * 1e3 for r in slow]), abs=1e-3)
+    assert row.itl_ms_p99 == pytest.approx(0.5, abs=1e-3)
+
+
 def test_the_per_request_lines_carry_vllms_fields():
     r = RequestRecord("code", 7, [1, 2, 3], 0.010, 0.050, itl_s=[0.02, 0.02], prompt_id="p1", num_drafts=1,
                       num_draft_tokens=2, num_accepted_tokens=1)
