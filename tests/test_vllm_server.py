@@ -410,6 +410,9 @@ def sweep_attached(tmp_path, plain: str, drafting: str) -> None:
     rows = [x for x in json.loads((out / "summary.json").read_text())["rows"] if x["category"] == "all"]
     assert sorted((x["k"], x["concurrency"]) for x in rows) == [(0, 1), (0, 2), (2, 1), (2, 2)]
     assert all(x["speedup"] is not None for x in rows if x["k"] == 2)  # against the k = 0 server's point
+    # plain decoding runs no MTP layer: its rows say nothing of a layer count the server does not expose
+    assert all("MTP layer count" not in (x["notes"] or "") for x in rows if x["k"] == 0)
+    assert all("MTP layer count unknown" in x["notes"] for x in rows if x["k"] == 2)
 
 
 def tune_attached(tmp_path, plain: str, drafting: str) -> None:

@@ -91,8 +91,9 @@ class VllmServerBackend(BackendBase):
         if cfg.server:
             if self.facts["k_source"] != "server /metrics":
                 notes.append(f"k = {point.k} taken as given: the server does not expose num_speculative_tokens")
-            notes.append("MTP layer count taken as given (--mtp-layers): a server does not expose it"
-                         if point.mtp_layers is not None else "MTP layer count unknown: a server does not expose it")
+            if point.k > 0:  # plain decoding runs no MTP layer: nothing to take or to miss
+                notes.append("MTP layer count taken as given (--mtp-layers): a server does not expose it"
+                             if point.mtp_layers is not None else "MTP layer count unknown: a server does not expose it")
             startup, weights = None, None
         else:
             startup = self._ensure_server(cfg, point, prompts)
