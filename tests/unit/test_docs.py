@@ -133,3 +133,101 @@ def test_the_checker_sees_what_github_sees(tmp_path):
     assert anchors(page) == {"is-it-lossless-mtpbench-check-lossless", "on-vllm---backend-vllm",
                              "on-vllm---backend-vllm-1"}
     assert [b.split(":")[0] for b in broken_links(page)] == ["#not-a-heading", "gone.png"]
+
+
+# --- what the pages say: what to run and what it means, not the project's diary ---------------------------------
+
+CELL_MAX_WORDS = 80
+OPENING_MAX_WORDS = 50
+# Phrases of the project's history and process (which release, which machine, what came before) that tell a user
+# nothing about what to run or what a figure means; a measurement names its CPU and command instead.
+DIARY_PHRASES = [
+    "this release's final code",
+    "earlier release",
+    "rerun after the restructuring",
+    "code before",
+    "this project's idle",
+    "this project's machine",
+]
+UNESCAPED_PIPE = re.compile(r"(?<!\\)\|")
+
+
+def table_cells(page: Path) -> list[tuple[int, str]]:
+    """(line number, cell text) of every table cell outside code blocks; an unescaped '|' ends a cell, as on GitHub."""
+    cells, fenced = [], False
+    for n, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+        if FENCE.match(line):
+            fenced = not fenced
+            continue
+        if fenced or not line.lstrip().startswith("|"):
+            continue
+        cells += [(n, cell.strip()) for cell in UNESCAPED_PIPE.split(line.strip().strip("|"))]
+    return cells
+
+
+def long_cells(page: Path, limit: int = CELL_MAX_WORDS) -> list[str]:
+    return [f"{rel(page)}:{n}: {len(c.split())} words: {c[:70]}..."
+            for n, c in table_cells(page) if len(c.split()) > limit]
+
+
+def diary_phrases(page: Path) -> list[str]:
+    found = []
+    for n, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+        found += [f"{rel(page)}:{n}: {p!r}" for p in DIARY_PHRASES if p in line.lower()]
+    return found
+
+
+def first_sentence(page: Path) -> str:
+    """The first sentence of prose after the title: headings, images, badges, HTML and tables skipped."""
+    para: list[str] = []
+    for line in prose_lines(page.read_text(encoding="utf-8")):
+        text = line.strip()
+        if not text:
+            if para:
+                break
+            continue
+        if text.startswith(("#", "|", "<", "![", "[![")):
+            if para:
+                break
+            continue
+        para.append(text)
+    joined = " ".join(para)
+    return re.split(r"(?<=[.!?])\s+(?=[A-Z*`(\[])", joined, maxsplit=1)[0]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=rel)
+def test_no_table_cell_is_an_essay(page):
+    long = long_cells(page)
+    assert not long, (f"table cells over {CELL_MAX_WORDS} words (move the detail to prose under the table):\n"
+                      + "\n".join(long))
+
+
+@pytest.mark.parametrize("page", PAGES, ids=rel)
+def test_no_page_keeps_a_diary(page):
+    found = diary_phrases(page)
+    assert not found, ("the project's history, not what to run or what it means (keep the figure, its command and "
+                       "its CPU; drop which code or machine ran it):\n" + "\n".join(found))
+
+
+def test_the_readme_opens_with_a_short_sentence():
+    sentence = first_sentence(README)
+    assert sentence, "README.md has no prose after its title"
+    n = len(sentence.split())
+    assert n <= OPENING_MAX_WORDS, f"README.md's first sentence has {n} words (at most {OPENING_MAX_WORDS}): {sentence}"
+
+
+def test_the_content_checks_see_what_they_should(tmp_path):
+    """The checkers themselves: a cell of 81 words is long, 80 is not; an escaped pipe or a code block splits no
+    cell; a diary phrase is found in any case; the opening sentence skips the title and badges and ends at its stop."""
+    page = tmp_path / "p.md"
+    page.write_text(
+        "# Title\n\n[![ci](b.svg)](x)\n\nOne two three. Four five.\n\n"
+        f"| a | b |\n|---|---|\n| {'w ' * 81}| {'w ' * 80}|\n| x \\| y | z |\n"
+        "```\n| " + "w " * 90 + "|\n```\n"
+        "Ran on This Release's Final Code.\n",
+        encoding="utf-8",
+    )
+    assert [c.split(": ")[1] for c in long_cells(page)] == ["81 words"]
+    assert ("x \\| y") in [c for _, c in table_cells(page)]
+    assert len(diary_phrases(page)) == 1
+    assert first_sentence(page) == "One two three."
