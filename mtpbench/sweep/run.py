@@ -25,6 +25,7 @@ from typing import Callable
 
 from mtpbench.backend_info import info
 from mtpbench.backends import get_backend
+from mtpbench.backends.vllm.known_faults import known_fault
 from mtpbench.config import SweepConfig, execution, fingerprint, validate, with_runner
 from mtpbench.environment import environment, provenance
 from mtpbench.errors import MtpBenchError
@@ -186,9 +187,11 @@ def measure(cfg: SweepConfig, backend, point: GridPoint, prompts, out: Path, fp:
         raise
     except Exception as e:  # one broken point must not end the sweep (a crash inside vLLM is a finding)
         runner = f" (vLLM model runner {cfg.runner.upper()})" if cfg.runner else ""
+        error = f"{type(e).__name__}: {e}".strip()
+        why = known_fault(error, cfg.temperature, cfg.top_k, cfg.top_p) if point.k else None
         write_json(out / f"{point.name}.failure.json", {"point": point.to_json(cfg.backend), "fingerprint": fp,
-                                                         "runner": cfg.runner,
-                                                         "error": f"{type(e).__name__}: {e}".strip()[:1900] + runner})
+                                                         "runner": cfg.runner, "error": error[:1900] + runner
+                                                         + (f" [{why}]" if why else "")})
         return None
 
 

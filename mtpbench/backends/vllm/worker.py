@@ -24,7 +24,6 @@ from pathlib import Path
 
 from mtpbench.backends.vllm import plugin, scores
 from mtpbench.backends.vllm.counters import counter_delta, per_request_acceptance, read_spec_counters
-from mtpbench.backends.vllm.expand import blamed
 from mtpbench.backends.vllm.inprocess import engine_prompts, engine_runner, held_mtp_bytes
 from mtpbench.metrics import BatchRecord, PointRun, RequestRecord
 from mtpbench.procguard import end_with_parent
@@ -119,13 +118,7 @@ def run_op(llm, spec: dict) -> dict:
     if cfg.get("force_spec_step_idx", False) and k > 0:  # the PR's proposal, applied at run time; not recorded
         llm.collective_rpc("mtpbench_force_spec_step_idx")
     ran = engine_runner(llm, spec.get("runner"))
-    try:
-        run = measure(llm, cfg, k, [Prompt(**p) for p in spec["prompts"]])
-    except Exception as e:
-        blame = blamed(e, ran["sampler_fault"] if k > 0 else None, cfg.get("temperature", 0))
-        if blame is e:
-            raise
-        raise blame from e
+    run = measure(llm, cfg, k, [Prompt(**p) for p in spec["prompts"]])
     run.mtp_weight_bytes = held_mtp_bytes(llm) if k > 0 else 0
     run.notes += ran.pop("notes")
     if ran["sampler_fault"] and cfg.get("temperature", 0) > 0:
