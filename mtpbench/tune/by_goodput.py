@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from mtpbench.stats import median, median_ci, median_ratio_ci
-from mtpbench.tune.choose import decision, speculative_config
+from mtpbench.tune.choose import recommend, speculative_config
 from mtpbench.tune.goodput import RULE, choose, describe, ranges_of, samples, testable
 from mtpbench.tune.model import Measured
 
@@ -51,9 +51,15 @@ def section(points: list[Measured], slo: dict[str, float], unit: str, method: st
         fields[b, k] = f
     unknown = sorted(key for key, xs in per.items() if xs is None)
     ranges = ranges_of(choices) if choices else None
+    # what to run, as the tokens/s decision has it (choose.recommend): a schedule that would run a load at k = 0
+    # under a speculative config (not plain decoding, measured nowhere) gives way to one k at every load, here the
+    # one of most goodput that is below k = 0's beyond noise at no load (its points' "tokens/s" are its goodputs)
+    plan = recommend(choices, ranges, [Measured(b, k, xs) for (b, k), xs in known.items() if testable(xs)],
+                     unit) if ranges else None
     return {"slo": slo, "slo_text": describe(slo), "rule": RULE, "choices": [asdict(c) for c in choices],
             "notes": {str(b): n for b, n in notes.items()},
             "unknown": [f"{unit} {b}, k = {k}" for b, k in unknown],
             "unknown_because": UNKNOWN if unknown else None, "schedule": ranges,
-            "decision": decision(ranges, unit) if ranges else None,
-            "speculative_config": speculative_config(ranges, method) if ranges else None}, fields
+            "run": plan["run"] if plan else None, "decision": plan["decision"] if plan else None,
+            "why": plan["note"] if plan else None,
+            "speculative_config": speculative_config(plan["run"], method) if plan else None}, fields

@@ -187,6 +187,8 @@ def fallback_k(choices: list[LoadChoice], points: list[Measured]) -> int:
     by = {(p.load, p.k): p for p in points}
 
     def slower(k: int, load: int) -> bool:
+        if (load, k) not in by or (load, 0) not in by:  # no ratio there (by goodput: 0 in a repeat): not shown safe
+            return True
         ci = median_ratio_ci(by[load, k].tokps, by[load, 0].tokps)
         return ci is not None and ci[1] < 1
 

@@ -78,7 +78,8 @@ def goodput_headline(result: dict) -> str | None:
         return f"By goodput ({g['slo_text']}): unknown ({g['unknown_because']})"
     spec = g["speculative_config"]
     ready = f"--speculative-config '{json.dumps(spec)}'" if spec else "no --speculative-config"
-    return f"By goodput ({g['slo_text']}): {g['decision']} ({ready})"
+    why = f"; why: {g['why']}" if g.get("why") else ""
+    return f"By goodput ({g['slo_text']}): {g['decision']} ({ready}){why}"
 
 
 def costs_lines(result: dict) -> list[str]:

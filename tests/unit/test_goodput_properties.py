@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mtpbench.errors import MtpBenchError
+from mtpbench.stats import median_ratio_ci
 from mtpbench.tune.choose import LoadChoice
 from mtpbench.tune.goodput import choose, describe, good_requests, parse, ranges_of, run_goodput, samples
 from mtpbench.tune.model import Measured
@@ -195,3 +196,70 @@ def test_a_points_goodput_columns_never_divide_by_a_zero():
     f = point_fields([2.0, 2.2, 1.8], [1.0, 1.1, 0.9])
     assert f["goodput_ratio"] == 2.0 and f["goodput_ratio_ci_low"] < 2.0 < f["goodput_ratio_ci_high"]
     assert f["goodput_rps_ci_low"] is None  # an interval of the median needs 6 repeats
+
+
+def goodput_plan_oracle(goodput: dict, ranges: list[list[int]], chosen: dict[int, int]) -> list[list[int]]:
+    """What to run by goodput, from the rule written out: the per-load ranges where they never run a load at k = 0
+    beside drafting ranges; else one k at every load: of the k > 0 chosen at some load whose goodput is above 0 in
+    every repeat at every load (k = 0's too), those whose goodput ratio to k = 0 has a 95 % interval wholly below 1
+    at no load (no ratio at a load: not shown safe there), the one of highest mean log ratio of medians (ties: the
+    smaller k); 0 where none is left."""
+    from tests.unit.test_tune_properties import scores
+
+    ks = {k for *_, k in ranges}
+    if not (0 in ks and len(ks) > 1):
+        return ranges
+    pts = [Measured(b, k, xs) for (b, k), xs in goodput.items() if min(xs) > 0]
+    by = {(p.load, p.k): p.tokps for p in pts}
+
+    def below(k, b):
+        if (b, k) not in by or (b, 0) not in by:
+            return True
+        ci = median_ratio_ci(by[b, k], by[b, 0])
+        return ci is not None and ci[1] < 1
+
+    s = scores(pts)
+    ok = [k for k in s if k > 0 and k in chosen.values() and not any(below(k, b) for b in chosen)]
+    best = min((k for k in ok if s[k] == max(s[j] for j in ok)), default=0)
+    return [[1, ranges[-1][1], best]]
+
+
+@SETTINGS
+@given(tables(), slos)
+def test_what_to_run_by_goodput_never_runs_k0_under_a_speculative_config(table, slo):
+    """The goodput section's answer follows the tokens/s decision's discipline: per-load choices that would run a
+    load at k = 0 under a speculative config (not plain decoding, measured nowhere) give way to one k at every load,
+    and its --speculative-config and sentence are that run's."""
+    from mtpbench.tune.by_goodput import section
+    from mtpbench.tune.choose import decision, speculative_config
+
+    goodput = {key: [goodput_oracle(r, slo) for r in reps] for key, reps in table.items()}
+    g, _ = section([Measured(b, k, [1.0], repeats=reps) for (b, k), reps in table.items()], slo, "batch", "mtp")
+    if not g["choices"]:
+        assert g["run"] is None and g["decision"] is None
+        return
+    chosen = {c["load"]: c["chosen"] for c in g["choices"]}
+    want = goodput_plan_oracle(goodput, g["schedule"], chosen)
+    assert g["run"] == want
+    assert g["decision"] == decision(want, "batch") and g["speculative_config"] == speculative_config(want, "mtp")
+    assert (g["why"] is None) == (want == g["schedule"])
+    assert not (any(k == 0 for *_, k in g["run"]) and any(k for *_, k in g["run"]))
+
+
+def test_a_load_where_no_ratio_can_be_taken_keeps_every_k_from_the_single_config():
+    """Concurrency 1: k = 1 serves twice k = 0's goodput; concurrency 4: every point had a repeat where no request
+    met the SLO. The per-load choices (k = 1, then no drafting) would run concurrency 4 at k = 0 under a speculative
+    config; k = 1 cannot be shown no worse there (no ratio of a zero), so nothing is drafted."""
+    from mtpbench.tune.by_goodput import section
+
+    def reps(good: list[int]) -> list[dict]:  # one request per repeat, wall 1 s: goodput = good
+        return [{"request_ttft_ms": [1.0 if g else 1e6], "request_tpot_ms": [1.0], "request_e2el_ms": [1.0],
+                 "wall_s": 1.0} for g in good]
+
+    pts = [Measured(1, 0, [1.0], repeats=reps([1, 1, 1, 1])), Measured(1, 1, [1.0], repeats=reps([1, 1, 1, 1])),
+           Measured(4, 0, [1.0], repeats=reps([1, 0, 1, 1])), Measured(4, 1, [1.0], repeats=reps([1, 1, 0, 1]))]
+    pts[1].repeats = [dict(r, wall_s=0.5) for r in pts[1].repeats]  # twice the goodput at concurrency 1
+    g, _ = section(pts, {"ttft": 100.0}, "concurrency", "mtp")
+    assert g["schedule"] == [[1, 1, 1], [2, 4, 0]]
+    assert g["run"] == [[1, 4, 0]] and g["speculative_config"] is None
+    assert g["why"].startswith("the per-load choices (run k = 1 up to concurrency 1, no drafting above) would run")
