@@ -38,22 +38,16 @@ def used_the_workload(out: Path, plain: str, drafting: str) -> None:
     assert tokens[0] == tokens[1]  # top-k 1: both the argmax, drafting or not
 
 
-def test_offline_vllm_samples_with_top_k_and_top_p_on_random_prompts(tmp_path, monkeypatch):
+@pytest.mark.parametrize("backend, plain, drafting", [("vllm", "k0", "vllm-L3-k2"),
+                                                      ("vllm-server", "k0-c1", "vllm-L3-k2-c1")],
+                         ids=["offline", "launched"])
+def test_vllm_samples_with_top_k_and_top_p_on_random_prompts(tmp_path, monkeypatch, backend, plain, drafting):
+    """Offline and a launched server: the same workload, the same checks."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(EXPAND_FIX), os.environ.get("PYTHONPATH")])))
-    out = tmp_path / "offline"
-    r = CliRunner().invoke(app, ["sweep", "builtin-glm", "--backend", "vllm", *WORKLOAD, "--out", str(out)])
+    out = tmp_path / backend
+    r = CliRunner().invoke(app, ["sweep", "builtin-glm", "--backend", backend, *WORKLOAD, "--out", str(out)])
     assert r.exit_code == 0, r.output
-    used_the_workload(out, "k0", "vllm-L3-k2")
-    rows = json.loads((out / "summary.json").read_text())["rows"]
-    assert any(x["k"] == 2 and x["num_drafts"] > 0 for x in rows)
-
-
-def test_a_launched_server_samples_with_top_k_and_top_p_on_random_prompts(tmp_path, monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(EXPAND_FIX), os.environ.get("PYTHONPATH")])))
-    out = tmp_path / "served"
-    r = CliRunner().invoke(app, ["sweep", "builtin-glm", "--backend", "vllm-server", *WORKLOAD, "--out", str(out)])
-    assert r.exit_code == 0, r.output
-    used_the_workload(out, "k0-c1", "vllm-L3-k2-c1")
+    used_the_workload(out, plain, drafting)
     rows = json.loads((out / "summary.json").read_text())["rows"]
     assert any(x["k"] == 2 and x["num_drafts"] > 0 for x in rows)
 

@@ -72,19 +72,22 @@ def floats(text: Optional[str], name: str) -> Optional[tuple[float, ...]]:
         fail(f"{name} takes comma-separated numbers, got {text!r}")
 
 
-def speculative_overrides(text: Optional[str]) -> Optional[dict]:
-    """--speculative-config: a JSON object, or None."""
+def json_value(text: str, flag: str, what: str, kind: type):
+    """An option's JSON value of the given type (``what`` names it in the one-line error)."""
     import json
 
-    if text is None:
-        return None
     try:
-        overrides = json.loads(text)
+        value = json.loads(text)
     except json.JSONDecodeError as err:
-        fail(f"--speculative-config takes a JSON object: {err.msg} at character {err.pos}")
-    if not isinstance(overrides, dict):
-        fail(f"--speculative-config takes a JSON object, got {type(overrides).__name__}")
-    return overrides
+        fail(f"{flag} takes {what}: {err.msg} at character {err.pos}")
+    if not isinstance(value, kind):
+        fail(f"{flag} takes {what}, got {type(value).__name__}")
+    return value
+
+
+def speculative_overrides(text: Optional[str]) -> Optional[dict]:
+    """--speculative-config: a JSON object, or None."""
+    return None if text is None else json_value(text, "--speculative-config", "a JSON object", dict)
 
 
 def set_threads(threads: Optional[int]) -> None:

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from mtpbench.cli.common import (connection_options, engine_args, fail, ints, model_or_profile,
+from mtpbench.cli.common import (connection_options, engine_args, fail, ints, json_value, model_or_profile,
                                  reporting_options, set_threads, speculative_overrides, strs, wrote)
 from mtpbench.cli.options import (ALIAS_NOTE, BASE, BATCH_SIZE, MAX_CONCURRENCY, ROUNDS, Dtype, EngineArg, Goodput,
                                   MaxModelLen, ModelOrProfile, Parallel, Reporting, Rounds, Runner, Seed, ServerAccess,
@@ -119,12 +119,7 @@ def parse_goodput(pairs: Optional[list[str]], model: Optional[str]) -> Optional[
 def parse_schedule(text: Optional[str]) -> Optional[tuple]:
     if text is None:
         return None
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as err:
-        fail(f"--schedule takes a JSON list of [start, end, k] ranges: {err.msg} at character {err.pos}")
-    if not isinstance(value, list):
-        fail(f"--schedule takes a JSON list of [start, end, k] ranges, got {type(value).__name__}")
+    value = json_value(text, "--schedule", "a JSON list of [start, end, k] ranges", list)
     return tuple(tuple(r) if isinstance(r, list) else r for r in value)
 
 
