@@ -132,9 +132,20 @@ def test_a_rows_latency_columns_agree_across_its_timed_runs():
 def test_the_per_request_lines_carry_vllms_fields():
     r = RequestRecord("code", 7, [1, 2, 3], 0.010, 0.050, itl_s=[0.02, 0.02], prompt_id="p1", num_drafts=1,
                       num_draft_tokens=2, num_accepted_tokens=1)
-    (line,) = request_lines([r])
-    assert line["ttft_ms"] == 10.0 and line["e2el_ms"] == 50.0 and line["tpot_ms"] == 20.0
-    assert line["itl_ms"] == [20.0, 20.0] and line["num_output_tokens"] == 3 and line["acceptance_length"] == 2.0
+    r.context_tokens, r.sent_s = 64, 0.125
+    one = RequestRecord("chat", 9, [4], 0.0123456, None, prompt_id="p2")  # one token, no end time, no gaps
+    line, short = request_lines([r, one])
+    assert line == {"prompt_id": "p1", "category": "code", "num_prompt_tokens": 7, "context_tokens": 64,
+                    "num_output_tokens": 3, "sent_s": 0.125, "ttft_ms": 10.0, "tpot_ms": 20.0, "e2el_ms": 50.0,
+                    "itl_ms": [20.0, 20.0], "num_drafts": 1, "num_draft_tokens": 2, "num_accepted_tokens": 1,
+                    "acceptance_length": 2.0}
+    assert short == {"prompt_id": "p2", "category": "chat", "num_prompt_tokens": 9, "context_tokens": 0,
+                     "num_output_tokens": 1, "sent_s": None, "ttft_ms": 12.346, "tpot_ms": None, "e2el_ms": None,
+                     "itl_ms": None, "num_drafts": None, "num_draft_tokens": None, "num_accepted_tokens": None,
+                     "acceptance_length": None}
+    r2 = RequestRecord("code", 7, [1, 2, 3], 0.010, 0.0123456, itl_s=[0.0001234], prompt_id="p3")
+    (third,) = request_lines([r2])
+    assert third["tpot_ms"] == 1.173 and third["e2el_ms"] == 12.346 and third["itl_ms"] == [0.123]
     json.dumps(line)  # one JSON line
 
 
@@ -279,3 +290,21 @@ def test_every_command_in_the_readme_parses():
         sub = cli.get_command(ctx, args[0])
         assert sub is not None, args
         sub.make_context(args[0], list(args[1:]), parent=ctx)  # raises on an unknown option or a bad value
+
+
+def test_the_latency_options_defaults_and_rounding_are_vllms():
+    """Either option alone takes vLLM's default for the other (ttft,tpot,itl; 99); every figure is in ms to 3
+    decimals (a microsecond), one run or the median of several."""
+    from mtpbench.metrics.latency import check, columns, run_statistics
+
+    assert columns(("e2el",), ()) == [("e2el_ms_mean", "E2EL mean ms"), ("e2el_ms_p99", "E2EL p99 ms")]
+    assert columns((), (90.0,)) == [("ttft_ms_mean", "TTFT mean ms"), ("ttft_ms_p90", "TTFT p90 ms"),
+                                    ("tpot_ms_mean", "TPOT mean ms"), ("tpot_ms_p90", "TPOT p90 ms"),
+                                    ("itl_ms_mean", "ITL mean ms"), ("itl_ms_p90", "ITL p90 ms")]
+    assert columns((), ()) is None
+    assert check(("ttfb",), ()) == "--percentile-metrics: unknown metric 'ttfb' (choose from ttft, tpot, itl, e2el)"
+    assert check((), (100.5,)) == "--metric-percentiles takes percentiles from 0 to 100, got 100.5"
+    assert check(("e2el",), (0.0, 100.0)) is None
+    one = run_statistics({"ttft": [1.23456], "tpot": [], "itl": [2.0004, 2.0006], "e2el": [7.0]})
+    assert one["ttft_ms_mean"] == 1.235 and one["ttft_ms_p99"] == 1.235 and one["ttft_ms_std"] == 0.0
+    assert one["itl_ms_mean"] == 2.0 and one["tpot_ms_mean"] is None and one["tpot_ms_p50"] is None

@@ -263,3 +263,69 @@ def test_a_load_where_no_ratio_can_be_taken_keeps_every_k_from_the_single_config
     assert g["schedule"] == [[1, 1, 1], [2, 4, 0]]
     assert g["run"] == [[1, 4, 0]] and g["speculative_config"] is None
     assert g["why"].startswith("the per-load choices (run k = 1 up to concurrency 1, no drafting above) would run")
+
+
+@SETTINGS
+@given(tables(), slos)
+def test_the_sections_rows_carry_each_points_goodput_as_the_rule_has_it(table, slo):
+    """Per point: goodput_rps the median of its repeats' goodput with the median's interval (from 6 repeats), the
+    ratio to k = 0's medians with its paired interval where both were above 0 in every repeat, goodput_chosen and the
+    Holm p of the choice at that load; the SLO, its words and the rule beside them."""
+    from mtpbench.stats import median_ci
+    from mtpbench.tune.by_goodput import section
+    from mtpbench.tune.goodput import RULE
+
+    goodput = {key: [goodput_oracle(r, slo) for r in reps] for key, reps in table.items()}
+    g, fields = section([Measured(b, k, [1.0], repeats=reps) for (b, k), reps in table.items()], slo, "batch", "mtp")
+    assert (g["slo"], g["slo_text"], g["rule"]) == (slo, describe(slo), RULE)
+    assert g["unknown"] == [] and g["unknown_because"] is None
+    chosen = {c["load"]: c for c in g["choices"]}
+    assert all(isinstance(b, str) for b in g["notes"])
+
+    def r4(x):
+        return None if x is None else round(x, 4)
+
+    for (b, k), xs in goodput.items():
+        f = fields[b, k]
+        ci = median_ci(xs)
+        assert f["goodput_rps"] == r4(statistics.median(xs))
+        assert (f["goodput_rps_ci_low"], f["goodput_rps_ci_high"]) == ((r4(ci[0]), r4(ci[1])) if ci else (None, None))
+        base = goodput[b, 0]
+        if min(xs) > 0 and min(base) > 0:
+            ratio = median_ratio_ci(xs, base)
+            assert f["goodput_ratio"] == r4(statistics.median(xs) / statistics.median(base))
+            assert (f["goodput_ratio_ci_low"], f["goodput_ratio_ci_high"]) == (
+                (r4(ratio[0]), r4(ratio[1])) if ratio else (None, None))
+        else:
+            assert "goodput_ratio" not in f
+        assert f["goodput_chosen"] == (chosen[b]["chosen"] == k)
+        p = chosen[b]["p_vs_0"].get(k)
+        assert f["goodput_p_holm"] == (None if p is None else float(f"{p:.3g}"))
+
+
+def test_points_without_per_request_times_are_unknown_and_no_load_without_k0_is_chosen():
+    """A point file from before goodput (no per-request times) leaves that point unknown, named with the load;
+    a tune with no k = 0 anywhere has no choice, no run and no config."""
+    from mtpbench.tune.by_goodput import UNKNOWN, section
+
+    reps = [{"request_ttft_ms": [1.0], "request_tpot_ms": [1.0], "request_e2el_ms": [1.0], "wall_s": 1.0}] * 3
+    old = [{"wall_s": 1.0}] * 3
+    g, fields = section([Measured(2, 0, [1.0], repeats=reps), Measured(2, 1, [1.0], repeats=old)], {"ttft": 5.0},
+                        "concurrency", "mtp")
+    assert g["unknown"] == ["concurrency 2, k = 1"] and g["unknown_because"] == UNKNOWN
+    assert fields[2, 1] == {} and fields[2, 0]["goodput_rps"] == 1.0 and fields[2, 0]["goodput_chosen"] is True
+    assert g["run"] == g["schedule"] == [[1, 2, 0]] and g["speculative_config"] is None and g["why"] is None
+    g, _ = section([Measured(1, 1, [1.0], repeats=reps)], {"ttft": 5.0}, "batch", "mtp")
+    assert g["choices"] == [] and (g["schedule"], g["run"], g["decision"], g["why"], g["speculative_config"]) == (
+        None, None, None, None, None)
+
+
+def test_the_goodput_config_names_the_method():
+    from mtpbench.tune.by_goodput import section
+
+    fast = [{"request_ttft_ms": [1.0] * 4, "request_tpot_ms": [1.0] * 4, "request_e2el_ms": [1.0] * 4, "wall_s": w}
+            for w in (0.50, 0.51, 0.49, 0.5)]
+    slow = [dict(r, wall_s=r["wall_s"] * 4) for r in fast]
+    g, _ = section([Measured(1, 0, [1.0], repeats=slow), Measured(1, 2, [1.0], repeats=fast)], {"e2el": 5.0},
+                   "batch", "eagle3")
+    assert g["run"] == [[1, 1, 2]] and g["speculative_config"] == {"method": "eagle3", "num_speculative_tokens": 2}
