@@ -90,3 +90,21 @@ def test_an_attached_servers_k_is_named_as_its_own(name, want):
     p = P()
     p.name = name
     assert _name(p) == want
+
+
+def test_attached_servers_start_no_engine_and_list_each_servers_points():
+    cfg = resolve(dict(backend="vllm-server", server="http://127.0.0.1:9", servers=("http://127.0.0.1:9",
+                       "http://127.0.0.1:10"), concurrency=(1, 4), repeats=3, num_prompts=2, max_tokens=8,
+                       out="/nonexistent-dir/x"))
+    got = plan(cfg)
+    names = ["vllm-k(server's)-c1", "vllm-k(server's)-c4"]
+    assert got["points"] == [f"{n} at {url}" for url in cfg.servers for n in names]
+    assert got["engine_starts"] == 0 and got["timed_runs"] == 4 * 3 and got["output_tokens"] == 4 * 3 * 2 * 8
+    assert got["max_seconds"] == cfg.max_seconds
+
+
+def test_an_earlier_sweep_without_start_up_times_adds_none():
+    from mtpbench.sweep.plan import estimate
+
+    guess = estimate([{"output_tokens_per_sec": 50.0, "startup_s": None}], {"output_tokens": 100, "engine_starts": 2})
+    assert guess == {"seconds": 2.0, "tokens_per_sec": 50.0, "startup_s": 0.0}
