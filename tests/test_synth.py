@@ -170,22 +170,6 @@ def test_matrix_covers_the_pull_requests_architectures_and_writes_its_files(matr
     assert data["vllm"] == vllm_version() and len(data["cells"]) == 2 * len(ARCHS)
 
 
-@pytest.mark.skipif(not __import__("torch").cpu._is_amx_tile_supported(),
-                    reason="no AMX: the matrix above already ran every MLA architecture on CPU_MLA")
-@pytest.mark.parametrize("name", ["bailing-moe-v2.5", "bailing-moe-v3"])
-def test_hybrid_mla_checkpoints_start_on_the_backend_of_cpus_without_amx(name):
-    """CPUs without AMX (AMD EPYC) run MLA on CPU_MLA, which takes only block size 16; vLLM's hybrid
-    block-size alignment raised MLA's block to 128 there ("Aligned KV cache block size 128 is not
-    supported"). On a CPU with AMX the matrix takes AMX_MLA, so this runs the other CPU's path by asking for
-    CPU_MLA, as vLLM's own selection does without AMX."""
-    from dataclasses import replace
-
-    arch = archs()[name]
-    arch = replace(arch, engine_args={**arch.engine_args, "attention_backend": "CPU_MLA"})
-    cells = run_arch(arch, None, 4, None)
-    assert [c.verdict for c in cells] == list(EXPECTED[name]), [c.error or c.evidence for c in cells]
-
-
 def test_load_check_catches_what_vllms_own_check_lets_through(tmp_path):
     """A linear weight left out (vLLM's own check exempts linear layers: the engine starts) and a tensor
     the loader skips (rotary inv_freq): both named."""
