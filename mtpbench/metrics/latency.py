@@ -25,11 +25,6 @@ def key(metric: str, q: float) -> str:
     return f"{metric}_ms_p{q:g}"
 
 
-def request_ms(requests: list[RequestRecord]) -> dict[str, list[float]]:
-    """Each metric's values in ms: TTFT, TPOT and E2EL one per request that has them, ITL one per gap."""
-    return {**latency_ms(requests), "e2el": [r.latency_s * 1e3 for r in requests if r.latency_s is not None]}
-
-
 def _round(x: float | None) -> float | None:
     return None if x is None else round(x, 3)
 
@@ -42,7 +37,7 @@ def statistics(requests: list[RequestRecord], percentiles=(), repeats=()) -> dic
     (the point's requests are its first run's only)."""
     runs = [r.get("latency_ms") for r in repeats]
     if len(runs) < 2 or any(run is None for run in runs):
-        return run_statistics(request_ms(requests), percentiles)
+        return run_statistics(latency_ms(requests), percentiles)
     each = [run_statistics(run, percentiles) for run in runs]
     out = {name: _median([e[name] for e in each]) for name in each[0] if name != "latency_percentiles_ms"}
     out["latency_percentiles_ms"] = {name: _median([e["latency_percentiles_ms"][name] for e in each])
@@ -57,7 +52,7 @@ def _median(values: list[float | None]) -> float | None:
 
 
 def run_statistics(values: dict[str, list[float]], percentiles=()) -> dict:
-    """One run's fields from its values in ms per metric (``request_ms``)."""
+    """One run's fields from its values in ms per metric (``records.latency_ms``)."""
     out: dict = {}
     for m in METRICS:
         xs = values.get(m) or []

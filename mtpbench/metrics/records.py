@@ -194,13 +194,15 @@ def mean_call_s(batches: list[BatchRecord], kind: str) -> float | None:
 
 
 def latency_ms(requests: list[RequestRecord]) -> dict[str, list[float]]:
-    """Per-request TTFT and TPOT, and every inter-token gap, in ms (vllm bench serve's definitions:
-    TPOT = (latency - TTFT) / (output tokens - 1); ITL = gap between successive token deliveries)."""
+    """Per-request TTFT, TPOT and E2EL, and every inter-token gap, in ms (vllm bench serve's definitions:
+    TPOT = (latency - TTFT) / (output tokens - 1); ITL = gap between successive token deliveries; E2EL the whole
+    request)."""
     ttft = [r.ttft_s * 1e3 for r in requests if r.ttft_s is not None]
     tpot = [(r.latency_s - r.ttft_s) / (len(r.output_token_ids) - 1) * 1e3 for r in requests
             if len(r.output_token_ids) > 1 and r.latency_s is not None and r.ttft_s is not None]
     itl = [x * 1e3 for r in requests for x in (r.itl_s or [])]
-    return {"ttft": ttft, "tpot": tpot, "itl": itl}
+    e2el = [r.latency_s * 1e3 for r in requests if r.latency_s is not None]
+    return {"ttft": ttft, "tpot": tpot, "itl": itl, "e2el": e2el}
 
 
 def slo_latencies(requests: list[RequestRecord]) -> dict[str, list[float | None]]:
@@ -232,12 +234,11 @@ def timing(requests: list[RequestRecord], batches: list[BatchRecord]) -> dict:
     out = sum(len(r.output_token_ids) for r in requests)
     drafts = sum(b.num_drafts or 0 for b in batches)
     accepted = sum(b.num_accepted_tokens or 0 for b in batches)
-    e2el = [r.latency_s * 1e3 for r in requests if r.latency_s is not None]
     return {"output_tokens_per_sec": out / wall if wall > 0 else None, "ttft_ms_p50": percentile(lat["ttft"], 0.5),
             "tpot_ms_p50": percentile(lat["tpot"], 0.5), "itl_ms_p50": percentile(lat["itl"], 0.5),
-            "e2el_ms_p50": percentile(e2el, 0.5), "acceptance_length": 1 + accepted / drafts if drafts else None,
+            "e2el_ms_p50": percentile(lat["e2el"], 0.5), "acceptance_length": 1 + accepted / drafts if drafts else None,
             "wall_s": wall, **slo_latencies(requests),
-            "latency_ms": {m: [round(x, 3) for x in xs] for m, xs in {**lat, "e2el": e2el}.items()}}
+            "latency_ms": {m: [round(x, 3) for x in xs] for m, xs in lat.items()}}
 
 
 def position_count(records: list, i: int) -> int | None:
