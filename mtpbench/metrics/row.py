@@ -68,10 +68,16 @@ class PointResult:
     output_tokens_per_sec_ci_low: float | None = None  # 95 % order-statistic interval of the median
     output_tokens_per_sec_ci_high: float | None = None
     request_throughput_per_sec: float | None = None
+    # tokens/s over the k = 0 point's: the ratio of geometric means of both points' timed runs (stats.judge.ratio),
+    # its interval at speedup_level (1 - 0.05 / (the sweep's k > 0 points x the rounds' looks)), never narrower
+    # than the A/A noise floor; faster, slower or open as that interval says; the same test's p-value adjusted for
+    # the family and the looks (decided exactly where it is below 0.05)
     speedup: float | None = None
-    speedup_ci_low: float | None = None  # of the ratio of medians over both points' repeats (stats.median_ratio_ci)
+    speedup_ci_low: float | None = None
     speedup_ci_high: float | None = None
-    speedup_decision: str | None = None  # the rounds' last look at it: faster, slower or open (sweep.rounds)
+    speedup_decision: str | None = None
+    speedup_p: float | None = None
+    speedup_level: float | None = None
     ttft_ms_p50: float | None = None
     ttft_ms_p50_ci_low: float | None = None
     ttft_ms_p50_ci_high: float | None = None
@@ -153,7 +159,8 @@ class PointResult:
 # Triton's interpreter on a CPU), never reported as if it were the engine's speed
 TIMING_FIELDS = ("draft_cost_ratio", "theoretical_speedup", "output_tokens_per_sec", "output_tokens_per_sec_ci_low",
                  "output_tokens_per_sec_ci_high", "request_throughput_per_sec", "speedup", "speedup_ci_low",
-                 "speedup_ci_high", "ttft_ms_p50", "ttft_ms_p50_ci_low", "ttft_ms_p50_ci_high", "ttft_ms_p90",
+                 "speedup_ci_high", "speedup_decision", "speedup_p", "speedup_level",
+                 "ttft_ms_p50", "ttft_ms_p50_ci_low", "ttft_ms_p50_ci_high", "ttft_ms_p90",
                  "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p50_ci_low", "tpot_ms_p50_ci_high", "tpot_ms_p90",
                  "tpot_ms_p99", "itl_ms_p50", "itl_ms_p90", "itl_ms_p99", "decode_time_s", "startup_s",
                  "itl_ms_p50_ci_low", "itl_ms_p50_ci_high", "e2el_ms_p50", "e2el_ms_p50_ci_low", "e2el_ms_p50_ci_high",

@@ -6,11 +6,10 @@ Two figures, both at 95 %:
 * ``single_run``: how far two single timed runs of the same point differ, ``t(df) * sqrt(2) * s`` in log
   tokens/s, s the pooled standard deviation of the logs of the two copies' repeats (each copy about its own
   mean, df = n_a + n_b - 2): what one run against one run can tell apart on this machine now.
-* ``floor``: how far the two copies' speedup interval (``intervals.log_ratio_t_ci``: Welch t on the logs, the
-  interval every speedup gets) reaches from 1, ``max(|ln lo|, |ln hi|)``: two identical points measured with
+* ``floor``: how far the two copies' 95 % speedup interval (``stats.judge.ratio``: Welch t on the logs, the
+  comparison every speedup gets) reaches from 1, ``max(|ln lo|, |ln hi|)``: two identical points measured with
   these repeats differ by up to this much, a drift or an order effect included. No speedup interval of the
-  sweep is shown narrower than it (``sweep.load``), and the sequential rule never decides inside it
-  (``stats.sequential.judge``).
+  sweep is shown narrower than it, and no comparison is decided inside it (``stats.judge``).
 """
 
 from __future__ import annotations
@@ -19,7 +18,8 @@ import math
 
 import numpy as np
 
-from mtpbench.stats.intervals import LEVEL, MIN_REPEATS_RATIO, log_ratio_t_ci, t_quantile
+from mtpbench.stats import judge
+from mtpbench.stats.intervals import LEVEL, MIN_REPEATS_RATIO
 
 
 def single_run(a, b, level: float = LEVEL) -> float | None:
@@ -29,13 +29,13 @@ def single_run(a, b, level: float = LEVEL) -> float | None:
     if len(la) < 2 or len(lb) < 2:
         return None
     s2 = (((la - la.mean()) ** 2).sum() + ((lb - lb.mean()) ** 2).sum()) / df
-    return t_quantile(1 - (1 - level) / 2, df) * math.sqrt(2 * s2)
+    return judge.t_isf((1 - level) / 2, df) * math.sqrt(2 * s2)
 
 
 def floor(a, b, level: float = LEVEL) -> float | None:
     """The A/A interval's reach from 1, in log ratio (None below MIN_REPEATS_RATIO repeats a side)."""
-    ci = log_ratio_t_ci(b, a, level)
-    return None if ci is None else max(abs(math.log(ci[0])), abs(math.log(ci[1])))
+    c = judge.ratio(b, a, alpha=1 - level)
+    return None if c.estimate is None else max(abs(math.log(c.low)), abs(math.log(c.high)))
 
 
 def widen(lo: float, hi: float, ratio: float, floor: float) -> tuple[float, float]:
@@ -45,14 +45,16 @@ def widen(lo: float, hi: float, ratio: float, floor: float) -> tuple[float, floa
 
 def summary(a, b, level: float = LEVEL) -> dict:
     """What a sweep's summary and pages say of its A/A: both figures in log and in %, the copies' ratio and its
-    interval, and whether the A/A itself was called different (its interval excludes 1)."""
+    interval, and whether the A/A itself was called different (``stats.judge.ratio`` decided: one test at 1 -
+    level, a sweep's own control; a tune of several sweeps judges them as a family, ``tune.reliable``)."""
     n = min(len(a), len(b))
     f, s = floor(a, b, level), single_run(a, b, level)
-    ci = log_ratio_t_ci(b, a, level) if n >= MIN_REPEATS_RATIO else None
+    c = judge.ratio(b, a, alpha=1 - level) if n >= MIN_REPEATS_RATIO else None
+    ok = c is not None and c.estimate is not None
+    low, high = judge.outward(c, 5) if ok else (None, None)
     return {"rounds": n, "floor": _r(f), "floor_pct": _pct(f), "single_run": _r(s), "single_run_pct": _pct(s),
-            "ratio": _r(math.sqrt(ci[0] * ci[1])) if ci else None, "ratio_ci_low": _r(ci[0]) if ci else None,
-            "ratio_ci_high": _r(ci[1]) if ci else None,
-            "called_different": bool(ci[0] > 1 or ci[1] < 1) if ci else None}
+            "ratio": _r(c.estimate) if ok else None, "ratio_ci_low": low, "ratio_ci_high": high,
+            "called_different": c.decided if ok else None}
 
 
 def _r(x: float | None) -> float | None:

@@ -7,11 +7,10 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from mtpbench import stats
 from mtpbench.errors import MtpBenchError
 from mtpbench.metrics import GridPoint, PointResult, PointRun, mean_call_s, summarize, without_timings
 from mtpbench.metrics.records import AA_MODE
-from mtpbench.stats import noise
+from mtpbench.stats import judge, noise
 
 
 def sort_key(p: dict) -> tuple:
@@ -41,9 +40,9 @@ def load_run(out: Path) -> tuple[dict, list[dict], list[dict]]:
     return run, points, failures
 
 
-def read_noise(out: Path, run: dict, points: list[dict]) -> dict | None:
-    """The sweep's A/A control (``aa-k0*.json``, sweep.rounds) against the k = 0 point it copies, as
-    ``stats.noise.summary`` gives it; None where the sweep timed none."""
+def aa_runs(out: Path, run: dict, points: list[dict]) -> tuple[dict, list[dict], list[dict]] | None:
+    """The sweep's A/A control (``aa-k0*.json``, sweep.rounds): the k = 0 point it copies, and the timed runs of
+    both (the copy runs in its original's rounds); None where the sweep timed none."""
     for path in sorted(Path(out).glob("aa-k0*.json")):
         aa = read_json(path)
         if path.name.endswith(".failure.json") or not _belongs(aa.get("fingerprint"), run):
@@ -51,14 +50,24 @@ def read_noise(out: Path, run: dict, points: list[dict]) -> dict | None:
         k0 = next((d for d in points if d["point"]["k"] == 0 and _where(d) == _where(aa)), None)
         if k0 is None:
             continue
-        a, b = (_timings(d) for d in (k0, aa))
-        n = min(len(a), len(b))  # the copy runs in its original's rounds
-        return {**noise.summary(a[:n], b[:n]), "point": k0["point"]}
+        a, b = ([t for t in d.get("repeats") or [] if t.get("output_tokens_per_sec")] for d in (k0, aa))
+        return k0, a, b
     return None
 
 
-def _timings(d: dict) -> list[float]:
-    return [t["output_tokens_per_sec"] for t in d.get("repeats") or [] if t.get("output_tokens_per_sec")]
+def read_noise(out: Path, run: dict, points: list[dict]) -> dict | None:
+    """The sweep's A/A control against the k = 0 point it copies, as ``stats.noise.summary`` gives it; None where
+    the sweep timed none."""
+    found = aa_runs(out, run, points)
+    if found is None:
+        return None
+    k0, a, b = found
+    n = min(len(a), len(b))
+    return {**noise.summary(_timings(a[:n]), _timings(b[:n])), "point": k0["point"]}
+
+
+def _timings(repeats: list[dict]) -> list[float]:
+    return [t["output_tokens_per_sec"] for t in repeats]
 
 
 def _belongs(fp, run: dict) -> bool:
@@ -81,20 +90,22 @@ def read_json(path: Path):
         raise MtpBenchError(f"{path}: unreadable ({e})") from None
 
 
-def rows_from_points(points: list[dict], failures: list[dict], floor: float = 0.0,
-                     percentiles: tuple[float, ...] = ()) -> list[PointResult]:
-    """The rows of a sweep's point files; ``floor``: the A/A noise floor (log ratio, ``read_noise``), the
-    narrowest a speedup interval is shown; ``percentiles``: latency percentiles asked for beyond p50/p90/p99."""
+def rows_from_points(points: list[dict], failures: list[dict], noise_runs: tuple | None = None,
+                     percentiles: tuple[float, ...] = (), family: int | None = None,
+                     looks: int = 1) -> list[PointResult]:
+    """The rows of a sweep's point files; ``noise_runs``: the A/A control's (k = 0 repeats, copy repeats)
+    (``read_noise``), whose floor is the narrowest a speedup interval is shown; ``percentiles``: latency
+    percentiles asked for beyond p50/p90/p99; ``family`` and ``looks``: the sweep's comparisons and the looks the
+    rounds allowed (``judge_of``), the level of every speedup's interval (``stats.judge``)."""
     loaded = [(d, PointRun.from_json(d)) for d in sorted(points, key=lambda d: sort_key(d["point"]))]
     step_s = _target_step_s(loaded)
     plain = _greedy_k0_tokens(loaded)
     rows: list[PointResult] = []
-    tokps: dict[int, list] = {}  # each whole-point row's tokens/s per repeat, for the speedup's interval
+    reps: dict[int, list] = {}  # each whole-point row's timed runs, for the speedup's comparison
     untimed: set[int] = set()  # rows whose clock measured Triton's interpreter (V2 on a CPU): timings null
     for data, run in loaded:
         mine = _point_rows(data, run, step_s, plain, tuple(percentiles))
-        mine[0] = replace(mine[0], speedup_decision=(data.get("sequential") or {}).get("state"))
-        tokps[id(mine[0])] = [r.get("output_tokens_per_sec") for r in run.repeats]
+        reps[id(mine[0])] = run.repeats
         if run.engine.get("interpreted"):
             untimed.update(id(r) for r in mine)
         rows += mine
@@ -103,7 +114,28 @@ def rows_from_points(points: list[dict], failures: list[dict], floor: float = 0.
         rows.append(PointResult(f["point"]["backend"], p.mode, p.k, p.mtp_layers, "all", "failed",
                                 runner=f.get("runner"), concurrency=p.concurrency, request_rate=f["point"].get("request_rate"),
                                 context_tokens=p.context_tokens, error=f["error"]))
-    return _with_speedups(rows, tokps, untimed, floor)
+    if family is None:
+        family = sum(r.k > 0 and r.category == "all" for r in rows)
+    return _with_speedups(rows, reps, untimed, noise_runs, family, looks)
+
+
+def judge_of(run: dict, points: list[dict], failures: list[dict]) -> tuple[int, int]:
+    """A sweep's (family, looks) for ``stats.judge``: its k > 0 points, as run.json recorded them before any was
+    measured (a sweep from before that: the k > 0 points found, failed or not), and the looks its rounds allowed
+    (one after each round from --repeats to --max-repeats; 1 without sequential rounds)."""
+    from mtpbench.stats.sequential import max_looks
+
+    saved = run.get("judge") or {}
+    family = saved.get("family")
+    if family is None:
+        family = sum(d["point"]["k"] > 0 for d in points + failures)
+    looks = saved.get("looks")
+    if looks is None:
+        config = run.get("config") or {}
+        repeats = config.get("repeats") or 1
+        most = config.get("max_repeats") or repeats
+        looks = max_looks(repeats, most) if most > repeats else 1
+    return max(1, family), max(1, looks)
 
 
 def _where(d: dict) -> tuple:
@@ -173,11 +205,47 @@ def _with_greedy(row: PointResult, d: dict, requests, plain: dict) -> PointResul
                    **({"notes": "; ".join(filter(None, [row.notes, note]))} if note else {}))
 
 
-def _with_speedups(rows: list[PointResult], tokps: dict[int, list], untimed: set[int],
-                   floor: float = 0.0) -> list[PointResult]:
-    """Each row's speedup over the k = 0 row of its load, with the interval of the ratio of medians, never
-    narrower than ``floor`` each side (log ratio: the A/A noise floor); the timings of ``untimed`` rows left
-    null."""
+def until_round(repeats: list[dict], last: int | None) -> list[dict]:
+    """The timed runs of ``repeats`` up to round ``last`` (all where rounds were not recorded)."""
+    if last is None:
+        return list(repeats)
+    return [t for t in repeats if t.get("round") is None or t["round"] <= last]
+
+
+def last_round(repeats: list[dict]) -> int | None:
+    """The last round a point was timed in, where its runs recorded rounds (sweep.rounds), else None."""
+    rounds = [t.get("round") for t in repeats]
+    return None if not rounds or None in rounds else max(rounds)
+
+
+def tokps(repeats: list[dict]) -> list:
+    return [t.get("output_tokens_per_sec") for t in repeats]
+
+
+def floor_until(noise_runs: tuple | None, last: int | None) -> float:
+    """The A/A noise floor (log ratio) from the control's runs up to round ``last``: what the rounds saw at a
+    point's last look; 0 where no A/A was timed."""
+    if not noise_runs:
+        return 0.0
+    a, b = (tokps(until_round(x, last)) for x in noise_runs)
+    n = min(len(a), len(b))
+    return noise.floor(a[:n], b[:n]) or 0.0
+
+
+def speedup_comparison(point: list[dict], base: list[dict], noise_runs: tuple | None, family: int,
+                       looks: int) -> judge.Comparison:
+    """A point's speedup over its k = 0, as the rounds judged it at the point's last look: both points' timed runs
+    up to the last round the point was timed in, the A/A floor as it stood then (``stats.judge.ratio``)."""
+    last = last_round(point)
+    return judge.ratio(tokps(point), tokps(until_round(base, last)), floor_until(noise_runs, last), family, looks)
+
+
+def _with_speedups(rows: list[PointResult], reps: dict[int, list], untimed: set[int], noise_runs: tuple | None,
+                   family: int, looks: int) -> list[PointResult]:
+    """Each row's speedup over the k = 0 row of its load: for a whole point with timed runs, the judge's
+    comparison (the ratio of geometric means, its interval at the sweep's level never narrower than the A/A
+    floor, the adjusted p and the decision); a category's row, or a point timed too few times, the ratio of its
+    tokens/s alone, with no interval. The timings of ``untimed`` rows are left null."""
     def load(r: PointResult) -> tuple:
         return r.backend, r.category, r.concurrency, r.request_rate, r.context_tokens
 
@@ -187,14 +255,13 @@ def _with_speedups(rows: list[PointResult], tokps: dict[int, list], untimed: set
         b = base.get(load(r))
         if not (r.output_tokens_per_sec and b and b.output_tokens_per_sec):
             return r
-        ci = stats.median_ratio_ci(tokps.get(id(r), []), tokps.get(id(b), [])) if r is not b else None
-        speedup = round(r.output_tokens_per_sec / b.output_tokens_per_sec, 4)
-        if ci and floor:
-            ci = noise.widen(ci[0], ci[1], speedup, floor)
-        # the interval holds the ratio of medians (stats.median_ratio_ci); min / max keep the shown speedup,
-        # a ratio of the rounded medians, inside it after rounding too
-        return replace(r, speedup=speedup, speedup_ci_low=min(round(ci[0], 4), speedup) if ci else None,
-                       speedup_ci_high=max(round(ci[1], 4), speedup) if ci else None)
+        c = speedup_comparison(reps[id(r)], reps[id(b)], noise_runs, family, looks) \
+            if r is not b and id(r) in reps and id(b) in reps else None
+        if c is None or c.estimate is None:
+            return replace(r, speedup=round(r.output_tokens_per_sec / b.output_tokens_per_sec, 4))
+        low, high = judge.outward(c, 4)
+        return replace(r, speedup=round(c.estimate, 4), speedup_ci_low=low, speedup_ci_high=high,
+                       speedup_decision=judge.speed(c), speedup_p=judge.p_shown(c.p_value), speedup_level=c.level)
 
     return [without_timings(r) if id(r) in untimed else with_speedup(r) for r in rows]
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from mtpbench.html.document import document, esc, figure, provenance, table, write
 from mtpbench.environment import load_change
+from mtpbench.stats.judge import end_text, interval_text, level_text
 from mtpbench.stats.noise import line as noise_line
 
 FIGURES = [("acceptance_length.png", "Acceptance length against k, with 95 % intervals", False),
@@ -35,11 +36,14 @@ def _interval(r: dict) -> tuple[float, float] | None:
 
 
 def _speed(r: dict, words: str = "") -> str:
-    """A point's speedup as the headline shows it: "1.15x [95 %: 0.80 to 1.50]" (``words`` after the "x"), or
-    with "(no interval)"."""
+    """A point's speedup as the headline shows it: "1.15x [99.17 %: 0.80 to 1.50]" (``words`` after the "x"), the
+    interval at the level its decision was made at, or with "(no interval)"."""
     ci = _interval(r)
-    return (f"{r['speedup']:.2f}x{words} "
-            + ("(no interval)" if ci is None else f"[95 %: {ci[0]:.2f} to {ci[1]:.2f}]"))
+    x = end_text(r["speedup"], 1.0, 2, "f")
+    if ci is None:
+        return f"{x}x{words} (no interval)"
+    lo, hi = (end_text(v, 1.0, 2, "f") for v in ci)
+    return f"{x}x{words} [{level_text(r.get('speedup_level') or 0.95)}: {lo} to {hi}]"
 
 
 PLAIN = " the speed of plain decoding"
@@ -52,36 +56,37 @@ def _al(r: dict) -> str:
 def _timed(timed: list[dict]) -> tuple[str, str]:
     """The headline over points with a speedup (see ``headline``)."""
     top = max(timed, key=lambda r: r["speedup"])
-    faster = [r for r in timed if _interval(r) and _interval(r)[0] > 1]
+    faster = [r for r in timed if r.get("speedup_decision") == "faster"]
     if faster:
         b = max(faster, key=lambda r: r["speedup"])
         text = (f"Best: {label(b)} at {_speed(b, PLAIN)}{_al(b)}; faster than plain decoding "
                 f"beyond noise at {len(faster)} of {len(timed)} timed points: {'; '.join(map(label, faster))}.")
         if top["speedup"] > b["speedup"]:
-            text += f" {label(top)} has the highest median, {_speed(top)}, but is not faster beyond noise."
+            text += f" {label(top)} has the highest speedup, {_speed(top)}, but is not faster beyond noise."
         return text, "good"
-    if all(_interval(r) and _interval(r)[1] < 1 for r in timed):
+    if all(r.get("speedup_decision") == "slower" for r in timed):
         return (f"Drafting is slower here: every drafting point runs below plain decoding beyond noise; the best, "
                 f"{label(top)}, runs at {_speed(top)}.", "bad")
-    bare = [r for r in timed if _interval(r) is None]
+    bare = [r for r in timed if r.get("speedup_decision") is None]
     if len(bare) == len(timed):
         return f"Best: {label(top)} at {_speed(top, PLAIN)}{_al(top)}.", "plain"
-    return (f"No k is faster than plain decoding beyond noise: the best by median, {label(top)}, runs at "
+    return (f"No k is faster than plain decoding beyond noise: the best, {label(top)}, runs at "
             f"{_speed(top)}{_al(top)}" + (f"; {len(bare)} of {len(timed)} timed points have no interval"
                                           if bare else "") + ".", "warn")
 
 
 def headline(rows: list[dict]) -> tuple[str, str]:
     """(the answer in a sentence, its tone) from the rows of all prompts. Only finished drafting points count
-    (status ok, k > 0); a point is faster (slower) than plain decoding beyond noise when its speedup's 95 %
-    interval lies wholly above (below) 1, an end exactly at 1 is not beyond it. Over the points with a speedup:
+    (status ok, k > 0); a point is faster (slower) than plain decoding beyond noise where its row's decision
+    (``speedup_decision``, stats.judge: its interval at the sweep's level lies wholly above (below) 1) says so:
+    the headline reads the row, never an interval of its own. Over the points with a speedup:
 
-    * some point is faster beyond noise: "Best:" the fastest of those by median, every such point named, and
-      the point of the highest median if it is not one of them (good);
-    * every point has an interval and each lies below 1: "Drafting is slower here" (bad);
-    * no point has an interval: the best by median, "(no interval)" (plain);
-    * else: "No k is faster than plain decoding beyond noise", the best by median, and how many points have no
-      interval (warn).
+    * some point is faster beyond noise: "Best:" the fastest of those, every such point named, and the point of
+      the highest speedup if it is not one of them (good);
+    * every point is slower beyond noise: "Drafting is slower here" (bad);
+    * no point has a decision (no interval): the best, "(no interval)" (plain);
+    * else: "No k is faster than plain decoding beyond noise", the best, and how many points have no interval
+      (warn).
 
     Without any speedup: the highest acceptance length, or that nothing was drafted (plain); no drafting point
     finished: bad."""
@@ -101,11 +106,16 @@ def headline(rows: list[dict]) -> tuple[str, str]:
     return "No drafting point finished: see the failed points below.", "bad"
 
 
-def _ci(r: dict, name: str, nd: int = 2) -> str:
+def _ci(r: dict, name: str, nd: int = 2, null: float | None = None) -> str:
+    """A value and its interval, to ``nd`` decimals (an interval that excludes ``null`` never printed touching it)."""
     v, lo, hi = r.get(name), r.get(f"{name}_ci_low"), r.get(f"{name}_ci_high")
     if v is None:
         return "-"
-    return f"{v:.{nd}f} [{lo:.{nd}f}, {hi:.{nd}f}]" if lo is not None and hi is not None else f"{v:.{nd}f}"
+    if lo is None or hi is None:
+        return f"{v:.{nd}f}"
+    if null is None:
+        return f"{v:.{nd}f} [{lo:.{nd}f}, {hi:.{nd}f}]"
+    return f"{v:.{nd}f} {interval_text(lo, hi, null, nd, 'f')}"
 
 
 def _positions(r: dict) -> str:
@@ -122,12 +132,14 @@ def _positions(r: dict) -> str:
 
 
 def rows_table(rows: list[dict]) -> str:
+    levels = sorted({r["speedup_level"] for r in rows if r.get("speedup_level")})
+    at = " / ".join(level_text(x) for x in levels) or "95 %"
     headers = ["point", "category", "runner", "AL [95 %]", "acceptance per position (joint) [95 %]", "alpha",
-               "tokens/s [95 %]", "speedup [95 %]", "theory", "TTFT p50 ms", "TPOT p50 ms", "=k0", "status"]
+               "tokens/s [95 %]", f"speedup [{at}]", "theory", "TTFT p50 ms", "TPOT p50 ms", "=k0", "status"]
     body = [[label(r), r["category"], r.get("runner") or "-", _ci(r, "acceptance_length"), _positions(r),
              "-" if r.get("alpha") is None else f"{r['alpha']:.3f}", _ci(r, "output_tokens_per_sec", 1),
-             _ci(r, "speedup", 3) + (f" {r['speedup_decision']}, n = {r['num_repeats']}" if r.get("speedup_decision")
-                                     else ""), "-" if r.get("theoretical_speedup") is None else f"{r['theoretical_speedup']:.3f}",
+             _ci(r, "speedup", 3, 1.0) + (f" {r['speedup_decision']}, n = {r['num_repeats']}"
+                                          if r.get("speedup_decision") else ""), "-" if r.get("theoretical_speedup") is None else f"{r['theoretical_speedup']:.3f}",
              _ci(r, "ttft_ms_p50", 1), _ci(r, "tpot_ms_p50", 2),
              "-" if r.get("greedy_match_k0") is None else f"{r['greedy_match_k0']:.2f}",
              r["status"] + (f": {r['error']}" if r.get("error") else "")] for r in rows]

@@ -15,7 +15,7 @@ from mtpbench.environment import load_change
 from mtpbench.files import write_json, write_text
 from mtpbench.metrics import PointResult
 from mtpbench.stats.noise import line as noise_line
-from mtpbench.sweep.load import load_run, read_json, read_noise, rows_from_points
+from mtpbench.sweep.load import aa_runs, judge_of, load_run, read_json, read_noise, rows_from_points
 from mtpbench.html.pages import render
 from mtpbench.sweep.page import page
 from mtpbench.sweep.plots import al_histogram, plots
@@ -61,9 +61,12 @@ def build(out: Path) -> list[PointResult]:
     out = Path(out)
     run, points, failures = load_run(out)
     noise = read_noise(out, run, points)
+    found = aa_runs(out, run, points)
     config = run.get("config") or {}
+    family, looks = judge_of(run, points, failures)
     rows = [replace(r, **labels(config)) for r in
-            rows_from_points(points, failures, (noise or {}).get("floor") or 0.0, config.get("metric_percentiles") or ())]
+            rows_from_points(points, failures, found[1:] if found else None, config.get("metric_percentiles") or (),
+                             family, looks)]
     write_text(out / "summary.csv", csv_text(rows))
     write_json(out / "summary.json", {**run, "noise": noise, "rows": [r.to_json() for r in rows]})
     plots(out, rows)

@@ -6,8 +6,8 @@
 3. the A/A control: the first k = 0 point timed a second time in the same rounds, as a point of its own
    (``aa-k0.json``, mode "aa"): the machine's noise floor (``stats.noise``);
 4. sequential stopping (``--max-repeats`` above ``--repeats``): after each round from ``--repeats`` on, each k > 0
-   point is judged against the k = 0 point of its load and context (``stats.sequential.judge``: Bonferroni over
-   the looks the budget allows, never narrower than the A/A floor); a decided point stops, the others go on until
+   point is judged against the k = 0 point of its load and context (``stats.judge.ratio``: Bonferroni over the
+   sweep's k > 0 points and the looks the budget allows, never narrower than the A/A floor); a decided point stops, the others go on until
    ``--max-repeats`` rounds or ``--max-seconds``. A k = 0 point goes on while any of its points does, the A/A copy
    with its k = 0 point. Each k > 0 point saves its last look as ``sequential``.
 """
@@ -22,7 +22,8 @@ from mtpbench.metrics import GridPoint
 from mtpbench.metrics.records import AA_MODE
 from mtpbench.stats import noise
 from mtpbench.stats.intervals import MIN_REPEATS_RATIO
-from mtpbench.stats.sequential import judge, look_level, max_looks, next_step
+from mtpbench.stats import judge as judgement
+from mtpbench.stats.sequential import judge, max_looks, next_step
 
 
 def check(cfg) -> str | None:
@@ -67,8 +68,15 @@ def with_aa(cfg, todo: list) -> list:
     return todo + [(replace(p, mode=AA_MODE), prompts)]
 
 
+def family_of(points: list[GridPoint]) -> int:
+    """The comparisons a sweep judges at once: its k > 0 points that have a k = 0 point of their load and context
+    (fixed by the grid, before anything is timed)."""
+    k0 = {where(p) for p in points if p.k == 0}
+    return max(1, sum(p.k > 0 and where(p) in k0 for p in points))
+
+
 def still_timed(timed: set[str], tokps: dict[str, list], partner: dict[str, str], aa: str | None, looks: int,
-                alpha: float) -> tuple[set[str], dict]:
+                alpha: float, family: int = 1) -> tuple[set[str], dict]:
     """After a look: the points to time in the next round, and the looks at the k > 0 points judged. A k > 0 point
     stays while its look is open (one without a timed baseline stops: nothing to judge it against); a k = 0 point
     while any k > 0 point of its load stays; the A/A copy while its original does."""
@@ -78,7 +86,7 @@ def still_timed(timed: set[str], tokps: dict[str, list], partner: dict[str, str]
         base = partner.get(name)
         if base is None or name == aa or base not in tokps:
             continue
-        seen[name] = judge(tokps[name], tokps[base], alpha=alpha, looks=looks, floor=floor)
+        seen[name] = judge(tokps[name], tokps[base], alpha=alpha, looks=looks, floor=floor, family=family)
         if seen[name].state == "open":
             keep.add(name)
     keep |= {partner[n] for n in keep}
@@ -122,15 +130,17 @@ class Timer:
         return {n: [t.get("output_tokens_per_sec") for t in run.repeats] for n, run in self.runs.items()}
 
 
-def run_rounds(cfg, todo: list, measure, save, on_point=None) -> None:
+def run_rounds(cfg, todo: list, measure, save, on_point=None, family: int | None = None) -> None:
     """Warm-up, then rounds until every point is decided or the budget is spent; then ``save(point, run, wall_s,
-    extra)`` of each point that did not fail."""
+    extra)`` of each point that did not fail. ``family``: the sweep's comparisons (``family`` of its whole grid; by
+    default of ``todo``'s points)."""
     from mtpbench.stats.intervals import LEVEL
 
     todo = with_aa(cfg, todo)
     rounds = max(cfg.repeats, cfg.max_repeats or cfg.repeats)
     looks, alpha = max_looks(cfg.repeats, rounds) if sequential(cfg) else 1, 1.0 - LEVEL
     partner = baselines([p for p, _ in todo])
+    family = family or family_of([p for p, _ in todo])
     aa = next((p.name for p, _ in todo if p.mode == AA_MODE), None)
     timer = Timer(cfg, todo, measure, on_point, len(todo) * (cfg.warmup + rounds))
     for _ in range(cfg.warmup):
@@ -144,10 +154,12 @@ def run_rounds(cfg, todo: list, measure, save, on_point=None) -> None:
             timer.time(names[i], f"{names[i]} (round {r + 1}, up to {rounds})", {"round": r, "slot": slot})
         if r + 1 < cfg.repeats:
             continue
-        keep, look = still_timed({n for n in timed if n in timer.runs}, timer.tokps(), partner, aa, looks, alpha)
+        keep, look = still_timed({n for n in timed if n in timer.runs}, timer.tokps(), partner, aa, looks, alpha,
+                                 family)
         for n, lk in look["looks"].items():
             last[n] = {**{k: round(v, 5) if isinstance(v, float) else v for k, v in asdict(lk).items()},
-                       "floor": round(look["floor"], 5), "looks": looks, "level": look_level(alpha, looks)}
+                       "floor": round(look["floor"], 5), "looks": looks, "family": family,
+                       "level": judgement.level(family, looks, alpha)}
         if not sequential(cfg):
             break
         now = time.perf_counter()

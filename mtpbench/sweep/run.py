@@ -36,7 +36,9 @@ from mtpbench.metrics.latency import request_lines
 from mtpbench.prompts import run_prompts
 from mtpbench.sweep.load import divergence_holds
 from mtpbench.sweep.report import build
-from mtpbench.sweep.rounds import run_rounds, sequential
+from mtpbench.stats.judge import ALPHA
+from mtpbench.stats.sequential import max_looks
+from mtpbench.sweep.rounds import family_of, run_rounds, sequential
 
 
 def grid(cfg: SweepConfig, checkpoint_layers: int | None, attached_k: int | None = None) -> list[GridPoint]:
@@ -76,9 +78,12 @@ def run_sweep(cfg: SweepConfig, on_point: Callable[[int, int, str], None] | None
         prov = provenance()
         prompts_info = pset.describe()  # as in the set, without context
         fp = {**fingerprint(cfg.to_json(), prov["versions"]), "prompts_sha256": prompts_info["sha256"]}
+        family = family_of(points)
+        looks = max_looks(cfg.repeats, cfg.max_repeats) if sequential(cfg) else 1
         write_json(out / "run.json", {"config": cfg.to_json(), "provenance": prov, "engine": engine,
                                       "prompts": prompts_info, "fingerprint": fp,
-                                      "execution": execution(cfg.to_json())})
+                                      "execution": execution(cfg.to_json()),
+                                      "judge": {"family": family, "looks": looks, "alpha": ALPHA}})
         window = context_window(cfg)
         todo = []
         for point in points:
@@ -91,7 +96,7 @@ def run_sweep(cfg: SweepConfig, on_point: Callable[[int, int, str], None] | None
                 todo.append((point, prompts))
         if info(cfg.backend).interleaves_repeats and (cfg.repeats > 1 or cfg.warmup or sequential(cfg)):
             run_rounds(cfg, todo, lambda c, p, q: measure(c, backend, p, q, out, fp),
-                       lambda p, run, wall, extra: save_point(cfg, p, run, out, fp, wall, extra), on_point)
+                       lambda p, run, wall, extra: save_point(cfg, p, run, out, fp, wall, extra), on_point, family)
         else:
             for i, (point, prompts) in enumerate(todo):
                 if on_point:

@@ -62,7 +62,9 @@ def close(attached) -> None:
 
 def run_servers(cfg: SweepConfig, on_point=None) -> list:
     """Measure every point of every attached server into ``cfg.out``, then build the sweep's files; its rows."""
+    from mtpbench.stats.judge import ALPHA
     from mtpbench.sweep.report import build
+    from mtpbench.sweep.rounds import family_of
     from mtpbench.sweep.run import grid, run_one
 
     validate(cfg, None)
@@ -81,7 +83,9 @@ def run_servers(cfg: SweepConfig, on_point=None) -> list:
         write_json(out / "run.json", {"config": cfg.to_json(), "provenance": prov,
                                       "engine": {**plan[0][3], "servers": {u: f for u, _, _, f in plan}},
                                       "prompts": pset.describe(), "fingerprint": fp,
-                                      "execution": execution(cfg.to_json())})
+                                      "execution": execution(cfg.to_json()),
+                                      "judge": {"family": family_of([p for *_, p in points]), "looks": 1,
+                                                "alpha": ALPHA}})
         for i, (url, backend, c, point) in enumerate(points):
             if on_point:
                 on_point(i, len(points), f"{point.name} ({url})")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from mtpbench import files
 from mtpbench.metrics import GridPoint, PointResult
+from mtpbench.stats.judge import end_text, interval_text, level_text
 
 TABLE_COLUMNS = [
     ("mode", "mode"), ("k", "k"), ("mtp_layers", "L"), ("category", "category"),
@@ -25,6 +26,33 @@ def csv_text(rows: list[PointResult]) -> str:
     return files.csv_text(PointResult.columns(), (r.to_csv() for r in rows))
 
 
+def columns(rows: list[PointResult], latency: list[tuple[str, str]] | None = None) -> list[tuple[str, str]]:
+    """The table's (field, header) columns: the usual ones, and those only some sweeps have (see ``table``)."""
+    cols = list(TABLE_COLUMNS)
+    if any(r.context_tokens is not None for r in rows):
+        cols[4:4] = [("context_tokens", "ctx")]
+    if any(r.concurrency is not None for r in rows):
+        cols[4:4] = SERVED_COLUMNS[:2]
+        cols[-3:-3] = SERVED_COLUMNS[2:]
+    if any(getattr(r, name) is not None for r in rows for name, _ in TELEMETRY_COLUMNS):
+        cols[-1:-1] = TELEMETRY_COLUMNS
+    if any(r.greedy_match_k0 is not None for r in rows):
+        cols[-2:-2] = [("greedy_match_k0", "=k0")]
+    if any(r.greedy_numerical is not None for r in rows):  # of the prompts that left k = 0's tokens: near-ties
+        cols[-2:-2] = [("greedy_numerical", "numerical")]
+    if any(r.speedup_decision for r in rows):  # each point's timed runs and its speedup's decision (stats.judge)
+        i = [name for name, _ in cols].index("speedup") + 1
+        cols[i:i] = [("num_repeats", "n"), ("speedup_decision", "decided")]
+    if any(r.runner for r in rows):
+        cols[1:1] = [("runner", "vLLM runner")]
+    if latency is not None:
+        names = [name for name, _ in cols]
+        i = names.index("ttft_ms_p50")
+        cols = [c for c in cols if not c[0].startswith(("ttft_ms", "tpot_ms", "itl_ms"))]
+        cols[i:i] = latency
+    return cols
+
+
 def table(rows: list[PointResult], latency: list[tuple[str, str]] | None = None) -> str:
     """``latency``: the latency columns to show instead of the usual ones (``metrics.latency.columns``: what
     --percentile-metrics and --metric-percentiles ask for)."""
@@ -43,6 +71,8 @@ def table(rows: list[PointResult], latency: list[tuple[str, str]] | None = None)
         if v is not None and ci is None and unsure(r, name):
             marked.append(True)  # one measurement: a timing shown without an interval says so
             return number(name, v) + "*"
+        if name == "speedup" and v is not None and ci is not None:  # never printed touching 1 where it excludes 1
+            return f"{end_text(v, 1.0)} {interval_text(ci[0], ci[1], 1.0)}"
         if v is not None and ci is not None:  # 2.36 [2.28, 2.44]: the 95 % interval, asymmetric as it is
             return f"{number(name, v)} [{number(name, ci[0])}, {number(name, ci[1])}]"
         if isinstance(v, float):  # formatted here: a column with "-" cells is not reformatted by tabulate
@@ -50,28 +80,7 @@ def table(rows: list[PointResult], latency: list[tuple[str, str]] | None = None)
         return "-" if v is None else v
 
     marked: list[bool] = []
-    cols = list(TABLE_COLUMNS)
-    if any(r.context_tokens is not None for r in rows):
-        cols[4:4] = [("context_tokens", "ctx")]
-    if any(r.concurrency is not None for r in rows):
-        cols[4:4] = SERVED_COLUMNS[:2]
-        cols[-3:-3] = SERVED_COLUMNS[2:]
-    if any(getattr(r, name) is not None for r in rows for name, _ in TELEMETRY_COLUMNS):
-        cols[-1:-1] = TELEMETRY_COLUMNS
-    if any(r.greedy_match_k0 is not None for r in rows):
-        cols[-2:-2] = [("greedy_match_k0", "=k0")]
-    if any(r.greedy_numerical is not None for r in rows):  # of the prompts that left k = 0's tokens: near-ties
-        cols[-2:-2] = [("greedy_numerical", "numerical")]
-    if any(r.speedup_decision for r in rows):  # sequential rounds: each point's timed runs and its last look
-        i = [name for name, _ in cols].index("speedup") + 1
-        cols[i:i] = [("num_repeats", "n"), ("speedup_decision", "decided")]
-    if any(r.runner for r in rows):
-        cols[1:1] = [("runner", "vLLM runner")]
-    if latency is not None:
-        names = [name for name, _ in cols]
-        i = names.index("ttft_ms_p50")
-        cols = [c for c in cols if not c[0].startswith(("ttft_ms", "tpot_ms", "itl_ms"))]
-        cols[i:i] = latency
+    cols = columns(rows, latency)
     body = [[cell(name, _value(r, name), r) for name, _ in cols] for r in rows]
     # 3 significant digits, but tokens/s in full (1823.4, not 1.82e+03)
     fmt = [".1f" if name == "output_tokens_per_sec" else ".3g" for name, _ in cols]
@@ -79,7 +88,8 @@ def table(rows: list[PointResult], latency: list[tuple[str, str]] | None = None)
     if marked:
         text += f"\n* {NO_INTERVAL}"
     if any(r.speedup_decision for r in rows):
-        text += f"\n{DECIDED}"
+        levels = sorted({r.speedup_level for r in rows if r.speedup_level})
+        text += f"\n{decided_legend(levels)}"
     errors = [f"{row_label(r)}: {r.error}" for r in rows if r.error]
     notes = sorted({f"{row_label(r)}: {r.notes}" for r in rows if r.notes and r.category == "all"})
     return text + ("\n\nnotes:\n" + "\n".join(notes) if notes else "") + \
@@ -92,9 +102,12 @@ NO_INTERVAL = ("no interval: a timing from too few timed runs to tell its noise 
                "intervals, --repeats 6 also tokens/s and the TTFT, TPOT, ITL and E2EL medians)")
 
 
-DECIDED = ("decided: the rounds' last look at the speedup, faster or slower where its interval at 1 - 0.05 / L "
-           "(L: the looks --max-repeats allows) widened to the A/A noise floor excludes 1, else open (sweep.rounds); "
-           "n: its timed runs")
+def decided_legend(levels: list[float]) -> str:
+    """The line under the table that says how ``decided`` and the speedup's interval were made."""
+    at = " / ".join(level_text(x) for x in levels) or level_text(0.95)
+    return (f"speedup: tokens/s over k = 0's, the ratio of geometric means of the timed runs, its interval at {at} "
+            f"(1 - 0.05 / (k > 0 points x looks the rounds allow)) never narrower than the A/A noise floor; decided: "
+            f"faster or slower where that interval excludes 1, else open (stats.judge); n: its timed runs")
 
 
 def unsure(r: PointResult, name: str) -> bool:

@@ -20,8 +20,10 @@ def test_acceptance_without_timings():
 
 
 def test_speedup_beyond_noise_within_noise_and_below():
-    assert headline([row(2, speedup=1.3, speedup_ci_low=1.1, speedup_ci_high=1.5, acceptance_length=2.0)])[1] == "good"
-    assert headline([row(2, speedup=1.1, speedup_ci_low=0.9, speedup_ci_high=1.3)])[0].startswith("No k is faster")
-    assert headline([row(2, speedup=0.8, speedup_ci_low=0.7, speedup_ci_high=0.9)])[1] == "bad"
+    assert headline([row(2, speedup=1.3, speedup_ci_low=1.1, speedup_ci_high=1.5, acceptance_length=2.0,
+                         speedup_decision="faster")])[1] == "good"
+    assert headline([row(2, speedup=1.1, speedup_ci_low=0.9, speedup_ci_high=1.3,
+                         speedup_decision="open")])[0].startswith("No k is faster")
+    assert headline([row(2, speedup=0.8, speedup_ci_low=0.7, speedup_ci_high=0.9, speedup_decision="slower")])[1] == "bad"
     assert "no interval" in headline([row(2, speedup=1.2)])[0]
     assert headline([{**row(1), "status": "failed"}])[1] == "bad"

@@ -15,7 +15,7 @@ from mtpbench.config import SweepConfig
 from mtpbench.environment import load_change
 from mtpbench.metrics import GridPoint
 from mtpbench.stats import noise
-from mtpbench.stats.intervals import t_quantile
+from scipy.special import stdtrit
 from mtpbench.sweep.rounds import baselines, check, order, still_timed, with_aa
 
 timing = st.floats(10.0, 1000.0, allow_nan=False)
@@ -29,7 +29,7 @@ def welch(num, den, level):
     if va + vb == 0:
         return a.mean() - b.mean(), 0.0
     df = (va + vb) ** 2 / (va * va / (a.size - 1) + vb * vb / (b.size - 1))
-    return a.mean() - b.mean(), t_quantile(1 - (1 - level) / 2, df) * math.sqrt(va + vb)
+    return a.mean() - b.mean(), stdtrit(df, 1 - (1 - level) / 2) * math.sqrt(va + vb)
 
 
 @settings(max_examples=200, deadline=None)
@@ -45,7 +45,7 @@ def test_single_runs_differ_by_t_sqrt2_pooled_sd(a, b):
     la, lb = np.log(a), np.log(b)
     df = len(a) + len(b) - 2
     s2 = (np.sum((la - la.mean()) ** 2) + np.sum((lb - lb.mean()) ** 2)) / df
-    want = t_quantile(0.975, df) * math.sqrt(2 * s2)
+    want = stdtrit(df, 1 - 0.025) * math.sqrt(2 * s2)
     assert math.isclose(noise.single_run(a, b), want, rel_tol=1e-9, abs_tol=1e-12)
 
 
@@ -159,7 +159,7 @@ def test_the_noise_summary_against_the_oracle(a, b, level):
     est, half = welch(b, a, level)
     floor = abs(est) + half
     s2 = (np.sum((np.log(a) - np.mean(np.log(a))) ** 2) + np.sum((np.log(b) - np.mean(np.log(b))) ** 2))
-    single = t_quantile(1 - (1 - level) / 2, len(a) + len(b) - 2) * math.sqrt(2 * s2 / (len(a) + len(b) - 2))
+    single = stdtrit(len(a) + len(b) - 2, 1 - (1 - level) / 2) * math.sqrt(2 * s2 / (len(a) + len(b) - 2))
     got = noise.summary(a, b, level)
     assert set(got) == {"rounds", "floor", "floor_pct", "single_run", "single_run_pct", "ratio", "ratio_ci_low",
                         "ratio_ci_high", "called_different"}

@@ -11,7 +11,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mtpbench.stats.intervals import t_quantile
+from scipy.special import stdtrit
 from mtpbench.stats.sequential import judge, max_looks, next_step, run
 
 timing = st.floats(10.0, 1000.0, allow_nan=False)
@@ -27,7 +27,7 @@ def oracle(num, den, line, alpha, looks, floor):
         half = 0.0
     else:
         df = (va + vb) ** 2 / (va * va / (a.size - 1) + vb * vb / (b.size - 1))
-        half = t_quantile(1 - alpha / looks / 2, df) * se
+        half = stdtrit(df, 1 - alpha / looks / 2) * se
     half = max(half, floor)
     lo, hi = math.exp(est - half), math.exp(est + half)
     return lo, hi, "faster" if lo > line else "slower" if hi < line else "open"
