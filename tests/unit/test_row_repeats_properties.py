@@ -80,6 +80,8 @@ def test_every_timing_of_a_row_is_the_median_of_the_same_runs(data):
     assert row.output_tokens_per_sec == pytest.approx(statistics.median(tokps), abs=0.0051)
     assert row.request_throughput_per_sec == pytest.approx(statistics.median(reqps), abs=5.1e-5)
     assert row.decode_time_s == pytest.approx(statistics.median(windows), abs=5.1e-5)
+    for x in (row.request_throughput_per_sec, row.decode_time_s):
+        assert round(x, 4) == x  # to 4 decimals, as the single run's
     ci = order_interval(reqps)
     got = (row.request_throughput_per_sec_ci_low, row.request_throughput_per_sec_ci_high)
     assert got == ((None, None) if ci is None else (pytest.approx(ci[0], abs=5.1e-5), pytest.approx(ci[1], abs=5.1e-5)))
@@ -109,6 +111,20 @@ def test_a_point_file_without_per_run_windows_leaves_req_s_and_decode_time_unkno
     assert row.request_throughput_per_sec is None and row.decode_time_s is None
     assert row.request_throughput_per_sec_ci_low is None
     assert "req/s and decode time" in row.notes and "3 timed runs" in row.notes
+
+
+def test_a_run_of_no_window_is_left_out_of_tokens_s_req_s_and_decode_time_alike():
+    """A timed run whose window is 0 s has no rate: tokens/s, req/s and decode time are the other runs' medians."""
+    row = row_of(run_of([0.0, 1.0, 2.0], [[10] * 8] * 3))
+    assert (row.output_tokens_per_sec, row.request_throughput_per_sec, row.decode_time_s) == (60.0, 6.0, 1.5)
+
+
+@pytest.mark.parametrize("kept", ["wall_s", "request_e2el_ms"])
+def test_a_run_that_kept_its_window_or_its_requests_but_not_both_gives_no_req_s(kept):
+    run = run_of([4.0, 1.0, 1.0], [[10] * 8] * 3)
+    run.repeats = [{"output_tokens_per_sec": r["output_tokens_per_sec"], kept: r[kept]} for r in run.repeats]
+    row = row_of(run)
+    assert row.request_throughput_per_sec is None and row.decode_time_s is None and "req/s" in row.notes
 
 
 def test_the_interval_of_req_s_is_a_timing_column_and_shown_in_the_table():
