@@ -37,8 +37,9 @@ def check_drafter(
 ) -> None:
     """Capture every draft step of a short greedy run (what the engine fed its MTP module, what each stage
     produced), recompute it with mtpbench's independent reference of the checkpoint's MTP block, and name the
-    first stage that differs; exit 1 where one does."""
+    first stage that differs; exit 1 where one does, 3 where no stage could be checked (inconclusive: no pass)."""
     from mtpbench.config import resolve
+    from mtpbench.drafter.compare import EXIT_CODE, verdict
     from mtpbench.drafter.run import run_check
 
     model, profile = model_or_profile(model, profile)
@@ -58,8 +59,9 @@ def check_drafter(
         fail(str(e))
     print_check(summary)
     wrote(cfg.out, "drafter.json", "report.html")
-    if summary["first_difference"] is not None:
-        raise typer.Exit(1)
+    code = EXIT_CODE[verdict(summary["errors"], summary["tolerance"])]
+    if code:
+        raise typer.Exit(code)
 
 
 def print_check(s: dict) -> None:

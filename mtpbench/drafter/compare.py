@@ -1,5 +1,6 @@
 """The answers check-drafter draws from its numbers, pure (no torch): the tolerance of a dtype, the first stage
-whose engine output differs from the reference beyond it, and the acceptance per position of a list of drafts.
+whose engine output differs from the reference beyond it, the verdict (parity, differs, or inconclusive where no stage
+was checked) with its exit code, and the acceptance per position of a list of drafts.
 
 Tolerance: a stage's error is max |engine - reference| / max |reference| over its rows; the reference recomputes
 the stage in float32 from the engine's own input to it, so a correct engine differs only by its dtype's rounding
@@ -15,6 +16,9 @@ import math
 from mtpbench.drafter.families import STAGES
 
 TOLERANCE = {"float32": 1e-4, "bfloat16": 8 * 2.0 ** -8, "float16": 8 * 2.0 ** -11}
+# check-drafter's exit code per verdict; it fails closed: a check that could not tell (3, as check-lossless's
+# inconclusive) is no pass
+EXIT_CODE = {"parity": 0, "differs": 1, "inconclusive": 3}
 
 
 def tolerance(dtype: str) -> float:
@@ -32,6 +36,14 @@ def first_difference(errors: dict[str, float | None], tol: float) -> str | None:
     return next((s for s in STAGES if differs(errors.get(s), tol)), None)
 
 
+def verdict(errors: dict[str, float | None], tol: float) -> str:
+    """"differs" where a stage differs (``first_difference``); else "parity" where some stage was measured (every one
+    measured is within the tolerance), "inconclusive" where none was: nothing checked says nothing of parity."""
+    if first_difference(errors, tol) is not None:
+        return "differs"
+    return "parity" if any(errors.get(s) is not None for s in STAGES) else "inconclusive"
+
+
 def acceptance_per_position(cycles: list[list[bool]], k: int) -> list[float]:
     """vLLM's per-position acceptance of greedy drafts: position s of a proposal is accepted when its draft and
     every earlier one equal the target's tokens. ``cycles``: each proposal's matches, step by step (a proposal
@@ -47,12 +59,18 @@ def acceptance_per_position(cycles: list[list[bool]], k: int) -> list[float]:
     return [c / len(cycles) for c in counts]
 
 
-def headline(first: str | None, checked: list[str], expected: list[float] | None, measured: list[float]) -> str:
-    """One line: parity, or the first stage that differs, with the acceptance the reference implies."""
+def headline(first: str | None, checked: list[str], expected: list[float] | None, measured: list[float],
+             calls: int | None = None) -> str:
+    """One line: parity, the first stage that differs, or that no stage was checked (``calls``: the draft calls
+    captured, where known), with the acceptance the reference implies."""
     acc = ""
     if expected:
         acc = (f"; the checkpoint's MTP would accept {expected[0]:.2f} at position 0, the engine accepts "
                f"{measured[0]:.2f}" if measured else f"; the checkpoint's MTP would accept {expected[0]:.2f}")
+    if first is None and not checked:
+        why = "" if calls is None else \
+            f": none of the engine's {calls} draft call{'s' * (calls != 1)} gave a stage the reference could compare"
+        return f"inconclusive: no stage was checked{why}, so nothing shows the draft equals the reference{acc}"
     if first is None:
         return f"parity: every stage checked ({', '.join(checked)}) equals the reference{acc}"
     return f"the engine's draft differs from the checkpoint's MTP first at stage '{first}'{acc}"

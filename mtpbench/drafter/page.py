@@ -1,13 +1,13 @@
-"""check-drafter's report.html, rebuilt from drafter.json: the headline (parity or the first stage that differs),
-each stage's error against the tolerance, the notes on the engine's inputs, and the acceptance per position the
-reference implies beside the engine's."""
+"""check-drafter's report.html, rebuilt from drafter.json: the headline (parity, the first stage that differs, or
+inconclusive where no stage was checked), each stage's error against the tolerance, the notes on the engine's inputs,
+and the acceptance per position the reference implies beside the engine's."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from mtpbench.drafter.compare import differs
+from mtpbench.drafter.compare import differs, first_difference, headline, verdict
 from mtpbench.drafter.families import STAGES
 from mtpbench.html.document import document, esc, provenance, table, write
 
@@ -34,7 +34,12 @@ def acceptance_rows(s: dict) -> list[list]:
 def page(out: Path) -> Path:
     out = Path(out)
     s = json.loads((out / "drafter.json").read_text())
-    tone = "good" if s["first_difference"] is None else "bad"
+    # the answer from the saved errors by today's rule (a drafter.json from before "inconclusive" said "parity"
+    # with no stage checked); green only for parity, never for a check that could not tell
+    errors, tol = s["errors"], s["tolerance"]
+    tone = {"parity": "good", "differs": "bad"}.get(verdict(errors, tol), "warn")
+    answer = headline(first_difference(errors, tol), [st for st in STAGES if errors.get(st) is not None],
+                      s.get("reference_acceptance"), s.get("engine_acceptance") or [], s.get("num_calls"))
     body = ("<h2>Stage by stage</h2>"
             + table(["stage", "max |engine - reference| / max |reference|", f"tolerance {s['tolerance']:.3g}"],
                     stage_rows(s), caption=f"{s['dtype']}; decoder layer: {s['decoder']}")
@@ -51,7 +56,7 @@ def page(out: Path) -> Path:
                                 "draft calls": s["num_calls"], "requests": s["num_requests"]}))
     sub = f"{s['model']} on {s['backend']}{' (' + s['runner'] + ')' if s.get('runner') else ''}, k = {s['k']}."
     return write(out / "report.html", document(f"mtpbench check-drafter: {out.name}", "check-drafter",
-                                              s["headline"], tone, body, sub))
+                                              answer, tone, body, sub))
 
 
 def write_page(out: Path, summary: dict | None = None) -> Path | None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from mtpbench.checkpoint import read_config
 from mtpbench.drafter.check import analyse
-from mtpbench.drafter.compare import headline, tolerance
+from mtpbench.drafter.compare import headline, tolerance, verdict
 from mtpbench.drafter.families import STAGES, family_for
 from mtpbench.drafter.reference import Reference
 from mtpbench.errors import MtpBenchError
@@ -63,8 +63,9 @@ def check(data: dict, ref: Reference, k: int) -> dict:
     return {"family": ref.family.name, "dtype": data["dtype"], "tolerance": tol, "k": k, **out,
             "stages_checked": checked, "engine_counters_acceptance": measured,
             "decoder": "independent (mtpbench's reference)" if decoder is not None else ref.why_no_decoder,
+            "verdict": verdict(out["errors"], tol),
             "headline": headline(out["first_difference"], checked, out["reference_acceptance"],
-                                 out["engine_acceptance"])}
+                                 out["engine_acceptance"], out["num_calls"])}
 
 
 def write(out: Path, summary: dict) -> None:

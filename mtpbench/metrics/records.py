@@ -241,6 +241,34 @@ def timing(requests: list[RequestRecord], batches: list[BatchRecord]) -> dict:
             "latency_ms": {m: [round(x, 3) for x in xs] for m, xs in lat.items()}}
 
 
+# what ``run_rates`` gives a row of several timed runs
+RATE_FIELDS = ("request_throughput_per_sec", "request_throughput_per_sec_ci_low", "request_throughput_per_sec_ci_high",
+               "decode_time_s")
+
+
+def run_rates(repeats: list[dict]) -> dict | None:
+    """req/s (median, with its interval) and decode time (median window) over the timed runs (``timing``'s), each from
+    the run's own wall time and requests, as tokens/s is from its own tokens: the first run's beside the runs' median
+    tokens/s gave tokens per request that no request had (windows of 4, 1, 1 s: 80 tok/s beside 2.0 req/s, 40 tokens
+    a request where each had 10). A run of no wall time has no rate (nor tokens/s) and is left out of both. None
+    where a run kept no wall time or requests (a point file from before ``timing`` kept them)."""
+    from mtpbench import stats
+
+    def r4(x: float | None) -> float | None:
+        return None if x is None else round(x, 4)
+
+    walls = [r.get("wall_s") for r in repeats]
+    # one entry a request in a run's per-request times (``slo_latencies``), None where the time is unknown
+    counts = [None if r.get("request_e2el_ms") is None else len(r["request_e2el_ms"]) for r in repeats]
+    if None in walls or None in counts:
+        return None
+    rates = [n / w if w > 0 else None for n, w in zip(counts, walls)]
+    ci = stats.median_ci(rates) or (None, None)
+    return {"request_throughput_per_sec": r4(stats.median(rates)), "request_throughput_per_sec_ci_low": r4(ci[0]),
+            "request_throughput_per_sec_ci_high": r4(ci[1]),
+            "decode_time_s": r4(stats.median([w for w in walls if w > 0]))}
+
+
 def position_count(records: list, i: int) -> int | None:
     """Accepted tokens at draft position ``i`` summed over batches (or requests); None when one of them
     lacks the count (an engine that did not report that position): unknown, never 0."""

@@ -18,10 +18,12 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from mtpbench.metrics.records import (
     BatchRecord,
     GridPoint,
+    RATE_FIELDS,
     RequestRecord,
     mean_call_s,
     position_count,
     repetition,
+    run_rates,
 )
 from mtpbench.metrics.latency import statistics
 from mtpbench.telemetry import summarize_samples
@@ -68,6 +70,8 @@ class PointResult:
     output_tokens_per_sec_ci_low: float | None = None  # 95 % order-statistic interval of the median
     output_tokens_per_sec_ci_high: float | None = None
     request_throughput_per_sec: float | None = None
+    request_throughput_per_sec_ci_low: float | None = None  # of the median over the repeats, as tokens/s's
+    request_throughput_per_sec_ci_high: float | None = None
     # tokens/s over the k = 0 point's: the ratio of geometric means of both points' timed runs (stats.judge.ratio),
     # its interval at speedup_level (1 - 0.05 / (the sweep's k > 0 points x the rounds' looks)), never narrower
     # than the A/A noise floor; faster, slower or open as that interval says; the same test's p-value adjusted for
@@ -158,8 +162,9 @@ class PointResult:
 # what a row measures in time: left null where the clock measured something else (Model Runner V2 through
 # Triton's interpreter on a CPU), never reported as if it were the engine's speed
 TIMING_FIELDS = ("draft_cost_ratio", "theoretical_speedup", "output_tokens_per_sec", "output_tokens_per_sec_ci_low",
-                 "output_tokens_per_sec_ci_high", "request_throughput_per_sec", "speedup", "speedup_ci_low",
-                 "speedup_ci_high", "speedup_decision", "speedup_p", "speedup_level",
+                 "output_tokens_per_sec_ci_high", "request_throughput_per_sec", "request_throughput_per_sec_ci_low",
+                 "request_throughput_per_sec_ci_high", "speedup", "speedup_ci_low", "speedup_ci_high",
+                 "speedup_decision", "speedup_p", "speedup_level",
                  "ttft_ms_p50", "ttft_ms_p50_ci_low", "ttft_ms_p50_ci_high", "ttft_ms_p90",
                  "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p50_ci_low", "tpot_ms_p50_ci_high", "tpot_ms_p90",
                  "tpot_ms_p99", "itl_ms_p50", "itl_ms_p90", "itl_ms_p99", "decode_time_s", "startup_s",
@@ -239,12 +244,13 @@ def acceptance_intervals(requests: list[RequestRecord], k: int) -> dict:
 
 
 def repeat_intervals(repeats: list[dict]) -> dict:
-    """Median of each timing figure over the repeats, with its interval (only for two or more)."""
+    """Median of each timing figure over the repeats, with its interval (only for two or more): tokens/s, req/s
+    and decode time each the median of the runs' own figure, over the same runs (``run_rates``)."""
     from mtpbench import stats
 
     if len(repeats) < 2:
         return {}
-    out = {"num_repeats": len(repeats)}
+    out = {"num_repeats": len(repeats), **(run_rates(repeats) or dict.fromkeys(RATE_FIELDS))}
     for name, nd in (("output_tokens_per_sec", 2), ("ttft_ms_p50", 3), ("tpot_ms_p50", 3), ("itl_ms_p50", 3),
                      ("e2el_ms_p50", 3)):
         values = [r.get(name) for r in repeats]
@@ -280,6 +286,9 @@ def summarize(backend: str, point: GridPoint, category: str, requests: list[Requ
     energy, telemetry_note = _telemetry_fields(telemetry, out_tokens, repeats)
     if telemetry_note:
         notes = [*notes, telemetry_note]
+    if len(repeats) > 1 and run_rates(list(repeats)) is None:
+        notes = [*notes, f"req/s and decode time unknown: tokens/s is the median of {len(repeats)} timed runs, and "
+                         "this point file (an older mtpbench) kept no wall time per run to take theirs from"]
     foreign = [b.foreign_requests for b in batches if b.foreign_requests is not None]
     cpu = [b.client_cpu_s for b in batches if b.client_cpu_s is not None]
     row = PointResult(

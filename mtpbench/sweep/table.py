@@ -97,9 +97,10 @@ def table(rows: list[PointResult], latency: list[tuple[str, str]] | None = None)
 
 
 # timings vary from run to run: one shown without an interval is marked (table: *, plots: a hollow marker)
-TIMINGS = ("output_tokens_per_sec", "speedup", "ttft_ms_p50", "tpot_ms_p50", "itl_ms_p50", "e2el_ms_p50")
+TIMINGS = ("output_tokens_per_sec", "request_throughput_per_sec", "speedup", "ttft_ms_p50", "tpot_ms_p50",
+           "itl_ms_p50", "e2el_ms_p50")
 NO_INTERVAL = ("no interval: a timing from too few timed runs to tell its noise (--repeats 3 gives speedup "
-               "intervals, --repeats 6 also tokens/s and the TTFT, TPOT, ITL and E2EL medians)")
+               "intervals, --repeats 6 also tokens/s, req/s and the TTFT, TPOT, ITL and E2EL medians)")
 
 
 def decided_legend(levels: list[float]) -> str:

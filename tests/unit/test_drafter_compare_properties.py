@@ -1,15 +1,18 @@
 """check-drafter's answers from its numbers (drafter/compare.py), against oracles written here from the rules:
 the first stage, in an MTP step's order, whose error is beyond the tolerance (NaN beyond, None unmeasured); vLLM's
-per-position acceptance (a position counts where it and every earlier draft match); the headline's verdict."""
+per-position acceptance (a position counts where it and every earlier draft match); the verdict (nothing checked is
+inconclusive, never parity), its exit code, the headline and the page's tone."""
 
 from __future__ import annotations
 
+import json
 import math
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mtpbench.drafter.compare import TOLERANCE, acceptance_per_position, first_difference, headline, tolerance
+from mtpbench.drafter.compare import (EXIT_CODE, TOLERANCE, acceptance_per_position, first_difference, headline,
+                                      tolerance, verdict)
 from mtpbench.drafter.families import STAGES
 
 ORDER = ["token input", "embedding", "enorm", "hidden input", "hnorm", "concat", "proj", "block input", "block",
@@ -82,3 +85,95 @@ def test_the_headline_word_for_word():
     assert headline("head", ["head"], [0.25, 0.75], []) == (
         "the engine's draft differs from the checkpoint's MTP first at stage 'head'; the checkpoint's MTP would "
         "accept 0.25")
+
+
+# --- the verdict: nothing checked is inconclusive, never parity (issue 44, case 11) -----------------------------------
+
+def oracle_verdict(errors: dict, tol: float) -> str:
+    """The rule: a stage beyond the tolerance (NaN beyond) differs; else parity where some stage was measured, and
+    inconclusive where none was (None is a stage not measured)."""
+    measured = [errors.get(stage) for stage in ORDER if errors.get(stage) is not None]
+    if any(e != e or e > tol for e in measured):
+        return "differs"
+    return "parity" if measured else "inconclusive"
+
+
+@st.composite
+def stage_errors(draw):
+    """A tolerance and errors per stage: unmeasured, NaN, inf, and numbers at, just below and just above it."""
+    tol = draw(st.floats(1e-6, 1.0))
+    near = st.sampled_from([0.0, tol / 2, math.nextafter(tol, 0.0), tol, math.nextafter(tol, 2.0), 2 * tol])
+    value = st.one_of(st.none(), st.none(), st.just(math.nan), st.just(math.inf), near, st.floats(0, 10))
+    return draw(st.dictionaries(st.sampled_from(ORDER), value)), tol
+
+
+def check_summary(errors: dict, tol: float) -> dict:
+    """drafter.json's fields that the page reads, around ``errors``."""
+    return {"errors": {s: errors.get(s) for s in ORDER}, "tolerance": tol, "dtype": "float32", "k": 2,
+            "decoder": "independent (mtpbench's reference)", "notes": {}, "hidden_inputs": [], "family": "mimo",
+            "reference_acceptance": [0.5, 0.25], "engine_acceptance": [0.5, 0.25],
+            "engine_counters_acceptance": [0.5, 0.25], "num_calls": 7, "num_requests": 2, "model": "m",
+            "backend": "native", "first_difference": first_difference(errors, tol),
+            "stages_checked": [s for s in ORDER if errors.get(s) is not None], "headline": "as saved"}
+
+
+@settings(max_examples=400, deadline=None)
+@given(stage_errors())
+def test_the_verdict_and_its_exit_code_follow_the_rule(data):
+    errors, tol = data
+    want = oracle_verdict(errors, tol)
+    assert verdict(errors, tol) == want
+    assert EXIT_CODE[verdict(errors, tol)] == {"parity": 0, "differs": 1, "inconclusive": 3}[want]  # fails closed
+    checked = [s for s in ORDER if errors.get(s) is not None]
+    line = headline(first_difference(errors, tol), checked, None, [], 7)
+    assert line.startswith({"parity": "parity", "differs": "the engine's draft differs",
+                            "inconclusive": "inconclusive: no stage was checked"}[want])
+    assert ("parity" in line) == (want == "parity")
+
+
+@settings(max_examples=60, deadline=None)
+@given(stage_errors())
+def test_the_pages_answer_and_tone_follow_the_verdict(tmp_path_factory, data):
+    """report.html, rebuilt from drafter.json's errors alone: green only for parity, red where a stage differs,
+    a warning where none was checked, whatever headline the file saved."""
+    from mtpbench.drafter.page import page
+
+    errors, tol = data
+    out = tmp_path_factory.mktemp("drafter")
+    (out / "drafter.json").write_text(json.dumps(check_summary(errors, tol)))
+    html = page(out).read_text()
+    want = oracle_verdict(errors, tol)
+    tone = {"parity": "good", "differs": "bad", "inconclusive": "warn"}[want]
+    assert f'class="answer {tone}"' in html
+    assert ("no stage was checked" in html) == (want == "inconclusive")
+
+
+def test_nothing_checked_is_inconclusive_word_for_word():
+    """Every stage's error None (a capture whose calls carried no stage the reference recomputes) was reported as
+    'parity: every stage checked () equals the reference'."""
+    nothing = {s: None for s in ORDER}
+    assert verdict(nothing, 1e-4) == verdict({}, 1e-4) == "inconclusive" and EXIT_CODE["inconclusive"] == 3
+    assert headline(None, [], None, [0.5], 12) == (
+        "inconclusive: no stage was checked: none of the engine's 12 draft calls gave a stage the reference could "
+        "compare, so nothing shows the draft equals the reference")
+    assert headline(None, [], [0.75, 0.5], [0.5]) == (
+        "inconclusive: no stage was checked, so nothing shows the draft equals the reference; the checkpoint's MTP "
+        "would accept 0.75 at position 0, the engine accepts 0.50")
+    assert "1 draft call gave" in headline(None, [], None, [], 1)
+    assert verdict({**nothing, "head": 0.0}, 1e-4) == "parity" and verdict({"head": math.nan}, 1e-4) == "differs"
+
+
+def test_check_drafter_exits_3_on_a_check_of_no_stage(monkeypatch, tmp_path):
+    """The CLI's gate: exit 3, the headline printed, where no stage was checked (and 0, 1 as before)."""
+    from typer.testing import CliRunner
+
+    import mtpbench.drafter.run as run
+    from mtpbench.cli import app
+
+    for errors, code in (({}, 3), ({"enorm": 0.0}, 0), ({"enorm": 1.0}, 1)):
+        s = check_summary(errors, 1e-4)
+        s["headline"] = headline(s["first_difference"], s["stages_checked"], None, [], 7)
+        monkeypatch.setattr(run, "run_check", lambda cfg, k, mode, s=s: s)
+        r = CliRunner().invoke(app, ["check-drafter", "builtin", "--backend", "native", "--out", str(tmp_path)])
+        assert r.exit_code == code, r.output
+        assert s["headline"] in r.output

@@ -1,0 +1,147 @@
+"""A row of several timed runs takes every statistic from the same runs (issue 44, case 10): tokens/s, req/s and
+decode time are each the median over the runs of that run's own figure, so tokens/s / req/s is the tokens each
+request has. The oracle is written here (``statistics.median`` of each run's figure computed by hand, the
+order-statistic interval from its binomial coverage), never by calling the code under test. No model."""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mtpbench.metrics import BatchRecord, GridPoint, PointResult, PointRun, RequestRecord, summarize
+from mtpbench.metrics.row import TIMING_FIELDS
+from mtpbench.sweep.table import table
+
+POINT = GridPoint("plain", 0, 0, 4)  # a served point: concurrency 4, all at once
+
+
+def run_of(windows: list[float], tokens: list[list[int]]) -> PointRun:
+    """A point's timed runs: run r's window ``windows[r]`` s, its requests' output lengths ``tokens[r]``."""
+    run = PointRun()
+    for wall, lengths in zip(windows, tokens):
+        reqs = [RequestRecord("all", 5, list(range(n)), 0.01, 0.01 + 0.001 * n, prompt_id=str(i))
+                for i, n in enumerate(lengths)]
+        run.add_repeat(reqs, [BatchRecord("all", wall)])
+    return run
+
+
+def row_of(run: PointRun) -> PointResult:
+    return summarize("vllm-server", POINT, "all", run.requests, run.batches, None, repeats=run.repeats)
+
+
+def test_windows_of_4_1_1_s_with_10_tokens_a_request_give_10_tokens_a_request():
+    """The issue's example: 8 requests of 10 tokens in windows of 4, 1 and 1 s. tokens/s is 80 (the median run);
+    req/s was the first run's 2.0 beside it (40 tokens a request); it is 8, and decode time the median window."""
+    row = row_of(run_of([4.0, 1.0, 1.0], [[10] * 8] * 3))
+    assert row.num_repeats == 3
+    assert row.output_tokens_per_sec == 80.0
+    assert row.request_throughput_per_sec == 8.0
+    assert row.output_tokens_per_sec / row.request_throughput_per_sec == 10
+    assert row.decode_time_s == 1.0
+    assert row.num_output_tokens / row.decode_time_s == row.output_tokens_per_sec
+
+
+def order_interval(xs: list[float]) -> tuple[float, float] | None:
+    """The 95 % interval of a median from order statistics: [x_(j), x_(n+1-j)] for the largest j whose coverage
+    P(j <= Binomial(n, 1/2) <= n - j) is at least 0.95; None where min..max falls short."""
+    x = sorted(xs)
+    n = len(x)
+    ok = [j for j in range(1, n // 2 + 1) if sum(math.comb(n, i) for i in range(j, n - j + 1)) / 2 ** n >= 0.95]
+    return (x[max(ok) - 1], x[n - max(ok)]) if ok else None
+
+
+@st.composite
+def runs(draw):
+    """2 to 8 timed runs of the same prompts; each run its own window and, where ``same`` is false, its own output
+    lengths (sampling)."""
+    n_runs, n_requests = draw(st.integers(2, 8)), draw(st.integers(1, 12))
+    windows = draw(st.lists(st.floats(0.05, 20.0), min_size=n_runs, max_size=n_runs))
+    if draw(st.booleans()):  # every request of every run the same length: tokens/s / req/s is that length
+        tokens = [[draw(st.integers(1, 64))] * n_requests] * n_runs
+    else:
+        tokens = draw(st.lists(st.lists(st.integers(1, 64), min_size=n_requests, max_size=n_requests),
+                               min_size=n_runs, max_size=n_runs))
+    return windows, tokens
+
+
+@settings(max_examples=300, deadline=None)
+@given(runs())
+def test_every_timing_of_a_row_is_the_median_of_the_same_runs(data):
+    windows, tokens = data
+    row = row_of(run_of(windows, tokens))
+    tokps = [sum(t) / w for t, w in zip(tokens, windows)]
+    reqps = [len(t) / w for t, w in zip(tokens, windows)]
+    assert row.num_repeats == len(windows)
+    assert row.output_tokens_per_sec == pytest.approx(statistics.median(tokps), abs=0.0051)
+    assert row.request_throughput_per_sec == pytest.approx(statistics.median(reqps), abs=5.1e-5)
+    assert row.decode_time_s == pytest.approx(statistics.median(windows), abs=5.1e-5)
+    for x in (row.request_throughput_per_sec, row.decode_time_s):
+        assert round(x, 4) == x  # to 4 decimals, as the single run's
+    ci = order_interval(reqps)
+    got = (row.request_throughput_per_sec_ci_low, row.request_throughput_per_sec_ci_high)
+    assert got == ((None, None) if ci is None else (pytest.approx(ci[0], abs=5.1e-5), pytest.approx(ci[1], abs=5.1e-5)))
+    if ci is not None:
+        assert got[0] <= row.request_throughput_per_sec <= got[1]
+    lengths = {n for t in tokens for n in t}
+    if len(lengths) == 1:  # tokens a request, from the two figures printed side by side, within their rounding
+        per = lengths.pop()
+        tok, req = row.output_tokens_per_sec, row.request_throughput_per_sec
+        assert abs(tok / req - per) <= (0.005 + per * 5e-5) / (req - 5e-5) + 1e-9
+
+
+def test_one_timed_run_is_its_own_figures():
+    row = row_of(run_of([4.0], [[10] * 8]))
+    assert (row.output_tokens_per_sec, row.request_throughput_per_sec, row.decode_time_s) == (20.0, 2.0, 4.0)
+    assert row.request_throughput_per_sec_ci_low is None and row.num_repeats == 1
+
+
+def test_a_point_file_without_per_run_windows_leaves_req_s_and_decode_time_unknown_and_says_why():
+    """Point files from before the runs kept their wall time and requests (tokens/s per run only): tokens/s is the
+    runs' median, and the first run's req/s beside it would not agree with it; unknown, with a note."""
+    run = run_of([4.0, 1.0, 1.0], [[10] * 8] * 3)
+    run.repeats = [{"output_tokens_per_sec": r["output_tokens_per_sec"], "ttft_ms_p50": r["ttft_ms_p50"]}
+                   for r in run.repeats]
+    row = row_of(run)
+    assert row.output_tokens_per_sec == 80.0
+    assert row.request_throughput_per_sec is None and row.decode_time_s is None
+    assert row.request_throughput_per_sec_ci_low is None
+    assert "req/s and decode time" in row.notes and "3 timed runs" in row.notes
+
+
+def test_a_run_of_no_window_is_left_out_of_tokens_s_req_s_and_decode_time_alike():
+    """A timed run whose window is 0 s has no rate: tokens/s, req/s and decode time are the other runs' medians."""
+    row = row_of(run_of([0.0, 1.0, 2.0], [[10] * 8] * 3))
+    assert (row.output_tokens_per_sec, row.request_throughput_per_sec, row.decode_time_s) == (60.0, 6.0, 1.5)
+
+
+@pytest.mark.parametrize("kept", ["wall_s", "request_e2el_ms"])
+def test_a_run_that_kept_its_window_or_its_requests_but_not_both_gives_no_req_s(kept):
+    run = run_of([4.0, 1.0, 1.0], [[10] * 8] * 3)
+    run.repeats = [{"output_tokens_per_sec": r["output_tokens_per_sec"], kept: r[kept]} for r in run.repeats]
+    row = row_of(run)
+    assert row.request_throughput_per_sec is None and row.decode_time_s is None and "req/s" in row.notes
+
+
+def test_the_interval_of_req_s_is_a_timing_column_and_shown_in_the_table():
+    assert {"request_throughput_per_sec_ci_low", "request_throughput_per_sec_ci_high"} <= set(TIMING_FIELDS)
+    cols = PointResult.columns()
+    i = cols.index("request_throughput_per_sec")
+    assert cols[i + 1: i + 3] == ["request_throughput_per_sec_ci_low", "request_throughput_per_sec_ci_high"]
+    row = row_of(run_of([1.0, 1.1, 1.2, 0.9, 1.0, 1.3], [[10] * 8] * 6))
+    # 8 requests over the median of 8 / window (8 / 1 and 8 / 1.1 in the middle), between the runs' extremes
+    assert req_s_cell(row) == "7.64 [6.15, 8.89]"
+    assert req_s_cell(row_of(run_of([4.0, 1.0, 1.0, 4.0], [[1] * 8] * 4))) == "5*"  # no interval from 4 runs
+
+
+def req_s_cell(row: PointResult) -> str:
+    """The table's req/s cell, cut at its column's rule (``-----``) under the header."""
+    header, rule, line = table([row]).splitlines()[:3]
+    spans = [m.span() for m in re.finditer(r"-+", rule)]
+    names = [header[a:b].strip() for a, b in spans]
+    a, b = spans[names.index("req/s")]
+    return line[a:b].strip()
