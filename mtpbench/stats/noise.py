@@ -38,6 +38,36 @@ def floor(a, b, level: float = LEVEL) -> float | None:
     return None if c.estimate is None else max(abs(math.log(c.low)), abs(math.log(c.high)))
 
 
+# a sweep's rounds (sweep.rounds) record each timed run's round: a comparison reads both points' runs up to the
+# round its last look saw, and the floor as it stood then
+
+def until_round(repeats: list[dict], last: int | None) -> list[dict]:
+    """The timed runs of ``repeats`` up to round ``last`` (all where rounds were not recorded)."""
+    if last is None:
+        return list(repeats)
+    return [t for t in repeats if t.get("round") is None or t["round"] <= last]
+
+
+def last_round(repeats: list[dict]) -> int | None:
+    """The last round a point was timed in, where its runs recorded rounds (sweep.rounds), else None."""
+    rounds = [t.get("round") for t in repeats]
+    return None if not rounds or None in rounds else max(rounds)
+
+
+def tokps(repeats: list[dict]) -> list:
+    return [t.get("output_tokens_per_sec") for t in repeats]
+
+
+def floor_until(noise_runs: tuple | None, last: int | None) -> float:
+    """The A/A noise floor (log ratio) from the control's runs up to round ``last``: what the rounds saw at a
+    point's last look; 0 where no A/A was timed."""
+    if not noise_runs:
+        return 0.0
+    a, b = (tokps(until_round(x, last)) for x in noise_runs)
+    n = min(len(a), len(b))
+    return floor(a[:n], b[:n]) or 0.0
+
+
 def widen(lo: float, hi: float, ratio: float, floor: float) -> tuple[float, float]:
     """An interval of ``ratio`` made no narrower than ``floor`` (log ratio) each side of it."""
     return min(lo, ratio * math.exp(-floor)), max(hi, ratio * math.exp(floor))

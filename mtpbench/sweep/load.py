@@ -205,39 +205,13 @@ def _with_greedy(row: PointResult, d: dict, requests, plain: dict) -> PointResul
                    **({"notes": "; ".join(filter(None, [row.notes, note]))} if note else {}))
 
 
-def until_round(repeats: list[dict], last: int | None) -> list[dict]:
-    """The timed runs of ``repeats`` up to round ``last`` (all where rounds were not recorded)."""
-    if last is None:
-        return list(repeats)
-    return [t for t in repeats if t.get("round") is None or t["round"] <= last]
-
-
-def last_round(repeats: list[dict]) -> int | None:
-    """The last round a point was timed in, where its runs recorded rounds (sweep.rounds), else None."""
-    rounds = [t.get("round") for t in repeats]
-    return None if not rounds or None in rounds else max(rounds)
-
-
-def tokps(repeats: list[dict]) -> list:
-    return [t.get("output_tokens_per_sec") for t in repeats]
-
-
-def floor_until(noise_runs: tuple | None, last: int | None) -> float:
-    """The A/A noise floor (log ratio) from the control's runs up to round ``last``: what the rounds saw at a
-    point's last look; 0 where no A/A was timed."""
-    if not noise_runs:
-        return 0.0
-    a, b = (tokps(until_round(x, last)) for x in noise_runs)
-    n = min(len(a), len(b))
-    return noise.floor(a[:n], b[:n]) or 0.0
-
-
 def speedup_comparison(point: list[dict], base: list[dict], noise_runs: tuple | None, family: int,
                        looks: int) -> judge.Comparison:
     """A point's speedup over its k = 0, as the rounds judged it at the point's last look: both points' timed runs
     up to the last round the point was timed in, the A/A floor as it stood then (``stats.judge.ratio``)."""
-    last = last_round(point)
-    return judge.ratio(tokps(point), tokps(until_round(base, last)), floor_until(noise_runs, last), family, looks)
+    last = noise.last_round(point)
+    return judge.ratio(noise.tokps(point), noise.tokps(noise.until_round(base, last)),
+                       noise.floor_until(noise_runs, last), family, looks)
 
 
 def _with_speedups(rows: list[PointResult], reps: dict[int, list], untimed: set[int], noise_runs: tuple | None,

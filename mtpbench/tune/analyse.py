@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from mtpbench.stats import median_ci, median_ratio_ci
-from mtpbench.stats.noise import widen
-from mtpbench.tune.choose import (ALPHA, PLAIN, RULE, best_single_k, check_schedule, choose_all, recommend, schedule,
-                                  speculative_config)
+from mtpbench.stats import median_ci
+from mtpbench.tune.choose import (ALPHA, PLAIN, RULE, best_single_k, check_schedule, choose_all, comparison_fields,
+                                  comparisons, recommend, schedule, speculative_config)
 from mtpbench.tune.model import Model, expected_tokens, held_out
 from mtpbench.tune.points import Sweeps, check
 
@@ -26,26 +25,33 @@ class TuneRow:
     output_tokens_per_sec_ci_low: float | None = None  # of the median (order statistics; from 6 repeats)
     output_tokens_per_sec_ci_high: float | None = None
     num_repeats: int | None = None
-    speedup: float | None = None  # tokens/s over the same load's k = 0
-    speedup_ci_low: float | None = None  # stats.median_ratio_ci over both points' repeats
+    # tokens/s over the same load's k = 0 as the choice judged it (choose.comparisons, stats.judge): the ratio of
+    # geometric means, its interval at speedup_level never narrower than the A/A floor, its decision
+    speedup: float | None = None
+    speedup_ci_low: float | None = None
     speedup_ci_high: float | None = None
+    speedup_level: float | None = None
+    speedup_decision: str | None = None
     acceptance_length: float | None = None
     predicted_tokens_per_sec: float | None = None
     predicted_speedup: float | None = None
     fit_error: float | None = None  # (predicted - measured) / measured, this point in the fit
     held_out_error: float | None = None  # the same, predicted without this point (model.held_out)
-    speedup_p_holm: float | None = None  # one-sided p of "faster than k = 0", Holm-adjusted over the tune (choose)
+    speedup_p: float | None = None  # the same comparison's two-sided p, adjusted for the tune's family (choose)
     chosen: bool = False  # the choice at this measured load (choose.RULE)
     scheduled_k: int | None = None  # the schedule's k at this load
     # with --goodput (tune.by_goodput): requests meeting the SLO per second, median of the repeats with its interval,
-    # its ratio to k = 0's (where neither has a repeat of goodput 0), the Holm-adjusted p and the goodput choice
+    # its ratio to k = 0's as the goodput choice judged it (where neither has a repeat of goodput 0), the adjusted p,
+    # the decision and the goodput choice
     goodput_rps: float | None = None
     goodput_rps_ci_low: float | None = None
     goodput_rps_ci_high: float | None = None
     goodput_ratio: float | None = None
     goodput_ratio_ci_low: float | None = None
     goodput_ratio_ci_high: float | None = None
-    goodput_p_holm: float | None = None
+    goodput_ratio_level: float | None = None
+    goodput_decision: str | None = None
+    goodput_p: float | None = None
     goodput_chosen: bool | None = None
 
 
@@ -53,22 +59,22 @@ def _r(x: float | None, nd: int = 4) -> float | None:
     return None if x is None else round(x, nd)
 
 
-def measured_rows(sweeps: Sweeps, model: Model) -> list[TuneRow]:
+def measured_rows(sweeps: Sweeps, model: Model, choices) -> list[TuneRow]:
     base = {m.load: m for m in sweeps.points if m.k == 0}
+    vs_0 = {(c.load, k): v for c in choices for k, v in c.vs_0.items()}
     rows = []
     for m in sweeps.points:
-        ci, sp = median_ci(m.tokps), median_ratio_ci(m.tokps, base[m.load].tokps) if m.k else (1.0, 1.0)
-        floor = sweeps.floors.get(m.load, 0.0)
-        if sp and m.k and floor:  # never narrower than the machine's noise (the A/A floor of its sweep)
-            sp = widen(sp[0], sp[1], m.median / base[m.load].median, floor)
+        ci = median_ci(m.tokps)
         pred, loo = model.predict(m.k, m.load), held_out(sweeps.points, m)
-        rows.append(TuneRow(m.load, m.k, True, _r(m.median, 2), _r(ci[0], 2) if ci else None,
-                            _r(ci[1], 2) if ci else None, len(m.tokps), _r(m.median / base[m.load].median),
-                            _r(sp[0]) if sp else None, _r(sp[1]) if sp else None,
-                            _r(m.acceptance_length), _r(pred, 2),
-                            _r(pred / base[m.load].median) if pred is not None else None,
-                            _r((pred - m.median) / m.median) if pred is not None else None,
-                            _r((loo - m.median) / m.median) if loo is not None else None))
+        row = TuneRow(m.load, m.k, True, _r(m.median, 2), _r(ci[0], 2) if ci else None,
+                      _r(ci[1], 2) if ci else None, len(m.tokps), 1.0 if m.k == 0 else None,
+                      acceptance_length=_r(m.acceptance_length), predicted_tokens_per_sec=_r(pred, 2),
+                      predicted_speedup=_r(pred / base[m.load].median) if pred is not None else None,
+                      fit_error=_r((pred - m.median) / m.median) if pred is not None else None,
+                      held_out_error=_r((loo - m.median) / m.median) if loo is not None else None)
+        for name, value in comparison_fields(vs_0.get((m.load, m.k))).items():
+            setattr(row, name, value)
+        rows.append(row)
     return rows
 
 
@@ -136,12 +142,10 @@ def analyse(sweeps: Sweeps, validation: dict | None = None, slo: dict[str, float
     measured_there = schedule_measured(validation, ranges, loads, sweeps.unit)
     plan = recommend(choices, ranges, sweeps.points, sweeps.unit, measured_there)
     k_of = {b: k for s, e, k in ranges for b in range(s, e + 1)}
-    rows = measured_rows(sweeps, model)
+    rows = measured_rows(sweeps, model, choices)
     chosen = {(c.load, c.chosen) for c in choices}
-    p_holm = {(c.load, k): p for c in choices for k, p in c.p_vs_0.items()}
     for r in rows:
         r.chosen = (r.load, r.k) in chosen
-        r.speedup_p_holm = float(f"{p_holm[r.load, r.k]:.3g}") if (r.load, r.k) in p_holm else None
     pred_ks = list(range(0, max(ks) + 1 + PREDICT_EXTRA_K))
     rows += predicted_rows(model, pred_ks, max(loads), {(r.load, r.k) for r in rows})
     for r in rows:
@@ -158,7 +162,7 @@ def analyse(sweeps: Sweeps, validation: dict | None = None, slo: dict[str, float
     spec = speculative_config(plan["run"], sweeps.run["config"].get("method") or "mtp")
     problem = check_schedule(plan["run"], max(k for *_, k in plan["run"])) if spec else None
     return {"unit": sweeps.unit, "backend": sweeps.backend, "mode": sweeps.mode, "mtp_layers": sweeps.mtp_layers,
-            "loads": loads, "k": ks, "rule": RULE, "alpha": ALPHA,
+            "loads": loads, "k": ks, "rule": RULE, "alpha": ALPHA, "family": len(comparisons(sweeps.points)),
             "choices": [asdict(c) for c in choices], "schedule": ranges, "run": plan["run"],
             "speculative_config": spec, "schedule_problem": problem, "decision": plan["decision"],
             "decision_note": plan["note"], "unmeasured": plan["unmeasured"],

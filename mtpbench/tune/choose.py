@@ -8,84 +8,101 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from mtpbench.stats import log_ratio_t_p, median_ratio_ci
+from mtpbench.stats import judge
+from mtpbench.stats.intervals import MIN_REPEATS_RATIO
+from mtpbench.stats.noise import floor_until, last_round
 from mtpbench.tune.model import Measured, Model
 
-ALPHA = 0.05  # family-wise, over every comparison one tune makes: its chance of any false "beats"
+ALPHA = judge.ALPHA  # family-wise, over every comparison one tune makes: its chance of any false "beats"
 PLAIN = "no speculative config"  # --validate's arm that runs a load as plain decoding beside the schedule
 
 RULE = ("a k > 0 qualifies at a load when it beats k = 0 there; the chosen k is the smallest qualifying k that no "
-        "larger qualifying k beats (k = 0 where none qualifies). k' beats k when Welch's one-sided t test on the logs "
-        "of their repeats shows tokens/s(k') > tokens/s(k) after Holm's correction over every comparison the tune "
-        "makes (each k > 0 against k = 0 and each larger k > 0 against each smaller one, at every load) at "
-        f"{ALPHA * 100:g} % family-wise, and the 95 % interval of tokens/s(k') / tokens/s(k) lies wholly above 1. "
-        f"So a tune picks a k > 0 where none is faster than plain decoding at most {ALPHA * 100:g} % of the time, "
-        "and a larger k must earn its draft steps, its verify positions and its memory against a smaller one")
+        "larger qualifying k beats (k = 0 where none qualifies). k' beats k when the interval of tokens/s(k') / "
+        "tokens/s(k) (Welch's t on the logs of their repeats, never narrower than the A/A noise floor) lies wholly "
+        f"above 1 at 1 - {ALPHA:g} / (m L): m every comparison the tune makes (each k > 0 against k = 0 and each "
+        "larger k > 0 against each smaller one, at every load), L the looks its sweep's rounds allowed; its p-value, "
+        f"adjusted the same way (Bonferroni), is then below {ALPHA:g}. So a tune picks a k > 0 where none is faster "
+        f"than plain decoding at most {ALPHA * 100:g} % of the time, and a larger k must earn its draft steps, its "
+        "verify positions and its memory against a smaller one")
 
 
 @dataclass
 class LoadChoice:
     """The choice at one measured load: the chosen k, the k with the highest median, which k beat which (beaten_by:
-    k -> the larger k that beat it; k = 0 -> the k > 0 that qualified) and, per k > 0, the Holm-adjusted one-sided
-    p-value of "k beats k = 0"."""
+    k -> the larger k that beat it; k = 0 -> the k > 0 that qualified), per k > 0 the adjusted p-value of "k differs
+    from k = 0" and that comparison as every artifact shows it (``vs_0``: stats.judge.Comparison.to_json)."""
 
     load: int
     chosen: int
     fastest: int
     beaten_by: dict[int, list[int]] = field(default_factory=dict)
     p_vs_0: dict[int, float] = field(default_factory=dict)
+    vs_0: dict[int, dict] = field(default_factory=dict)
 
 
-def comparisons(points: list[Measured]) -> dict[tuple[int, int, int], float]:
-    """The family: (load, a, b) -> one-sided p-value that k = a is faster than k = b at that load, for each k > 0
-    against k = 0 and each larger k > 0 against each smaller one. A smaller k is never tested against a larger (the
-    rule never needs it), and a pair too few repeats give no test is no member (it could not reject; whether it
-    can depends on the repeat counts alone, so the family is still fixed before the timings are seen)."""
+def testable(m: Measured) -> bool:
+    """A point with enough positive timings for a ratio's test (a pair that lacks one is no member of the family:
+    whether it can be tested depends on the repeat counts alone, fixed before the timings are seen)."""
+    return sum(1 for v in m.tokps if v is not None and v > 0) >= MIN_REPEATS_RATIO
+
+
+def _aligned(m: Measured, last: int | None) -> list:
+    """A point's values up to round ``last``, where its runs recorded their rounds."""
+    if last is None or len(m.repeats) != len(m.tokps):
+        return list(m.tokps)
+    return [v for v, r in zip(m.tokps, m.repeats) if r.get("round") is None or r["round"] <= last]
+
+
+def judged(a: Measured, b: Measured, family: int) -> judge.Comparison:
+    """``a``'s values over ``b``'s at one load (``stats.judge.ratio``): both points' runs up to the last round both
+    were timed in (where the sweep kept rounds: the look the rounds stopped at), the A/A floor of their sweep as it
+    stood then, the sweep's looks."""
+    rounds = [last_round(m.repeats) if len(m.repeats) == len(m.tokps) else None for m in (a, b)]
+    last = None if None in rounds else min(rounds)
+    return judge.ratio(_aligned(a, last), _aligned(b, last), floor_until(a.noise or b.noise, last), family,
+                       max(a.looks, b.looks))
+
+
+def comparisons(points: list[Measured]) -> dict[tuple[int, int, int], judge.Comparison]:
+    """The family: (load, a, b) -> the comparison of k = a against k = b at that load, for each k > 0 against k = 0
+    and each larger k > 0 against each smaller one, each judged at the family's level (its size m: these pairs)."""
     by = {(p.load, p.k): p for p in points}
-    out = {}
-    for (load, a), fast in by.items():
-        for (other, b), slow in by.items():
-            if other == load and b < a:  # every pair of one load, the larger k as the faster
-                p = log_ratio_t_p(fast.tokps, slow.tokps)
-                if p is not None:
-                    out[(load, a, b)] = p
-    return out
+    pairs = [(load, a, b) for (load, a), fast in by.items() for (other, b), slow in by.items()
+             if other == load and b < a and testable(fast) and testable(slow)]
+    return {(load, a, b): judged(by[load, a], by[load, b], len(pairs)) for load, a, b in pairs}
 
 
-def holm(p: dict) -> dict:
-    """Holm's step-down adjusted p-values: rejecting where the adjusted value is <= alpha keeps the chance of any
-    false rejection in the family <= alpha, whatever the dependence between the tests (here: a load's k share
-    its k = 0)."""
-    out, running = {}, 0.0
-    for i, key in enumerate(sorted(p, key=p.get)):
-        running = max(running, min(1.0, (len(p) - i) * p[key]))
-        out[key] = running
-    return out
+def beats(c: judge.Comparison | None) -> bool:
+    """Whether a comparison shows its first point faster beyond noise (its interval wholly above 1)."""
+    return c is not None and c.decision == judge.ABOVE
 
 
-def beats(a: Measured, b: Measured, p_adjusted: float) -> bool:
-    """Whether ``a`` is faster than ``b`` beyond noise: its Holm-adjusted p-value within ALPHA and the interval of
-    tokens/s(a) / tokens/s(b) (the one tune.md shows) wholly above 1."""
-    if p_adjusted > ALPHA:
-        return False
-    ci = median_ratio_ci(a.tokps, b.tokps)
-    return ci is not None and ci[0] > 1
+def comparison_fields(c: dict | None, ratio: str = "speedup", prefix: str = "speedup",
+                      words: tuple[str, str] = ("faster", "slower")) -> dict:
+    """A row's fields of one comparison as the choice read it (LoadChoice.vs_0's, stats.judge): ``ratio`` (its
+    estimate), ``ratio``_ci_low/high and ``ratio``_level, ``prefix``_decision (``words`` for above and below 1, or
+    open) and ``prefix``_p (adjusted)."""
+    if c is None or c["estimate"] is None:
+        return {}
+    return {ratio: c["estimate"], f"{ratio}_ci_low": c["low"], f"{ratio}_ci_high": c["high"],
+            f"{ratio}_level": c["level"], f"{prefix}_p": c["p_value"],
+            f"{prefix}_decision": {"above": words[0], "below": words[1]}.get(c["decision"], "open")}
 
 
 def choose_all(points: list[Measured]) -> list[LoadChoice]:
-    """``RULE`` over every load at once (one family for Holm's correction), by load."""
-    adjusted = holm(comparisons(points))
+    """``RULE`` over every load at once (one family), by load."""
+    comps = comparisons(points)
     by = {(p.load, p.k): p for p in points}
     out = []
     for load in sorted({p.load for p in points}):
         ks = sorted(k for b, k in by if b == load)
-        beaten = {k: [a for a in ks if (load, a, k) in adjusted and beats(by[load, a], by[load, k],
-                                                                         adjusted[load, a, k])] for k in ks}
+        beaten = {k: [a for a in ks if beats(comps.get((load, a, k)))] for k in ks}
         qualify = beaten[0]  # every load has k = 0 (points.check)
         chosen = next((q for q in qualify if not set(beaten[q]) & set(qualify)), 0)
         fastest = max(ks, key=lambda k: (by[load, k].median, -k))
-        out.append(LoadChoice(load, chosen, fastest, beaten,
-                              {k: adjusted[load, k, 0] for k in ks if (load, k, 0) in adjusted}))
+        vs_0 = {k: comps[load, k, 0] for k in ks if (load, k, 0) in comps}
+        out.append(LoadChoice(load, chosen, fastest, beaten, {k: c.p_value for k, c in vs_0.items()},
+                              {k: c.to_json() for k, c in vs_0.items()}))
     return out
 
 
@@ -181,16 +198,16 @@ def best_single_k(points: list[Measured]) -> int | None:
 def fallback_k(choices: list[LoadChoice], points: list[Measured]) -> int:
     """The one k to run at every load when the schedule cannot be run as measured: of the k > 0 chosen at some load
     (shown faster than plain decoding there) and measured at every load, those slower than k = 0 beyond noise at
-    no load (the 95 % interval of tokens/s(k) / tokens/s(0) wholly below 1, uncorrected: a loss is believed on less
-    evidence than a gain), the one of highest geometric-mean speedup over the loads (ties: the smaller k); 0 (no
-    speculative config) where none is left."""
+    no load (the same comparison the choice reads, ``LoadChoice.vs_0``, decided below 1), the one of highest
+    geometric-mean speedup over the loads (ties: the smaller k); 0 (no speculative config) where none is left."""
     by = {(p.load, p.k): p for p in points}
+    vs_0 = {(c.load, k): v for c in choices for k, v in c.vs_0.items()}
 
     def slower(k: int, load: int) -> bool:
         if (load, k) not in by or (load, 0) not in by:  # no ratio there (by goodput: 0 in a repeat): not shown safe
             return True
-        ci = median_ratio_ci(by[load, k].tokps, by[load, 0].tokps)
-        return ci is not None and ci[1] < 1
+        c = vs_0.get((load, k))
+        return c is not None and c["decision"] == judge.BELOW
 
     chosen = {c.chosen for c in choices}
     ks = [k for k in single_ks(points) if k > 0 and k in chosen and not any(slower(k, c.load) for c in choices)]

@@ -93,13 +93,15 @@ def testable(xs: list[float]) -> bool:
     return all(x > 0 for x in xs)
 
 
-def choose(goodputs: dict[tuple[int, int], list[float]]) -> tuple[list[LoadChoice], dict[int, list[str]]]:
-    """``RULE`` over every load at once: (load, k) -> its repeats' goodput (the points whose goodput is known). Returns
-    one LoadChoice per load with k = 0 (``fastest``: the k of highest median goodput), and per load what could not be
+def choose(measured: dict[tuple[int, int], Measured]) -> tuple[list[LoadChoice], dict[int, list[str]]]:
+    """``RULE`` over every load at once: (load, k) -> the point with its repeats' goodput as its values (``tokps``; the
+    points whose goodput is known), judged as tokens/s are (its sweep's rounds, floor and looks). Returns one
+    LoadChoice per load with k = 0 (``fastest``: the k of highest median goodput), and per load what could not be
     tested and why."""
+    goodputs = {key: m.tokps for key, m in measured.items()}
     loads = sorted({b for b, k in goodputs if (b, 0) in goodputs})
     open_loads = [b for b in loads if testable(goodputs[b, 0])]
-    points = [Measured(b, k, xs) for (b, k), xs in sorted(goodputs.items()) if b in open_loads and testable(xs)]
+    points = [m for (b, k), m in sorted(measured.items()) if b in open_loads and testable(m.tokps)]
     found = {c.load: c for c in choose_all(points)}
     notes: dict[int, list[str]] = {b: [] for b in loads}
     out = []
@@ -117,7 +119,7 @@ def choose(goodputs: dict[tuple[int, int], list[float]]) -> tuple[list[LoadChoic
         if zero:
             notes[b].append(f"k = {', '.join(map(str, zero))}: goodput 0 in some repeat, no ratio test")
         c = found[b]
-        out.append(LoadChoice(b, c.chosen, best, c.beaten_by, c.p_vs_0))
+        out.append(LoadChoice(b, c.chosen, best, c.beaten_by, c.p_vs_0, c.vs_0))
     return out, {b: n for b, n in notes.items() if n}
 
 

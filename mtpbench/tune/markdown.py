@@ -5,14 +5,37 @@ from __future__ import annotations
 
 import json
 
+from mtpbench.stats.judge import ALPHA, end_text, interval_text, level_text
+
+
+def ratio_text(r: dict, ratio: str, prefix: str) -> str:
+    """A comparison as tune's tables show it: "x1.30 [1.05, 1.61] at 99.17 %, p 0.012, faster" (stats.judge: the
+    interval is the one the choice read, never printed touching 1 where it excludes 1)."""
+    if r.get(ratio) is None:
+        return ""
+    text = f"x{end_text(r[ratio], 1.0, 2, 'f')}"
+    if r.get(f"{ratio}_ci_low") is not None:
+        text += (f" {interval_text(r[f'{ratio}_ci_low'], r[f'{ratio}_ci_high'], 1.0, 2, 'f')} at "
+                 f"{level_text(r[f'{ratio}_level'])}")
+    if r.get(f"{prefix}_p") is not None:
+        text += f", p {p_text(r[f'{prefix}_p'])}"
+    if r.get(f"{prefix}_decision"):
+        text += f", {r[f'{prefix}_decision']}"
+    return text
+
+
+def p_text(p: float) -> str:
+    """An adjusted p-value as printed: 2 significant digits, more where 2 would carry it across the level."""
+    for d in (2, 3, 6):
+        if (float(f"{p:.{d}g}") < ALPHA) == (p < ALPHA):
+            return f"{p:.{d}g}"
+    return repr(p)
+
 
 def _cell(r: dict) -> str:
     if r["k"] == 0:
         return f"{r['output_tokens_per_sec']:.1f}"
-    ci = (f" [{r['speedup_ci_low']:.2f}, {r['speedup_ci_high']:.2f}]"
-          if r["speedup_ci_low"] is not None else "")
-    p = f", p {r['speedup_p_holm']:.2g}" if r.get("speedup_p_holm") is not None else ""
-    return f"{r['output_tokens_per_sec']:.1f} (x{r['speedup']:.2f}{ci}{p})"
+    return f"{r['output_tokens_per_sec']:.1f} ({ratio_text(r, 'speedup', 'speedup')})"
 
 
 def measured_table(result: dict) -> list[str]:
@@ -37,10 +60,7 @@ def _goodput_cell(r: dict) -> str:
           if r.get("goodput_rps_ci_low") is not None else "")
     text = f"{r['goodput_rps']:.3g}{ci}"
     if r["k"] and r.get("goodput_ratio") is not None:
-        rci = (f" [{r['goodput_ratio_ci_low']:.2f}, {r['goodput_ratio_ci_high']:.2f}]"
-               if r.get("goodput_ratio_ci_low") is not None else "")
-        p = f", p {r['goodput_p_holm']:.2g}" if r.get("goodput_p_holm") is not None else ""
-        text += f" (x{r['goodput_ratio']:.2f}{rci}{p})"
+        text += f" ({ratio_text(r, 'goodput_ratio', 'goodput')})"
     elif r["k"]:
         text += " (no ratio: a goodput of 0)"
     return text
@@ -176,11 +196,12 @@ def markdown(result: dict) -> str:
     if reason:
         parts += [reason, ""]
     parts += [f"Rule: {result['rule']}. Best single k over every load: {result['best_single_k']}.", "",
-              "## Measured tokens/s (speedup over k = 0 with its 95 % interval and the Holm-adjusted one-sided "
-              "p-value of being faster; chosen in bold)", "",
+              "## Measured tokens/s (speedup over k = 0 with the interval the choice read, at its level, the "
+              "p-value adjusted for the tune's comparisons and the decision; chosen in bold)", "",
               *measured_table(result), "",
-              *(["## Goodput (requests per second meeting the SLO, median [95 % interval], ratio to k = 0 with its "
-                 "95 % interval and Holm-adjusted p; chosen by goodput in bold)", "", *goodput_lines(result), ""]
+              *(["## Goodput (requests per second meeting the SLO, median [95 % interval], ratio to k = 0 with the "
+                 "interval the goodput choice read, its adjusted p and decision; chosen by goodput in bold)", "",
+                 *goodput_lines(result), ""]
                 if result.get("goodput") else []),
               "## Costs", "",
               "t(k) / t(0) = 1 + f + c k: c is one drafted token's cost as a fraction of a decode step, f the fixed "

@@ -37,6 +37,8 @@ class Measured:
     num_drafts: int = 0
     num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
     repeats: list[dict] = field(default_factory=list)  # the repeats' timing dicts (goodput at any SLO: tune.goodput)
+    looks: int = 1  # the looks its sweep's rounds allowed (stats.judge: the level of every comparison of it)
+    noise: tuple | None = None  # its sweep's A/A control: (k = 0 runs, copy runs) (sweep.load.aa_runs); None: none
 
     @property
     def median(self) -> float:

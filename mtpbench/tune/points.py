@@ -9,7 +9,7 @@ from pathlib import Path
 
 from mtpbench.backend_info import info
 from mtpbench.errors import MtpBenchError
-from mtpbench.sweep.load import load_run, read_noise
+from mtpbench.sweep.load import aa_runs, judge_of, load_run
 from mtpbench.tune.model import Measured
 
 MIN_REPEATS = 3  # the fewest timed repeats per point from which a ratio of tokens/s has an interval
@@ -27,7 +27,6 @@ class Sweeps:
     dirs: list[str]
     run: dict  # the first sweep's run.json: config, provenance, engine
     failed: list[str] = field(default_factory=list)  # "<dir>/<point>: error" of points that failed
-    floors: dict = field(default_factory=dict)  # load -> its sweep's A/A noise floor (log ratio; sweep.load.read_noise)
 
 
 def sweep_dirs(paths) -> list[Path]:
@@ -51,10 +50,11 @@ def sweep_dirs(paths) -> list[Path]:
 def read_sweeps(paths, mode: str | None = None) -> Sweeps:
     dirs = sweep_dirs(paths)
     points: dict[tuple[int, int], tuple[Measured, Path]] = {}
-    first, backends, modes, layers, failed, floors = None, set(), set(), set(), [], {}
+    first, backends, modes, layers, failed = None, set(), set(), set(), []
     for d in dirs:
         run, saved, failures = load_run(d)
-        floor = (read_noise(d, run, saved) or {}).get("floor")
+        found = aa_runs(d, run, saved)
+        looks = judge_of(run, saved, failures)[1]
         first = first or run
         backend = run["config"]["backend"]
         backends.add(backend)
@@ -69,8 +69,7 @@ def read_sweeps(paths, mode: str | None = None) -> Sweeps:
                 layers.add(p["mtp_layers"])
             load = p["concurrency"] if info(backend).served else run["config"]["batch_size"]
             m = measured(d, data, load)
-            if floor:
-                floors[load] = floor
+            m.looks, m.noise = looks, found[1:] if found else None
             key = (m.load, m.k, p["mode"] if p["k"] else "plain", p["mtp_layers"])
             if key in points:
                 raise MtpBenchError(f"two sweeps measure {load_unit(backend)} {load} at k = {m.k}: "
@@ -85,7 +84,7 @@ def read_sweeps(paths, mode: str | None = None) -> Sweeps:
     L = pick(None, layers, "MTP layer count", "--mtp-layers") if len(layers) > 1 else next(iter(layers), None)
     chosen = [m for (b, k, md, lay), (m, _) in points.items() if k == 0 or (md == mode and lay == L)]
     sweeps = Sweeps(sorted(chosen, key=lambda m: (m.load, m.k)), backend, load_unit(backend), mode, L,
-                    list(map(str, dirs)), first, failed, floors)
+                    list(map(str, dirs)), first, failed)
     check(sweeps)
     return sweeps
 

@@ -4,8 +4,8 @@ against an oracle written here from the rule (docs/tune.md), never by calling th
 
 The oracle's goodput: count the requests whose every targeted latency is <= its target, over the run's wall time.
 Its choice: a point with a repeat of goodput 0 takes part in no test; a load whose k = 0 is such a point chooses
-k = 0; the rest is the tokens/s rule's oracle (test_tune_properties.oracle: Welch on logs with its own t tail, Holm as
-the step-down rejection, the interval above 1) run over the goodputs."""
+k = 0; the rest is the tokens/s rule's oracle (test_tune_properties.oracle: Welch on logs with its own t tail,
+Bonferroni over the family, the interval above 1) run over the goodputs."""
 
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mtpbench.errors import MtpBenchError
-from mtpbench.stats import median_ratio_ci
 from mtpbench.tune.choose import LoadChoice
-from mtpbench.tune.goodput import choose, describe, good_requests, parse, ranges_of, run_goodput, samples
+from mtpbench.tune.goodput import choose as choose_measured
+from mtpbench.tune.goodput import describe, good_requests, parse, ranges_of, run_goodput, samples
 from mtpbench.tune.model import Measured
-from tests.unit.test_tune_properties import oracle
+from tests.unit.test_tune_properties import family_of, oracle
 
 SETTINGS = settings(max_examples=200, deadline=None)
 METRIC = ("ttft", "tpot", "e2el")
@@ -43,8 +43,13 @@ def goodput_oracle(repeat: dict, slo: dict) -> float | None:
     return good / repeat["wall_s"]
 
 
+def choose(goodput: dict):
+    """goodput.choose over points whose values are the goodputs given ((load, k) -> repeats' goodput)."""
+    return choose_measured({key: Measured(*key, xs) for key, xs in goodput.items() if xs is not None})
+
+
 def choice_oracle(goodput: dict) -> dict[int, dict]:
-    """load -> the chosen k by the rule, the pairs that beat and the Holm-adjusted p of each k > 0 against k = 0
+    """load -> the chosen k by the rule, the pairs that beat and the adjusted p of each k > 0 against k = 0
     (loads with k = 0; where k = 0 has a goodput of 0: k = 0, nothing tested)."""
     positive = {key: xs for key, xs in goodput.items() if min(xs) > 0}
     open_loads = {b for (b, k) in positive if k == 0}
@@ -104,9 +109,13 @@ def test_the_choice_by_goodput_is_the_rules(table, slo):
     goodput = {key: [goodput_oracle(r, slo) for r in reps] for key, reps in table.items()}
     got, notes = choose({key: samples(reps, slo) for key, reps in table.items()})
     want = choice_oracle(goodput)
+    positive = {key: xs for key, xs in goodput.items() if min(xs) > 0}
+    if any(abs(lo - 1) < 1e-9 or abs(hi - 1) < 1e-9
+           for lo, hi, *_ in family_of([Measured(*key, xs) for key, xs in positive.items()]).values()):
+        return  # an interval end within rounding of 1: either side is right
     assert {c.load: c.chosen for c in got} == {b: w["chosen"] for b, w in want.items()}
     for c in got:
-        assert c.p_vs_0 == pytest.approx(want[c.load]["p_vs_0"], rel=1e-7, abs=1e-300)
+        assert c.p_vs_0 == pytest.approx(want[c.load]["p_vs_0"], rel=1e-6, abs=1e-300)
         assert {(c.load, a, k) for k, winners in c.beaten_by.items() for a in winners} == want[c.load]["wins"]
         meds = {k: statistics.median(xs) for (b, k), xs in goodput.items() if b == c.load}
         assert c.fastest == min(k for k, m in meds.items() if m == max(meds.values()))
@@ -187,36 +196,46 @@ def test_describe_orders_as_vllm():
 
 
 def test_a_points_goodput_columns_never_divide_by_a_zero():
+    """A point's ratio to k = 0 is the comparison the goodput choice judged (none where either had a repeat of
+    goodput 0: the choice judged none), printed as it judged it."""
+    from mtpbench.stats import judge
     from mtpbench.tune.by_goodput import point_fields
 
-    assert point_fields(None, [1.0] * 3) == {}
-    for xs, base in (([0.0, 1.0, 2.0], [1.0] * 3), ([1.0, 2.0, 3.0], [0.0, 1.0, 1.0]), ([1.0] * 3, None)):
-        f = point_fields(xs, base)
+    assert point_fields(None, None) == {}
+    got, _ = choose({(1, 0): [1.0, 1.1, 0.9], (1, 1): [2.0, 2.2, 1.8], (1, 2): [0.0, 1.0, 2.0],
+                     (2, 0): [0.0, 1.0, 1.0], (2, 1): [1.0, 2.0, 3.0]})
+    assert 2 not in got[0].vs_0 and got[1].vs_0 == {}
+    for xs, vs_0 in (([0.0, 1.0, 2.0], got[0].vs_0.get(2)), ([1.0, 2.0, 3.0], None)):
+        f = point_fields(xs, vs_0)
         assert f["goodput_rps"] == statistics.median(xs) and "goodput_ratio" not in f
-    f = point_fields([2.0, 2.2, 1.8], [1.0, 1.1, 0.9])
-    assert f["goodput_ratio"] == 2.0 and f["goodput_ratio_ci_low"] < 2.0 < f["goodput_ratio_ci_high"]
+    f = point_fields([2.0, 2.2, 1.8], got[0].vs_0[1])
+    c = judge.ratio([2.0, 2.2, 1.8], [1.0, 1.1, 0.9])  # a family of one comparison, one look, no floor
+    assert f["goodput_ratio"] == round(c.estimate, 5) and (f["goodput_ratio_ci_low"], f["goodput_ratio_ci_high"]) == \
+        judge.outward(c, 5)
+    assert f["goodput_decision"] == "higher" and f["goodput_ratio_level"] == 0.95
     assert f["goodput_rps_ci_low"] is None  # an interval of the median needs 6 repeats
 
 
 def goodput_plan_oracle(goodput: dict, ranges: list[list[int]], chosen: dict[int, int]) -> list[list[int]]:
     """What to run by goodput, from the rule written out: the per-load ranges where they never run a load at k = 0
     beside drafting ranges; else one k at every load: of the k > 0 chosen at some load whose goodput is above 0 in
-    every repeat at every load (k = 0's too), those whose goodput ratio to k = 0 has a 95 % interval wholly below 1
-    at no load (no ratio at a load: not shown safe there), the one of highest mean log ratio of medians (ties: the
-    smaller k); 0 where none is left."""
+    every repeat at every load (k = 0's too), those whose goodput ratio to k = 0 has an interval (the family's)
+    wholly below 1 at no load (no ratio at a load: not shown safe there), the one of highest mean log ratio of
+    medians (ties: the smaller k); 0 where none is left."""
     from tests.unit.test_tune_properties import scores
 
     ks = {k for *_, k in ranges}
     if not (0 in ks and len(ks) > 1):
         return ranges
+    open_loads = {b for (b, k), xs in goodput.items() if k == 0 and min(xs) > 0}
     pts = [Measured(b, k, xs) for (b, k), xs in goodput.items() if min(xs) > 0]
     by = {(p.load, p.k): p.tokps for p in pts}
+    family = family_of([p for p in pts if p.load in open_loads])
 
     def below(k, b):
         if (b, k) not in by or (b, 0) not in by:
             return True
-        ci = median_ratio_ci(by[b, k], by[b, 0])
-        return ci is not None and ci[1] < 1
+        return (b, k, 0) in family and family[b, k, 0][1] < 1
 
     s = scores(pts)
     ok = [k for k in s if k > 0 and k in chosen.values() and not any(below(k, b) for b in chosen)]
@@ -235,6 +254,9 @@ def test_what_to_run_by_goodput_never_runs_k0_under_a_speculative_config(table, 
 
     goodput = {key: [goodput_oracle(r, slo) for r in reps] for key, reps in table.items()}
     g, _ = section([Measured(b, k, [1.0], repeats=reps) for (b, k), reps in table.items()], slo, "batch", "mtp")
+    positive = [Measured(*key, xs) for key, xs in goodput.items() if min(xs) > 0]
+    if any(abs(lo - 1) < 1e-9 or abs(hi - 1) < 1e-9 for lo, hi, *_ in family_of(positive).values()):
+        return  # an interval end within rounding of 1: either side is right
     if not g["choices"]:
         assert g["run"] is None and g["decision"] is None
         return
@@ -269,14 +291,17 @@ def test_a_load_where_no_ratio_can_be_taken_keeps_every_k_from_the_single_config
 @given(tables(), slos)
 def test_the_sections_rows_carry_each_points_goodput_as_the_rule_has_it(table, slo):
     """Per point: goodput_rps the median of its repeats' goodput with the median's interval (from 6 repeats), the
-    ratio to k = 0's medians with its paired interval where both were above 0 in every repeat, goodput_chosen and the
-    Holm p of the choice at that load; the SLO, its words and the rule beside them."""
+    ratio to k = 0 (the ratio of geometric means) with the interval the choice read, where both were above 0 in every
+    repeat, goodput_chosen and the adjusted p of the choice at that load; the SLO, its words and the rule beside
+    them."""
     from mtpbench.stats import median_ci
     from mtpbench.tune.by_goodput import section
     from mtpbench.tune.goodput import RULE
 
     goodput = {key: [goodput_oracle(r, slo) for r in reps] for key, reps in table.items()}
     g, fields = section([Measured(b, k, [1.0], repeats=reps) for (b, k), reps in table.items()], slo, "batch", "mtp")
+    open_loads = {b for (b, k), xs in goodput.items() if k == 0 and min(xs) > 0}
+    family = family_of([Measured(*key, xs) for key, xs in goodput.items() if min(xs) > 0 and key[0] in open_loads])
     assert (g["slo"], g["slo_text"], g["rule"]) == (slo, describe(slo), RULE)
     assert g["unknown"] == [] and g["unknown_because"] is None
     chosen = {c["load"]: c for c in g["choices"]}
@@ -290,17 +315,15 @@ def test_the_sections_rows_carry_each_points_goodput_as_the_rule_has_it(table, s
         ci = median_ci(xs)
         assert f["goodput_rps"] == r4(statistics.median(xs))
         assert (f["goodput_rps_ci_low"], f["goodput_rps_ci_high"]) == ((r4(ci[0]), r4(ci[1])) if ci else (None, None))
-        base = goodput[b, 0]
-        if min(xs) > 0 and min(base) > 0:
-            ratio = median_ratio_ci(xs, base)
-            assert f["goodput_ratio"] == r4(statistics.median(xs) / statistics.median(base))
-            assert (f["goodput_ratio_ci_low"], f["goodput_ratio_ci_high"]) == (
-                (r4(ratio[0]), r4(ratio[1])) if ratio else (None, None))
+        if k and (b, k, 0) in family:  # both above 0 in every repeat, 3 repeats or more: compared
+            lo, hi, p, est = family[b, k, 0]
+            assert f["goodput_ratio"] == pytest.approx(est, abs=5.1e-5)
+            assert (f["goodput_ratio_ci_low"], f["goodput_ratio_ci_high"]) == pytest.approx((lo, hi), abs=1.1e-5)
+            assert f["goodput_p"] == pytest.approx(p, rel=5e-3)  # shown to 3 significant digits
+            assert f["goodput_decision"] == ("higher" if lo > 1 else "lower" if hi < 1 else "open")
         else:
             assert "goodput_ratio" not in f
         assert f["goodput_chosen"] == (chosen[b]["chosen"] == k)
-        p = chosen[b]["p_vs_0"].get(k)
-        assert f["goodput_p_holm"] == (None if p is None else float(f"{p:.3g}"))
 
 
 def test_points_without_per_request_times_are_unknown_and_no_load_without_k0_is_chosen():
