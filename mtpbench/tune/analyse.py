@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 
 from mtpbench.stats import median_ci
 from mtpbench.tune.choose import (ALPHA, PLAIN, RULE, best_single_k, check_schedule, choose_all, comparison_fields,
-                                  comparisons, recommend, schedule, speculative_config)
+                                  comparisons, predicted_between, recommend, schedule, speculative_config)
 from mtpbench.tune.model import Model, expected_tokens, held_out
 from mtpbench.tune.points import Sweeps, check
 
@@ -102,6 +102,36 @@ def costs_table(sweeps: Sweeps, model: Model, ks: list[int]) -> list[dict]:
     return out
 
 
+def held_out_used(rows: list[TuneRow], between) -> float | None:
+    """The worst held-out error of the points whose prediction places a boundary of the schedule (the k > 0 chosen
+    on either side of it, at the two measured loads around it: ``choose.predicted_between``); None where the
+    schedule run places none. A boundary compares the two k's predictions at a load, in which tokens/s at k = 0
+    cancels: k = 0's own prediction is not read."""
+    errs = [abs(r.held_out_error) for r in rows if r.measured and r.k > 0 and r.held_out_error is not None
+            and any(r.load in (lo.load, hi.load) and r.k in (lo.chosen, hi.chosen) for lo, hi in between)]
+    return _r(max(errs)) if errs else None
+
+
+def controls(points) -> list[dict]:
+    """Each sweep's A/A control (the copy of k = 0 against its original), judged as one family of the tune's controls
+    (stats.judge: a tune of n sweeps flags drift on a steady machine at most 5 % of the time)."""
+    from mtpbench.stats import judge
+    from mtpbench.stats.noise import tokps
+
+    seen = {}
+    for m in sorted(points, key=lambda m: m.load):
+        if m.k == 0 and m.noise and id(m.noise) not in seen:
+            seen[id(m.noise)] = (m.load, m.noise)
+    out = []
+    for load, (k0, aa) in seen.values():
+        a, b = tokps(k0), tokps(aa)
+        n = min(len(a), len(b))
+        c = judge.ratio(b[:n], a[:n], family=len(seen))
+        if c.estimate is not None:
+            out.append({"load": load, **c.to_json()})
+    return out
+
+
 def prediction_summary(rows: list[TuneRow], choices, model: Model, ks: list[int]) -> dict:
     errs = [abs(r.held_out_error) for r in rows if r.held_out_error is not None]
     agree = {c.load: {"measured_best_k": c.fastest, "predicted_best_k": model.best_k(c.load, ks)} for c in choices}
@@ -161,13 +191,15 @@ def analyse(sweeps: Sweeps, validation: dict | None = None, slo: dict[str, float
                     setattr(r, name, value)
     spec = speculative_config(plan["run"], sweeps.run["config"].get("method") or "mtp")
     problem = check_schedule(plan["run"], max(k for *_, k in plan["run"])) if spec else None
+    prediction = prediction_summary([r for r in rows if r.measured], choices, model, pred_ks)
+    prediction["held_out_used_max"] = held_out_used(rows, predicted_between(choices) if plan["run"] == ranges else [])
     return {"unit": sweeps.unit, "backend": sweeps.backend, "mode": sweeps.mode, "mtp_layers": sweeps.mtp_layers,
             "loads": loads, "k": ks, "rule": RULE, "alpha": ALPHA, "family": len(comparisons(sweeps.points)),
             "choices": [asdict(c) for c in choices], "schedule": ranges, "run": plan["run"],
             "speculative_config": spec, "schedule_problem": problem, "decision": plan["decision"],
             "decision_note": plan["note"], "unmeasured": plan["unmeasured"],
             "best_single_k": best_single_k(sweeps.points),
-            "costs": costs_table(sweeps, model, pred_ks), "prediction": prediction_summary(
-                [r for r in rows if r.measured], choices, model, pred_ks),
+            "costs": costs_table(sweeps, model, pred_ks), "prediction": prediction,
+            "controls": controls(sweeps.points),
             "goodput": by_goodput, "rows": [asdict(r) for r in rows], "sweeps": sweeps.dirs,
             "failed_points": sweeps.failed}

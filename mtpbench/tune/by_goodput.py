@@ -51,7 +51,8 @@ def section(points: list[Measured], slo: dict[str, float], unit: str, method: st
     # what to run, as the tokens/s decision has it (choose.recommend): a schedule that would run a load at k = 0
     # under a speculative config (not plain decoding, measured nowhere) gives way to one k at every load, here the
     # one of most goodput that is below k = 0's beyond noise at no load (its points' "tokens/s" are its goodputs)
-    plan = recommend(choices, ranges, [m for m in as_goodput.values() if testable(m.tokps)], unit) if ranges else None
+    plan = recommend(choices, ranges, [m for m in as_goodput.values() if testable(m.tokps)], unit,
+                     can_validate=False) if ranges else None
     return {"slo": slo, "slo_text": describe(slo), "rule": RULE, "choices": [asdict(c) for c in choices],
             "notes": {str(b): n for b, n in notes.items()},
             "unknown": [f"{unit} {b}, k = {k}" for b, k in unknown],

