@@ -124,7 +124,7 @@ def parse_schedule(text: Optional[str]) -> Optional[tuple]:
 
 
 def show_result(result: dict, out: str) -> None:
-    from mtpbench.tune.markdown import measured_table, why_not
+    from mtpbench.tune.markdown import measured_table, schedule_ratio_text, why_not
 
     typer.echo("\n".join(measured_table(result)))
     p = result["prediction"]
@@ -146,8 +146,7 @@ def show_result(result: dict, out: str) -> None:
     for r in (result.get("validation") or {}).get("rows") or []:
         if r["verdict"]:
             typer.echo(f"validate: {result['unit']} {r['load']}: schedule / {r['arm']} (k = {r['k']}) = "
-                       f"{r['schedule_ratio']:.3f} [{r['schedule_ratio_ci_low']:.3f}, "
-                       f"{r['schedule_ratio_ci_high']:.3f}]: {r['verdict']}")
+                       f"{schedule_ratio_text(r)}: {r['verdict']}")
     wrote(out, "schedule.json", "tune.json", "tune.md", "tune.csv", "tune.png", "report.html")
 
 

@@ -10,6 +10,8 @@ from pathlib import Path
 
 from mtpbench import stats
 from mtpbench.errors import MtpBenchError
+from mtpbench.stats import judge
+from mtpbench.stats.noise import last_round, tokps, until_round
 from mtpbench.metrics import GridPoint, PointResult, PointRun
 from mtpbench.sweep.load import rows_from_points
 
@@ -39,6 +41,10 @@ class CompareRow:
     # means)": a speedup's ratio of geometric means of both points' timed runs), or, with no
     # interval, "each run's table" (engine counters, which a server's foreign traffic also feeds)
     values_from: str = ""
+    # the level of the interval (1 - 0.05 / the rows judged together: stats.judge), and the p-value adjusted for
+    # them where the method has one (speedup's t test; none for a bootstrap)
+    level: float | None = None
+    p_value: float | None = None
 
     def to_csv(self) -> dict:
         return {k: "" if v is None else (f"{v:.6g}" if isinstance(v, float) else v) for k, v in asdict(self).items()}
@@ -78,29 +84,57 @@ def _modes(loaded: tuple[dict, list[dict], list[dict]]) -> set[str]:
     return {d["point"]["mode"] for d in points + failures if d["point"]["k"] > 0}
 
 
-def _verdict(diff: float | None, ci: tuple[float, float] | None, higher_is_better: bool) -> str:
-    """B - A is ``better`` / ``worse`` when its interval excludes 0 on the side of B - A itself, in the metric's
-    good / bad direction; ``within noise`` when it does not (an end exactly at 0 included), and for B - A = 0
-    with or without an interval; ``no interval`` when B - A or the interval is unknown or not finite."""
-    if diff == 0:
+@dataclass
+class Pending:
+    """A row waiting for its judgement: its values, and ``judge(family)`` -> the stats.judge.Comparison of B - A
+    at the level of a family of that size (None: no interval can be had)."""
+
+    point: str
+    k: int
+    category: str
+    metric: str
+    a: float | None
+    b: float | None
+    higher_is_better: bool
+    paired: int | None
+    values_from: str
+    judge: object = None
+
+
+def _verdict(c: judge.Comparison | None, higher_is_better: bool) -> str:
+    """B - A is ``better`` / ``worse`` where its comparison is decided (its interval, at the family's level and never
+    narrower than the machines' noise, excludes 0 on the side of B - A itself) in the metric's good / bad direction;
+    ``within noise`` where it is open, and for B - A = 0 with or without an interval; ``no interval`` when B - A or
+    the interval is unknown."""
+    if c is not None and c.estimate == 0:
         return "within noise"  # no difference is within any noise, interval or not
-    if ci is None or diff is None or not all(math.isfinite(x) for x in (diff, *ci)):
+    if c is None or c.low is None:
         return "no interval"
-    lo, hi = ci
-    # an interval beyond 0 on the side opposite to B - A (a skewed bootstrap can do that) is no evidence
-    if lo > 0 and diff > 0:
-        return "better" if higher_is_better else "worse"
-    if hi < 0 and diff < 0:
-        return "worse" if higher_is_better else "better"
-    return "within noise"
+    if c.decision == judge.OPEN:
+        return "within noise"
+    return "better" if (c.decision == judge.ABOVE) == higher_is_better else "worse"
 
 
-def _row(point: str, k: int, cat: str, metric: str, a, b, ci, higher: bool, paired: int | None,
-         values_from: str) -> CompareRow:
-    diff = None if a is None or b is None else b - a
-    rel = diff / a if diff is not None and a else (0.0 if diff == 0 else None)
-    return CompareRow(point, k, cat, metric, _r6(a), _r6(b), _r6(diff), _r6(rel), None if ci is None else _r6(ci[0]),
-                      None if ci is None else _r6(ci[1]), _verdict(diff, ci, higher), higher, paired, values_from)
+def finish(pending: list[Pending]) -> list[CompareRow]:
+    """The rows judged, each at the level of its family: the rows over all prompts (what --fail-if-worse reads) one
+    family, the per-category rows another (stats.judge: the chance of any false better or worse among either is at
+    most 0.05). A row without an interval makes no claim and is no member (whether it has one depends on the runs'
+    repeats and prompts, fixed before the data)."""
+    sizes = {True: sum(p.category == "all" and p.judge is not None for p in pending),
+             False: sum(p.category != "all" and p.judge is not None for p in pending)}
+    out = []
+    for p in pending:
+        c = p.judge(sizes[p.category == "all"]) if p.judge else None
+        if c is not None and c.low is None:
+            c = None
+        diff = None if p.a is None or p.b is None else p.b - p.a
+        rel = diff / p.a if diff is not None and p.a else (0.0 if diff == 0 else None)
+        verdict = "within noise" if diff == 0 else _verdict(c, p.higher_is_better)
+        low, high = judge.outward(c, 6) if c is not None else (None, None)
+        out.append(CompareRow(p.point, p.k, p.category, p.metric, _r6(p.a), _r6(p.b), _r6(diff), _r6(rel), low, high,
+                              verdict, p.higher_is_better, p.paired, p.values_from,
+                              c.level if c is not None else None, judge.p_shown(c.p_value) if c is not None else None))
+    return out
 
 
 def _r6(x: float | None) -> float | None:
@@ -143,10 +177,17 @@ def _pooled(metric: str, num: list[int], den: list[int]) -> float | None:
 
 def compare_points(name: str, pa: tuple[GridPoint, PointRun], pb: tuple[GridPoint, PointRun],
                    rows_a: list[PointResult], rows_b: list[PointResult],
-                   base: tuple[PointRun, PointRun] | None = None) -> list[CompareRow]:
-    """Rows for one pair of points; ``base``: both runs' k = 0 points of the same load (for speedup)."""
+                   base: tuple[PointRun, PointRun] | None = None,
+                   floors: tuple[float | None, float | None] = (None, None)) -> list[Pending]:
+    """Rows for one pair of points, to be judged together (``finish``); ``base``: both runs' k = 0 points of the
+    same load (for speedup); ``floors``: each run's A/A noise floor (log ratio; None: it timed none), which no
+    timing's interval is shown narrower than."""
     (ga, ra), (_, rb) = pa, pb
     out = []
+
+    def row(cat, metric, a, b, hib, paired, values_from, judged=None):
+        out.append(Pending(name, ga.k, cat, metric, a, b, hib, paired, values_from, judged))
+
     for row_a in rows_a:
         row_b = next((r for r in rows_b if r.category == row_a.category), None)
         if row_b is None:
@@ -164,32 +205,45 @@ def compare_points(name: str, pa: tuple[GridPoint, PointRun], pb: tuple[GridPoin
                        [r.num_drafts for r in qa], [r.num_accepted_tokens_per_pos[i] for r in qb],
                        [r.num_drafts for r in qb]) for i in range(ga.k)]
             for metric, hib, na, da, nb, db in specs:
-                ci = stats.paired_ratio_diff_ci(na, da, nb, db) if n else None
-                if ci is not None:  # A, B and B - A from the very requests the interval resamples
-                    out.append(_row(name, ga.k, cat, metric, _pooled(metric, na, da), _pooled(metric, nb, db), ci,
-                                    hib, n, "paired prompts"))
+                if n and stats.paired_ratio_diff_ci(na, da, nb, db) is not None:
+                    # A, B and B - A from the very requests the interval resamples
+                    a, b = _pooled(metric, na, da), _pooled(metric, nb, db)
+                    row(cat, metric, a, b, hib, n, "paired prompts",
+                        _paired(a, b, na, da, nb, db, n))
                 else:
-                    out.append(_row(name, ga.k, cat, metric, _metric(row_a, metric), _metric(row_b, metric), None,
-                                    hib, n, TABLE))
+                    row(cat, metric, _metric(row_a, metric), _metric(row_b, metric), hib, n, TABLE)
         if cat == "all":
+            timing_floor = judge.combined_floor(*floors, per_measure=True)
             for metric, hib in TIMINGS:
                 ta, tb = [r.get(metric) for r in ra.repeats], [r.get(metric) for r in rb.repeats]
-                ci = stats.median_diff_ci(ta, tb) if len(ta) > 1 and len(tb) > 1 else None
-                if ci is not None:
-                    out.append(_row(name, ga.k, cat, metric, stats.median(ta), stats.median(tb), ci, hib, None,
-                                    "repeats"))
+                if len(ta) > 1 and len(tb) > 1 and stats.median_diff_ci(ta, tb) is not None:
+                    a, b = stats.median(ta), stats.median(tb)
+                    row(cat, metric, a, b, hib, None, "repeats", _medians(a, b, ta, tb, timing_floor))
                 else:
-                    out.append(_row(name, ga.k, cat, metric, getattr(row_a, metric), getattr(row_b, metric), None,
-                                    hib, None, TABLE))
+                    row(cat, metric, getattr(row_a, metric), getattr(row_b, metric), hib, None, TABLE)
             if ga.k > 0 and base is not None:
-                reps = [[r.get("output_tokens_per_sec") for r in x.repeats] for x in (ra, base[0], rb, base[1])]
-                est = stats.speedup_diff(*reps)
-                if est is not None:  # A, B and B - A: the ratios of geometric means the interval is centred on
-                    sa, sb, ci = est
-                    out.append(_row(name, ga.k, cat, "speedup", sa, sb, ci, True, None, GEOMETRIC))
+                # each side's speedup as its sweep's row has it: its point against its k = 0 over the rounds the
+                # point was timed in (noise.until_round)
+                reps = [tokps(x) for x in (ra.repeats, until_round(base[0].repeats, last_round(ra.repeats)),
+                                           rb.repeats, until_round(base[1].repeats, last_round(rb.repeats)))]
+                sa, sb, _ = judge.speedup_difference(*reps)
+                if sa is not None:  # A, B and B - A: the ratios of geometric means the interval is centred on
+                    floor = judge.combined_floor(*floors)
+                    row(cat, "speedup", sa, sb, True, None, GEOMETRIC,
+                        lambda m: judge.speedup_difference(*reps, floor=floor, family=m)[2])
                 else:
-                    out.append(_row(name, ga.k, cat, "speedup", row_a.speedup, row_b.speedup, None, True, None, TABLE))
+                    row(cat, "speedup", row_a.speedup, row_b.speedup, True, None, TABLE)
     return out
+
+
+def _paired(a, b, na, da, nb, db, n):
+    return lambda m: judge.difference(a, b, lambda lvl: stats.paired_ratio_diff_ci(na, da, nb, db, level=lvl),
+                                      family=m, n=n)
+
+
+def _medians(a, b, ta, tb, floor):
+    return lambda m: judge.difference(a, b, lambda lvl: stats.median_diff_ci(ta, tb, level=lvl), family=m,
+                                      floor=floor, n=min(len(ta), len(tb)))
 
 
 def _metric(row: PointResult, metric: str):

@@ -8,6 +8,7 @@ from pathlib import Path
 from mtpbench.compare.pair import TABLE, CompareRow
 from mtpbench.files import csv_text, make_out_dir
 from mtpbench.files import write_json, write_text
+from mtpbench.stats.judge import end_text, level_text
 
 
 def write(out: Path, result: dict, rows: list[CompareRow]) -> None:
@@ -29,14 +30,16 @@ def table_lines(result: dict, category: str = "all") -> list[list[str]]:
     for r in result["rows"]:
         if r["category"] != category:
             continue
-        ci = "-" if r["ci_low"] is None else f"[{r['ci_low']:+.4g}, {r['ci_high']:+.4g}]"
+        ci = "-" if r["ci_low"] is None else (
+            f"[{end_text(r['ci_low'], 0.0, 4)}, {end_text(r['ci_high'], 0.0, 4)}] at {level_text(r['level'])}"
+            if r.get("level") else f"[{r['ci_low']:+.4g}, {r['ci_high']:+.4g}]")
         rel = "-" if r["rel_diff"] is None else f"{r['rel_diff'] * 100:+.2f} %"
         out.append([r["point"], r["metric"], _fmt(r["a"], r["metric"]), _fmt(r["b"], r["metric"]),
                     "-" if r["diff"] is None else f"{r['diff']:+.4g}", rel, ci, r["verdict"],
                     r.get("values_from") or TABLE])
     return out
 
-HEADERS = ["point", "metric", "A", "B", "B - A", "(B - A) / A", "95 % CI of B - A", "verdict", "values from"]
+HEADERS = ["point", "metric", "A", "B", "B - A", "(B - A) / A", "interval of B - A", "verdict", "values from"]
 
 
 def markdown(result: dict) -> str:
@@ -46,8 +49,9 @@ def markdown(result: dict) -> str:
     lines = [f"## mtpbench compare: A = `{result['a']}`, B = `{result['b']}`", "",
              "What differs between the runs: " + ("; ".join(f"`{d}`" for d in result["differences"])
                                                   or "nothing in their settings or versions") + ".", "",
-             headline(result)[0] + " All prompts; intervals: 95 %, paired bootstrap over prompts for acceptance, "
-             "over repeats for timings.", "",
+             headline(result)[0] + " All prompts; intervals at 1 - 0.05 / the rows judged together (the chance of "
+             "any false better or worse at most 5 %), a paired bootstrap over prompts for acceptance, over repeats "
+             "for timings, never narrower than the runs' A/A noise floors for timings.", "",
              "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     if result["notes"]:
@@ -77,7 +81,7 @@ def plot(path: Path, rows: list[CompareRow], result: dict) -> None:
     ax.axvline(0, color="black", lw=0.8)
     ax.set_yticks(range(len(shown)))
     ax.set_yticklabels([f"{r.point}: {r.metric}" for r in reversed(shown)], fontsize=7)
-    ax.set(xlabel="(B - A) / A, % (line: 95 % interval)", title=f"B = {Path(result['b']).name} vs A = {Path(result['a']).name}")
+    ax.set(xlabel="(B - A) / A, % (line: its interval at the rows' level)", title=f"B = {Path(result['b']).name} vs A = {Path(result['a']).name}")
     ax.grid(alpha=0.3, axis="x")
     runner = next((d for d in result["differences"] if d.startswith("runner: ")), None)
     if runner:  # V1 against V2: the picture says which runner each side ran

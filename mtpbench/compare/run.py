@@ -3,15 +3,20 @@
 What differs between A and B as a whole (their drafting modes, ``--force-spec-step-idx``, the backend or
 the vLLM build, ...) is what is compared; points pair on every other grid dimension (k, MTP layers,
 concurrency, request rate, and the mode when both sides swept the same modes), rows on the category, and
-requests on the prompt. Per metric the output gives A, B, B - A, (B - A) / A, the 95 % interval of
-B - A and one word:
+requests on the prompt. Per metric the output gives A, B, B - A, (B - A) / A, the interval of B - A at the
+level of the rows judged together (``stats.judge``: 1 - 0.05 / the rows over all prompts, another family for the
+per-category rows) and one word:
 
 * acceptance (AL, draft acceptance rate, each per-position rate): a paired bootstrap over the prompts
   both runs measured (``stats.paired_ratio_diff_ci``);
 * timings (tokens/s, TTFT p50, TPOT p50): a bootstrap of the difference of medians over each side's
   repeats (``--repeats``); a point timed once has no interval;
 * speedup (each run's point against its own k = 0): each side's ratio of geometric means of the repeats,
-  from 3 each, and a Welch t interval on the logs around their difference (``stats.speedup_diff``);
+  from 3 each, and a Welch t interval on the logs around their difference (``stats.judge.speedup_difference``),
+  each side over the rounds its sweep's row read;
+* timings and speedups are never shown narrower than the runs' A/A noise floors (combined,
+  ``stats.judge.combined_floor``): two sweeps whose machines could not tell a k from itself within 35 % do not
+  call a 10 % difference of speedups real;
 * ``better`` / ``worse``: the interval excludes 0 in the metric's good / bad direction; ``within noise``:
   it holds 0; ``no interval``: the data cannot tell (no per-request data, a single repeat).
 
@@ -43,6 +48,7 @@ from mtpbench.compare.pair import (  # noqa: F401  (the gate: re-exported where 
     check_pct,
     compare_points,
     duplicate_ids,
+    finish,
     exit_code,
     unjudged_beyond,
     worse_beyond,
@@ -61,7 +67,9 @@ def compare(a_dir: Path, b_dir: Path, out: Path | None = None, force: bool = Fal
     with_mode = _modes(loaded_a) == _modes(loaded_b)
     a, b = _side(loaded_a, a_dir, with_mode), _side(loaded_b, b_dir, with_mode)
     check_same_workload(a.run, b.run, force)
-    rows: list[CompareRow] = []
+    noise = {"a": read_noise(a_dir, *loaded_a[:2]), "b": read_noise(b_dir, *loaded_b[:2])}
+    floors = tuple((noise[side] or {}).get("floor") for side in ("a", "b"))
+    pending = []
     unpaired, failed, missing, duplicates = [], [], [], []
     for key in sorted(set(a.points) | set(b.points) | set(a.failures) | set(b.failures),
                       key=lambda x: tuple(-1 if v is None else v for v in x[1:]) + (str(x[0]),)):
@@ -72,7 +80,7 @@ def compare(a_dir: Path, b_dir: Path, out: Path | None = None, force: bool = Fal
             rb = [r for r in b.rows if _row_key(r, with_mode) == key and r.status == "ok"]
             k0 = ("plain", 0, 0, *key[3:])
             base = (a.points[k0][1], b.points[k0][1]) if k0 in a.points and k0 in b.points else None
-            rows += compare_points(name, pa, pb, ra, rb, base)
+            pending += compare_points(name, pa, pb, ra, rb, base, floors)
             for side, (_, run) in (("A", pa), ("B", pb)) if pa[0].k > 0 else ():  # k = 0 pairs no prompts
                 ids = duplicate_ids(run.requests)
                 if ids:
@@ -87,10 +95,10 @@ def compare(a_dir: Path, b_dir: Path, out: Path | None = None, force: bool = Fal
             unpaired.append((pa or pb)[0].name + (" (only in A)" if pa else " (only in B)"))
             if pa:
                 missing.append(pa[0].name)
-    if not rows and not failed:
+    if not pending and not failed:
         raise MtpBenchError(f"{a_dir} and {b_dir} have no points that pair (same k, MTP layers and load)")
+    rows: list[CompareRow] = finish(pending)
     drift = drift_notes(rows, a.run, b.run)
-    noise = {"a": read_noise(a_dir, *loaded_a[:2]), "b": read_noise(b_dir, *loaded_b[:2])}
     said = [f"{side.upper()}: {line}" for side, n in noise.items() if (line := noise_line(n))]
     if a_dir.resolve() == b_dir.resolve():  # allowed (a smoke test of the gate), but it measures nothing
         said.insert(0, f"A and B are the same run ({a_dir}): every difference is 0 by construction, not a finding")

@@ -154,8 +154,9 @@ def schedule_measured(validation: dict | None, ranges: list[list[int]], loads: l
     idle = [b for b in loads if k_of.get(b) == 0]
     if not idle or any(b not in rows or rows[b]["verdict"] is None for b in idle):
         return None
-    figures = "; ".join(f"{unit} {b}: x{rows[b]['schedule_ratio']:.3f} [{rows[b]['schedule_ratio_ci_low']:.3f}, "
-                        f"{rows[b]['schedule_ratio_ci_high']:.3f}]" for b in idle)
+    from mtpbench.tune.markdown import schedule_ratio_text
+
+    figures = "; ".join(f"{unit} {b}: x{schedule_ratio_text(rows[b])}" for b in idle)
     return all(rows[b]["verdict"] != "schedule slower" for b in idle), figures
 
 

@@ -24,6 +24,17 @@ def ratio_text(r: dict, ratio: str, prefix: str) -> str:
     return text
 
 
+def schedule_ratio_text(r: dict) -> str:
+    """A validation row's schedule / arm as every output prints it: "1.023 [0.950, 1.102] at 99.17 %"."""
+    if r.get("schedule_ratio") is None:
+        return ""
+    text = end_text(r["schedule_ratio"], 1.0, 3, "f")
+    if r.get("schedule_ratio_ci_low") is None:
+        return text
+    return (f"{text} {interval_text(r['schedule_ratio_ci_low'], r['schedule_ratio_ci_high'], 1.0, 3, 'f')}"
+            + (f" at {level_text(r['schedule_ratio_level'])}" if r.get("schedule_ratio_level") else ""))
+
+
 def p_text(p: float) -> str:
     """An adjusted p-value as printed: 2 significant digits, more where 2 would carry it across the level."""
     for d in (2, 3, 6):
@@ -184,11 +195,9 @@ def validation_lines(result: dict) -> list[str]:
         lines.append("The schedule is one k at every load, so it ran as that fixed k (no dynamic speculative "
                      "decoding needed); where an arm is the same k, it is the same run.")
     lines += ["", f"| {result['unit']} | arm | k | tokens/s | drafts per step | drafted tokens per output token | "
-                  "schedule / arm [95 %] | verdict |", "|---:|---|---:|---:|---:|---:|---|---|"]
+                  "schedule / arm [interval at its level] | verdict |", "|---:|---|---:|---:|---:|---:|---|---|"]
     for r in v["rows"]:
-        ratio = (f"{r['schedule_ratio']:.3f} [{r['schedule_ratio_ci_low']:.3f}, {r['schedule_ratio_ci_high']:.3f}]"
-                 if r["schedule_ratio_ci_low"] is not None else
-                 (f"{r['schedule_ratio']:.3f}" if r["schedule_ratio"] is not None else ""))
+        ratio = schedule_ratio_text(r)
         per = "" if r["drafts_per_step"] is None else f"{r['drafts_per_step']:.2f}"
         tok = "" if r.get("draft_tokens_per_output_token") is None else f"{r['draft_tokens_per_output_token']:.3f}"
         lines.append(f"| {r['load']} | {r['arm']} | {r['k']} | {r['output_tokens_per_sec']:.1f} | {per} | {tok} | "

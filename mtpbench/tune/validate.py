@@ -13,8 +13,9 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from mtpbench.backend_info import info
-from mtpbench.stats import median_ratio_ci
-from mtpbench.sweep.load import load_run
+from mtpbench.stats import judge
+from mtpbench.stats.noise import floor_until
+from mtpbench.sweep.load import aa_runs, judge_of, load_run
 from mtpbench.tune.choose import PLAIN, speculative_config
 from mtpbench.tune.points import measured
 
@@ -32,9 +33,12 @@ class ValidationRow:
     # num_draft_tokens / output tokens: how much it drafted at all (a step at k = 0 drafts nothing and is no draft,
     # so drafts per step alone cannot show a load where the schedule stopped drafting)
     draft_tokens_per_output_token: float | None
-    schedule_ratio: float | None = None  # schedule's tokens/s / this arm's (medians)
+    # the schedule's tokens/s over this arm's (stats.judge.ratio: the ratio of geometric means, its interval at
+    # schedule_ratio_level, 1 - 0.05 / the validation's comparisons, never narrower than both sweeps' A/A floors)
+    schedule_ratio: float | None = None
     schedule_ratio_ci_low: float | None = None
     schedule_ratio_ci_high: float | None = None
+    schedule_ratio_level: float | None = None
     verdict: str | None = None  # "within noise", "schedule faster", "schedule slower"
 
 
@@ -112,9 +116,11 @@ def _validation_points(out: Path) -> dict[tuple[int, str, int], tuple]:
         run, points, _ = load_run(d)
         served = info(run["config"]["backend"]).served
         kind = "schedule" if d.name == "schedule" else "fixed"
+        found_aa, looks = aa_runs(d, run, points), judge_of(run, points, [])[1]
         for data in points:
             load = data["point"]["concurrency"] if served else run["config"]["batch_size"]
             m = measured(d, data, load)
+            m.looks, m.noise = looks, found_aa[1:] if found_aa else None
             drafted = sum(b.get("num_draft_tokens") or 0 for b in data.get("batches") or [])
             tokens = sum(len(r.get("output_token_ids") or []) for r in data.get("requests") or [])
             found[(load, kind, m.k)] = (m, drafted / m.num_drafts if m.num_drafts else None,
@@ -133,7 +139,7 @@ def read_validation(out: Path, result: dict) -> dict | None:
     saved = json.loads(path.read_text())
     arms = plan(result, saved["schedule"])
     found = _validation_points(out)
-    rows = []
+    rows, against = [], []
     for load, ks in sorted(arms.items()):
         sched = found.get((load, "schedule" if saved["dynamic"] else "fixed", ks["schedule"] if not saved["dynamic"]
                            else max(k for *_, k in saved["schedule"])))
@@ -145,12 +151,17 @@ def read_validation(out: Path, result: dict) -> dict | None:
             row = ValidationRow(load, arm, k, round(m.median, 2), len(m.tokps), None if per_step is None
                                 else round(per_step, 3), None if per_token is None else round(per_token, 4))
             if sched is not None and arm != "schedule":
-                ci = median_ratio_ci(sched[0].tokps, m.tokps)
-                row.schedule_ratio = round(sched[0].median / m.median, 4)
-                if ci:
-                    row.schedule_ratio_ci_low, row.schedule_ratio_ci_high = round(ci[0], 4), round(ci[1], 4)
-                    row.verdict = ("schedule faster" if ci[0] > 1 else "schedule slower" if ci[1] < 1
-                                   else "within noise")
+                row.schedule_ratio = round(sched[0].median / m.median, 4)  # no interval: the medians' ratio
+                against.append((row, sched[0], m))
             rows.append(row)
+    for row, sched, m in against:  # one family: every comparison the validation makes
+        floor = judge.combined_floor(floor_until(sched.noise, None), floor_until(m.noise, None), per_measure=True)
+        c = judge.ratio(sched.tokps, m.tokps, floor, len(against), max(sched.looks, m.looks))
+        if c.estimate is not None:
+            row.schedule_ratio = round(c.estimate, 4)
+            row.schedule_ratio_ci_low, row.schedule_ratio_ci_high = judge.outward(c, 4)
+            row.schedule_ratio_level = c.level
+            row.verdict = {judge.ABOVE: "schedule faster", judge.BELOW: "schedule slower"}.get(c.decision,
+                                                                                            "within noise")
     return {"schedule": saved["schedule"], "dynamic": saved["dynamic"], "rows": [asdict(r) for r in rows],
             "per_batch_size": not info(result["backend"]).vllm}  # no dynamic speculative decoding there

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from scipy.special import stdtrit
 from typer.testing import CliRunner
 
 from mtpbench.cli import app
@@ -263,7 +264,15 @@ def test_a_speedup_difference_lies_inside_its_interval_where_medians_and_geometr
     geo = lambda x: float(np.exp(np.mean(np.log(x))))  # noqa: E731
     assert s["a"] == pytest.approx(geo(k2) / geo(a_k0), abs=1e-6)
     assert s["b"] == pytest.approx(geo(b_k2) / geo(steady8), abs=1e-6)
-    assert (s["ci_low"], s["ci_high"]) == pytest.approx(stats.speedup_diff_ci(k2, a_k0, b_k2, steady8), abs=1e-6)
+    # the interval: the delta method on the four sets' logs, Welch's df, at 1 - 0.05 / the rows over all prompts
+    logs = [np.log(x) for x in (k2, a_k0, b_k2, steady8)]
+    parts = [w * w * x.var(ddof=1) / x.size for w, x in zip((s["a"], s["a"], s["b"], s["b"]), logs)]
+    se = math.sqrt(sum(parts))
+    df = sum(parts) ** 2 / sum(c * c / (x.size - 1) for c, x in zip(parts, logs))
+    m = sum(r["category"] == "all" for r in result["rows"])
+    half = stdtrit(df, 1 - 0.05 / (2 * m)) * se
+    assert s["level"] == 1 - 0.05 / m
+    assert (s["ci_low"], s["ci_high"]) == pytest.approx((s["diff"] - half, s["diff"] + half), abs=2e-6)
     # the table and its markdown show the same numbers
     line = next(x for x in cmp.table_lines(result) if x[1] == "speedup")
     assert line[2:5] == [f"{s['a']:.4g}", f"{s['b']:.4g}", f"{s['diff']:+.4g}"] and line[8] == cmp.GEOMETRIC
@@ -318,3 +327,38 @@ def test_one_estimator_of_a_speedup_the_sweep_and_compare_print_the_same(tmp_pat
     assert r.speedup_ci_low <= r.speedup <= r.speedup_ci_high
     sp = row(cmp.compare(d, d), "speedup")
     assert sp["a"] == sp["b"] == pytest.approx(r.speedup, abs=1e-4)
+
+
+def with_aa(d, copy: list[float]) -> None:
+    """The A/A control beside a sweep's k = 0 point: a copy of it timed at ``copy`` tokens/s per repeat."""
+    k0 = json.loads((d / "k0.json").read_text())
+    (d / "aa-k0.json").write_text(json.dumps({**k0, "point": {**k0["point"], "mode": "aa"},
+                                               "repeats": repeats(copy)}))
+
+
+def test_the_gate_reads_the_floors_its_notes_state_issue_44_case_6(tmp_path):
+    """Two sweeps whose A/A controls differ by about 35 %, A's k = 2 at x1.20 and B's at x1.10, each timed tightly:
+    B - A = -0.10 had an interval of [-0.107, -0.093] and --fail-if-worse exited 1, while compare's notes said no
+    speedup interval is narrower than the floor. The speedup's and the timings' intervals now are."""
+    from mtpbench.compare.pair import exit_code
+
+    tight = [100.0, 100.4, 99.6, 100.2, 99.8, 100.0]
+    a = make_run(tmp_path / "a", tight, [x * 1.2 for x in tight], HARD_AND_EASY)
+    b = make_run(tmp_path / "b", tight, [x * 1.1 for x in tight], HARD_AND_EASY)
+    for d in (a, b):
+        with_aa(d, [x * 1.35 for x in tight])
+    result = cmp.compare(a, b)
+    floors = [result["noise"][side]["floor"] for side in ("a", "b")]
+    assert all(f > 0.3 for f in floors)
+    s = row(result, "speedup")
+    assert s["diff"] == pytest.approx(-0.1, abs=1e-3) and s["verdict"] == "within noise"
+    g = math.sqrt(floors[0] ** 2 + floors[1] ** 2)  # the two runs' floors on B's speedup over A's
+    assert s["ci_low"] <= s["b"] * math.exp(-g) - s["a"] + 1e-6 and s["ci_high"] >= s["b"] * math.exp(g) - s["a"] - 1e-6
+    t = row(result, "output_tokens_per_sec")
+    assert t["rel_diff"] == pytest.approx(-1 / 12, abs=1e-3) and t["verdict"] == "within noise"
+    assert cmp.worse_beyond(result, 0.0) == [] and exit_code(result, 0.0) == 0
+    # without the controls the same timings are told apart: the floors, not the data, make the difference
+    for d in (a, b):
+        (d / "aa-k0.json").unlink()
+    result = cmp.compare(a, b)
+    assert row(result, "speedup")["verdict"] == "worse" and exit_code(result, 0.0) == 1

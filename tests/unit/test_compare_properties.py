@@ -2,8 +2,8 @@
 (``pair.worse_beyond``, ``pair.exit_code``) and the page's headline (``page.headline``), checked against oracles
 written here from the rules in docs/compare.md, never computed by the code under test.
 
-The rules: a metric is better / worse when B - A is not 0 and its 95 % interval lies wholly on the side of B - A
-(an end at 0 is not beyond it), better in the metric's good direction; B - A = 0 is within noise, interval or not;
+The rules: a metric is better / worse when B - A is not 0 and its interval (stats.judge.difference, at the level of
+its family) lies wholly on the side of B - A (an end at 0 is not beyond it), better in the metric's good direction; B - A = 0 is within noise, interval or not;
 no interval (or a non-finite one) is "no interval". --fail-if-worse PCT fails on a point that failed in B or is
 missing from B and on every metric over all prompts worse beyond noise by more than PCT % (from A = 0: at any PCT;
 raw timings not while the k = 0 control drifted); PCT must be a finite number >= 0. The page is red exactly when the
@@ -21,8 +21,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mtpbench.compare.page import headline
-from mtpbench.compare.pair import _verdict, check_pct, exit_code, unjudged_beyond, worse_beyond
+from mtpbench.compare.pair import _verdict as verdict_of
+from mtpbench.compare.pair import check_pct, exit_code, unjudged_beyond, worse_beyond
 from mtpbench.errors import MtpBenchError
+from mtpbench.stats import judge
+
+
+def _verdict(diff, ci, higher: bool) -> str:
+    """The verdict of a row whose B - A is ``diff`` and whose interval is ``ci`` (A = 0, B = diff): the judge's
+    comparison of it, in compare's words."""
+    return verdict_of(judge.difference(None if diff is None else 0.0, diff, lambda level: ci), higher)
 
 FAST = settings(max_examples=200, deadline=None)
 
