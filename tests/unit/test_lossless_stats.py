@@ -614,6 +614,14 @@ def test_case_7_a_fault_seen_twice_the_same_way_is_lossy_though_stage_2_alone_fe
     first = stats.Stage(two_sample(0.0005, lp=0.09), ok, excess(1.2, 0.01))
     assert stats.combined(first, second)["excess"].p_value == pytest.approx(0.0248, abs=1e-4)
     assert stats.lossless_verdict([first, second])[1].startswith("two-sample p 0.0005")
+    # both tests combine: each clause in the rule's order, joined by "; "
+    first = stats.Stage(two_sample(0.0005, lp=0.09), ok, excess(2.5, 0.02))
+    assert stats.lossless_verdict([first, second]) == (
+        "lossy", "excess z +2.5, then +1.9 on fresh draws, the same way: both stages combined (weighted by their "
+                 "continuations) z = +2.99, p = 0.00275 < 0.005: the drafting arm's tokens are not the target's law "
+                 "(excess +0.02, +0.012 nats/token); two-sample p 0.0005, then 0.015 on fresh draws, the same way: "
+                 "both stages combined (weighted by their continuations) p = 6.45e-05 < 0.005: drafting changes the "
+                 "output law (mean target log-prob +0.09, +0.05 nats/token)")
     # the excess test's combination on its own: +2.5, then +1.9 (short of 1.96): Z = 2.9947, p 0.00275
     first = stats.Stage(two_sample(0.5), ok, excess(2.5, 0.02))
     assert stats.lossless_verdict([first, stats.Stage(two_sample(0.5, n_a=192, n_b=192), ok,
