@@ -77,8 +77,8 @@ def main(trials: int) -> None:
              "subtle rule, no entropies": ({"lossy": wrong_ratio_temperature(p, q, 0.9), "excess": False}, None),
              f"0.7 T rule, bound {SET_SHIFT}": ({"lossy": at_bound, "max_mde": SET_SHIFT},
                                                 (stats.LOSSLESS, 1 - POWER)),
-             f"0.7 T rule, bound {SET_SHIFT}, no entropies": ({"lossy": at_bound, "max_mde": SET_SHIFT, "excess": False},
-                                                              (stats.LOSSLESS, 1 - POWER))}
+             f"0.7 T rule, bound {SET_SHIFT}, no entropies": (
+                 {"lossy": at_bound, "max_mde": SET_SHIFT, "excess": False}, (stats.LOSSLESS, 1 - POWER))}
     for i, (name, (kw, stated)) in enumerate(cases.items()):
         t0 = time.time()
         res = checks(100 + i, p, trials, **kw)
