@@ -159,7 +159,10 @@ def expected_verdict(rec: dict) -> str:
     """The verdict a served sampling check gives from its numbers, written from the rule in docs/check-lossless.md
     (stats.lossless_verdict): an A/A control below alpha_aa at either stage leaves none; no first-stage alarm is
     lossless here (the test gives a bound the check meets); an alarm is lossy only where the second stage, drawn
-    afresh, passes a confirmation level on its own (the excess test the same way as the first), else lossless."""
+    afresh, passes a confirmation level on its own (the excess test the same way as the first), or where both stages
+    combined do (each test's z, the two-sample p as the signed deviate with that two-sided p, weighted by sqrt(the
+    drafting arm's continuations), two-sided p below the level, both stages the same way), else lossless."""
+    import math
     from statistics import NormalDist
 
     second = rec.get("confirmation")
@@ -175,7 +178,22 @@ def expected_verdict(rec: dict) -> str:
         z1, z2 = rec["excess_test"]["z"], second["excess_test"]["z"]
         if abs(z2) > phi.inv_cdf(1 - lv["confirm_excess"] / 2) and (z1 > 0) == (z2 > 0):
             return "lossy"
-    return "lossy" if second["test"]["p_value"] < lv["confirm_two_sample"] else "lossless"
+    if second["test"]["p_value"] < lv["confirm_two_sample"]:
+        return "lossy"
+
+    def deviate(t):
+        return 0.0 if t["logprob_diff"] == 0 else math.copysign(-phi.inv_cdf(t["p_value"] / 2), t["logprob_diff"])
+
+    pairs = [(deviate(rec["test"]), rec["test"]["num_continuations_b"], deviate(second["test"]),
+              second["test"]["num_continuations_b"])]
+    e1, e2 = rec.get("excess_test"), second.get("excess_test")
+    if e1 and e2 and e1["z"] is not None and e2["z"] is not None:
+        pairs.append((e1["z"], e1["num_continuations_on"], e2["z"], e2["num_continuations_on"]))
+    for z1, n1, z2, n2 in pairs:
+        z = (math.sqrt(n1) * z1 + math.sqrt(n2) * z2) / math.sqrt(n1 + n2)
+        if z1 * z2 > 0 and 2 * phi.cdf(-abs(z)) < lv["combine"]:
+            return "lossy"
+    return "lossless"
 
 
 def native_z(model, rec: dict, arm: str) -> float:

@@ -125,13 +125,22 @@ def _sampling_lines(record: dict) -> list[str]:
                      "alone")
     lv = record.get("levels")
     if lv:
+        # records written before the combination existed have no "combine" level: their rule had none
+        both = (f", or both stages combined (weighted by their continuations) below {lv['combine']:g} the same way"
+                if "combine" in lv else "")
         lines.append(f"- alarm (fresh draws must confirm it): excess p < {lv['alarm_excess']:g} or two-sample p < "
                      f"{lv['alarm_two_sample']:g}; lossy: a second stage at fresh seeds and twice the continuations shows it "
                      f"again on its own, excess p < {lv['confirm_excess']:g} the same way or two-sample p < "
-                     f"{lv['confirm_two_sample']:g}")
+                     f"{lv['confirm_two_sample']:g}{both}")
     if record.get("confirmation"):
         lines.append(f"- alarm: {record['alarm']}; a second stage at fresh seeds, twice the continuations:")
         lines += ["  " + x for x in _stage_lines(record["confirmation"], "stage 2 ", record)]
+        c = record.get("combined")  # absent from records written before the combination existed
+        if c:
+            said = [f"{name} z = {x['z']:+.3g}, p = {x['p_value']:.3g}" + ("" if x["same_way"] else ", the stages "
+                                                                            "pointing different ways")
+                    for name, x in (("two-sample", c["two_sample"]), ("excess", c.get("excess"))) if x]
+            lines.append(f"  - both stages combined (weighted by their continuations): {'; '.join(said)}")
     if "detectable_shift" in record:
         lines.append(f"- smallest detectable shift (80 % power): {_f(record['detectable_shift'])} nats/token; "
                      f"lossless needs it <= {record['max_detectable_shift']:g} (--max-detectable-shift)")

@@ -278,8 +278,8 @@ def per_prompt_means(arms: dict, prompt_ids: list[str]) -> list[dict]:
 
 def run_sampling(backend, cfg: CheckConfig, ids: list[list[int]], prompt_ids: list[str], step=None) -> dict:
     """The sampling check: a first stage of three arms; where its numbers raise an alarm (``stats.alarm``), a
-    second stage of three arms at fresh seeds and twice the continuations that must show it again on its own
-    (``stats.lossless_verdict``)."""
+    second stage of three arms at fresh seeds and twice the continuations that must show it again, on its own or
+    with the first stage combined (``stats.lossless_verdict``)."""
     e = cfg.engine
     six = arm_seeds(e.seed, 6)  # the first three are arm_seeds(e.seed): a first stage as before the second existed
     seeds = [dict(zip(STAGES, six[:3])), dict(zip(STAGES, six[3:]))]
@@ -299,6 +299,8 @@ def run_sampling(backend, cfg: CheckConfig, ids: list[list[int]], prompt_ids: li
         "verdict": SAMPLING_LOSSLESS if verdict == stats.LOSSLESS else verdict, "why": why,
         **_stage_record(first, *stages[0]), "score_tests_unavailable": first["moments_note"],
         "alarm": raised, "confirmation": None if second is None else _stage_record(second, *stages[1]),
+        "combined": None if second is None else {k: c and asdict(c) for k, c in
+                                                 stats.combined(stages[0][0], stages[1][0]).items()},
         "detectable_shift": None if ab is None else stats.detectable_shift(ab),
         "max_detectable_shift": cfg.max_mde,
         "levels": stats.verdict.levels(stages[0][0]),

@@ -16,21 +16,41 @@ The rule, and why:
   (a scorer biased by 2 standard errors in every arm made the old rule call a correct engine lossy 1 time in 4).
 * Two stages. A first stage raises an alarm where the excess test's |z| passes ALARM_EXCESS's two-sided point or
   the two-sample test's p is below ALARM_AB. An alarm is never a verdict: the check draws all three arms again with
-  fresh seeds and twice the continuations, and calls lossy only where that second stage shows the fault again on its
-  own: the excess test beyond CONFIRM_EXCESS's two-sided point, the same way as the first, or the two-sample test
-  below CONFIRM_AB. A real fault replicates; chance does not: a correct engine is called lossy only where two
-  independent draws both alarm, at most P(alarm) x P(confirm) (0.3 x 0.025 + 0.05 x 0.01 at most, about 0.8 %). The
-  doubled second stage buys back the power a second test would cost. Without the target's entropies (no excess
-  test) the two-sample test takes both budgets (ALARM_AB_ALONE, CONFIRM_AB_ALONE).
+  fresh seeds and twice the continuations, and calls lossy only where the fault shows again, the same way, in one of
+  two ways fixed in advance:
+  - confirmed by the second stage on its own (``confirmation``): the excess test beyond CONFIRM_EXCESS's two-sided
+    point, the same way as the first, or the two-sample test below CONFIRM_AB;
+  - or both stages combined (``combination``), where the second alone fell short: each test's z of the two stages,
+    weighted by the square root of their continuations (Stouffer: Z = (sqrt(n1) z1 + sqrt(n2) z2) /
+    sqrt(n1 + n2), N(0, 1) for independent null stages), beyond COMBINE's two-sided point, with both stages' z the
+    same way. The excess test's z is signed (the drafting arm above the arms without it is +); the two-sample p is
+    read as the normal deviate Phi^-1(1 - p / 2), signed by its shift of the mean target log-prob. So a signal seen
+    at stage 1 and again the same way at stage 2 is lossy although stage 2 alone fell short (stage 1 two-sample
+    p 0.0005, stage 2 0.015, shift the same way: combined p 6.5e-05), while a stage 2 that points the other way
+    contradicts the alarm (no combination), and a null one pulls Z down (with z2 near 0, Z is z1 / sqrt(3): only a
+    first stage beyond 4.86, p 1e-6, passes COMBINE then).
+  A real fault replicates; chance does not. The false-lossy bound, a union bound over the paths to lossy for
+  independent null stages (each stage's z N(0, 1), or its p uniform, whatever the two tests' correlation within a
+  stage): an alarm (at most ALARM_EXCESS + ALARM_AB = 0.35) confirmed on its own (at most CONFIRM_EXCESS / 2 +
+  CONFIRM_AB = 0.035, independent of the alarm), 1.225 %; plus a combination where stage 2's own test fell short,
+  0.088 % for the excess test (|z2| within 1.96) and 0.266 % for the two-sample test (|z2| within 2.576), by
+  integration over the two stages' normal z for stage 2's twice the continuations: at most 1.58 %
+  (FALSE_LOSSY_BOUND). The earlier statement, 0.3 x 0.025 + 0.05 x 0.01 = about 0.8 %, left out an alarm of
+  either test confirmed by the other: the rule without the combination was bounded by 1.225 %, 1.16 % were the two
+  tests of a stage independent. The doubled second stage buys back the power a second test would cost. Without
+  the target's entropies (no excess test) the two-sample test takes both budgets (ALARM_AB_ALONE,
+  CONFIRM_AB_ALONE; the same COMBINE): 0.3 x 0.05 + 0.088 % = at most 1.59 % (FALSE_LOSSY_BOUND_ALONE).
 * Controls and gates, in order: a missing test, then any non-finite number (NaN or +inf scores, moments or
   p-values: the verdict cannot rest on them), then an A/A control (off against off again, each stage) below
   ALPHA_AA: inconclusive. A confirmed alarm is lossy whatever the power. Otherwise lossless needs enough
   continuations, a reachable p below ALARM_AB, and a known detectable shift (the two-sample test's; zero spread
-  is no evidence of power) within ``max_mde``.
+  is no evidence of power) within ``max_mde``; its why quotes the evidence it rests on: the first stage's p, or
+  where an alarm drew a second stage, both stages' combined p (never the alarm's own p, which fresh draws
+  overruled).
 
 Calibration (benchmarks/lossless_verdict_rates.py, the Markov chain of tests/unit/test_lossless_stats.py, 12
 prompts x 8 continuations of 16 tokens an arm): see docs/check-lossless.md for the measured false-alarm rate, the
-rate under a biased scorer and the power against the planted rules.
+rate under a biased scorer, the power against the planted rules and the lossless rate of a fault at the set shift.
 """
 
 from __future__ import annotations
@@ -47,6 +67,8 @@ ALARM_EXCESS = 0.3  # stage 1: the excess test's two-sided p below this raises a
 CONFIRM_EXCESS = 0.05  # stage 2 on its own: two-sided, and the same way as stage 1's z (so 0.025 of a null's draws)
 ALARM_AB, CONFIRM_AB = 0.05, 0.01  # the two-sample test beside the excess test: stage 1, stage 2 on its own
 ALARM_AB_ALONE, CONFIRM_AB_ALONE = 0.3, 0.05  # the two-sample test alone (no target entropies)
+COMBINE = 0.005  # both stages combined (Stouffer, weighted by sqrt(continuations)): two-sided, both the same way
+FALSE_LOSSY_BOUND, FALSE_LOSSY_BOUND_ALONE = 0.0158, 0.0159  # the union bounds of the module docstring
 ALPHA_AA = 0.01  # each stage's A/A control (off against off again): it checks the engine, not a second coin toss
 
 LOSSLESS, LOSSY, INCONCLUSIVE = "lossless", "lossy", "inconclusive"
@@ -124,7 +146,7 @@ def levels(stage: Stage) -> dict[str, float]:
     """Every level the verdict reads for this stage, by name (lossless.json's ``levels``)."""
     alarm_ab, confirm_ab = two_sample_levels(stage)
     return {"alarm_excess": ALARM_EXCESS, "confirm_excess": CONFIRM_EXCESS, "alarm_two_sample": alarm_ab,
-            "confirm_two_sample": confirm_ab}
+            "confirm_two_sample": confirm_ab, "combine": COMBINE}
 
 
 def _two_sided(alpha: float) -> float:
@@ -163,6 +185,60 @@ def confirmation(first: Stage, second: Stage) -> str | None:
     return "; ".join(found) or None
 
 
+@dataclass(frozen=True)
+class Combined:
+    """One test's evidence over both stages: Stouffer's Z, each stage's z weighted by sqrt(its continuations)."""
+    z: float
+    p_value: float  # two-sided, normal
+    same_way: bool  # both stages' z of one sign (a z of 0 has no way, so it agrees with neither)
+
+
+def signed_z(ab: LosslessTest) -> float:
+    """The two-sample test's p as a normal deviate, Phi^-1(1 - p / 2), signed by its shift of the mean target log-prob
+    (0 where there is no shift: no way). Under the null its p is uniform and, with as many continuations a prompt in
+    each arm, the shift's sign is a fair coin apart from p: N(0, 1)."""
+    if ab.logprob_diff == 0:
+        return 0.0
+    # p / 2 floored at the smallest float: a p of 0 (which no permutation test gives) is a finite, huge z
+    return math.copysign(-NormalDist().inv_cdf(max(ab.p_value / 2, 5e-324)), ab.logprob_diff)
+
+
+def _stouffer(z1: float, n1: int, z2: float, n2: int) -> Combined:
+    z = (math.sqrt(n1) * z1 + math.sqrt(n2) * z2) / math.sqrt(n1 + n2)
+    return Combined(z, 2 * NormalDist().cdf(-abs(z)), z1 * z2 > 0)
+
+
+def combined(first: Stage, second: Stage) -> dict[str, Combined | None]:
+    """Each test over both stages (``excess``: None where a stage has no excess z; ``two_sample``)."""
+    e1, e2 = first.excess, second.excess
+    ex = None
+    if e1 is not None and e2 is not None and e1.z is not None and e2.z is not None:
+        ex = _stouffer(e1.z, e1.num_continuations_on, e2.z, e2.num_continuations_on)
+    ab = _stouffer(signed_z(first.ab), first.ab.num_continuations_b, signed_z(second.ab),
+                   second.ab.num_continuations_b)
+    return {"excess": ex, "two_sample": ab}
+
+
+def combination(first: Stage, second: Stage) -> str | None:
+    """Why both stages combined show the fault (the module docstring): a test whose Stouffer Z over the two stages
+    passes COMBINE's two-sided point with both stages the same way; None when neither does."""
+    found = []
+    c = combined(first, second)
+    ex, ab = c["excess"], c["two_sample"]
+    if ex is not None and ex.same_way and ex.p_value < COMBINE:
+        e1, e2 = first.excess, second.excess
+        found.append(f"excess z {e1.z:+.3g}, then {e2.z:+.3g} on fresh draws, the same way: both stages combined "
+                     f"(weighted by their continuations) z = {ex.z:+.3g}, p = {ex.p_value:.3g} < {COMBINE:g}: the "
+                     f"drafting arm's tokens are not the target's law (excess {e1.diff:+.3g}, {e2.diff:+.3g} "
+                     "nats/token)")
+    if ab.same_way and ab.p_value < COMBINE:
+        a1, a2 = first.ab, second.ab
+        found.append(f"two-sample p {a1.p_value:.3g}, then {a2.p_value:.3g} on fresh draws, the same way: both stages "
+                     f"combined (weighted by their continuations) p = {ab.p_value:.3g} < {COMBINE:g}: drafting changes "
+                     f"the output law (mean target log-prob {a1.logprob_diff:+.3g}, {a2.logprob_diff:+.3g} nats/token)")
+    return "; ".join(found) or None
+
+
 def nonfinite(stages) -> str | None:
     """Which numbers of the stages are not finite, in words, or None."""
     found = []
@@ -192,19 +268,27 @@ def lossless_verdict(stages, max_mde: float | None = None) -> tuple[str, str]:
             return INCONCLUSIVE, (f"{AA_REJECTS}: off against off (stage {i}), p = {s.aa.p_value:.3g} < "
                                   f"{ALPHA_AA:g}; two runs without drafting already differ more than sampling explains")
     first, note = stages[0], ""
+    evidence = f"p = {first.ab.p_value:.3g}"
     raised = alarm(first)
     if raised:
         if len(stages) < 2:
             return INCONCLUSIVE, f"{UNCONFIRMED}: {raised}; fresh draws must confirm it before a verdict"
-        why = confirmation(first, stages[1])
+        # the second stage on its own first: where it confirms, its own numbers are the plainest why
+        why = confirmation(first, stages[1]) or combination(first, stages[1])
         if why:
             return LOSSY, why
+        # what lossless rests on now is both stages' evidence, not the alarm's p that fresh draws overruled
+        c = combined(first, stages[1])
+        evidence = f"p = {c['two_sample'].p_value:.3g} over both stages"
+        if c["excess"] is not None:
+            evidence += f", excess p = {c['excess'].p_value:.3g}"
         note = f"; the first stage's alarm ({raised}) did not replicate on fresh draws"
-    return _powered(first.ab, max_mde, note)
+    return _powered(first.ab, max_mde, evidence, note)
 
 
-def _powered(ab: LosslessTest, max_mde: float | None, note: str) -> tuple[str, str]:
-    """Lossless where this N could have seen a shift, else inconclusive and why."""
+def _powered(ab: LosslessTest, max_mde: float | None, evidence: str, note: str) -> tuple[str, str]:
+    """Lossless where this N could have seen a shift, else inconclusive and why; ``evidence``: the p the verdict
+    rests on, in words."""
     if min(ab.num_continuations_a, ab.num_continuations_b) < MIN_CONTINUATIONS or ab.min_p_value >= ALARM_AB:
         return INCONCLUSIVE, (f"{TOO_FEW}: {ab.num_continuations_a} and {ab.num_continuations_b}; at least "
                               f"{MIN_CONTINUATIONS} each, to detect anything")
@@ -218,8 +302,8 @@ def _powered(ab: LosslessTest, max_mde: float | None, note: str) -> tuple[str, s
         return INCONCLUSIVE, (f"{UNDERPOWERED}: the smallest detectable shift ({mde:.3g} nats/token) exceeds the bound "
                               f"{max_mde:g}; about {math.ceil(need / ab.num_prompts)} continuations a prompt ({need} "
                               f"an arm, {n} now; the detectable shift falls as 1 / sqrt(continuations)) would reach it")
-    return LOSSLESS, (f"no difference detectable at this N (p = {ab.p_value:.3g}; it would detect a shift of "
-                      f"{mde:.3g} nats/token){note}")
+    return LOSSLESS, (f"no difference detectable at this N ({evidence}; it would detect a shift of {mde:.3g} "
+                      f"nats/token){note}")
 
 
 def detectable_shift(ab: LosslessTest) -> float | None:

@@ -8,8 +8,13 @@ under test:
   excess test);
 * lossy: an alarm, and the second stage on its own: its excess |z| > 1.9600 (two-sided 5 %) with the sign of the
   first stage's z, or its two-sample p below 0.01 (0.05 without the excess test);
+* or an alarm and both stages combined: for the excess test (both stages' z known) and for the two-sample test (its
+  p read as the normal deviate whose two-sided p it is, signed by its shift of the mean target log-prob), the z's
+  of the two stages weighted by the square roots of their continuations (the drafting arm's),
+  Z = (sqrt(n1) z1 + sqrt(n2) z2) / sqrt(n1 + n2), two-sided p = 2 Phi(-|Z|) below 0.005, with z1 z2 > 0;
 * otherwise inconclusive with fewer than 8 continuations an arm or a smallest reachable p of 0.05 or more, with an
-  unknown detectable shift, or one above the bound; else lossless.
+  unknown detectable shift, or one above the bound; else lossless, quoting the first stage's two-sample p, or with
+  a second stage the two-sample p of both stages combined and, where both stages have an excess z, theirs.
 """
 
 import math
@@ -23,6 +28,34 @@ from mtpbench import stats
 SETTINGS = settings(max_examples=300, deadline=None)
 PHI = NormalDist()
 Z_ALARM, Z_CONFIRM = PHI.inv_cdf(1 - 0.3 / 2), PHI.inv_cdf(1 - 0.05 / 2)  # the two-sided 30 % and 5 % points
+
+
+def deviate(t):
+    """The two-sample test's p as a signed normal deviate: |z| with 2 Phi(-|z|) = p, the sign of the shift (none: 0).
+    p = 0, which no permutation test gives, is the deviate of the smallest float's p."""
+    return 0.0 if t.logprob_diff == 0 else math.copysign(-PHI.inv_cdf(max(t.p_value, 1e-323) / 2), t.logprob_diff)
+
+
+def stouffer(z1, n1, z2, n2):
+    """(two-sided p, the same way) of two stages' z weighted by the square roots of their sizes."""
+    z = (math.sqrt(n1) * z1 + math.sqrt(n2) * z2) / math.sqrt(n1 + n2)
+    return 2 * PHI.cdf(-abs(z)), z1 * z2 > 0
+
+
+def both_stages(first, second):
+    """{test: (combined p, the same way)}: the two-sample test always, the excess test where both stages have a z."""
+    out = {"ab": stouffer(deviate(first.ab), first.ab.num_continuations_b, deviate(second.ab),
+                          second.ab.num_continuations_b)}
+    e1, e2 = first.excess, second.excess
+    if e1 is not None and e2 is not None and e1.z is not None and e2.z is not None:
+        out["excess"] = stouffer(e1.z, e1.num_continuations_on, e2.z, e2.num_continuations_on)
+    return out
+
+
+def combine_parts(first, second):
+    """Which tests' combination calls lossy: 'excess', 'ab', both or neither, in that order."""
+    c = both_stages(first, second)
+    return [k for k in ("excess", "ab") if k in c and c[k][1] and c[k][0] < 0.005]
 
 
 def oracle(stages, max_mde):
@@ -47,6 +80,8 @@ def oracle(stages, max_mde):
             if abs(z2) > Z_CONFIRM and (z1 == 0 or (z1 > 0) == (z2 > 0)):  # z1 = 0: no direction
                 return stats.LOSSY, None
         if second.ab.p_value < (0.01 if has_excess else 0.05):
+            return stats.LOSSY, None
+        if combine_parts(first, second):
             return stats.LOSSY, None
     ab = first.ab
     if min(ab.num_continuations_a, ab.num_continuations_b) < 8 or ab.min_p_value >= 0.05:
@@ -79,8 +114,9 @@ def excess(draw):
     z = draw(st.one_of(st.none(), st.floats(-6, 6), st.sampled_from([1.0364, 1.0365, -1.0365, 1.9599, 1.9601, -1.9601, 0.0])))
     bad = draw(st.sampled_from([0, 0, 0, 0, 2]))
     p = 1.0 if z is None else 2 * PHI.cdf(-abs(z))
+    n = draw(st.sampled_from([8, 96, 192]))
     return stats.ExcessTest(z, math.nan if bad else p, 0.0, 0.0, 0.0 if z is None else z * 0.01,
-                            None if z is None else 0.01, 96, 192, bad)
+                            None if z is None else 0.01, n, 2 * n, bad)
 
 
 @st.composite
@@ -135,7 +171,7 @@ def test_any_non_finite_number_is_inconclusive(s, max_mde):
 def test_the_levels_are_the_documented_ones():
     """The oracle's numbers are the module's levels (a changed level must change the docs and this oracle)."""
     assert (stats.ALARM_EXCESS, stats.CONFIRM_EXCESS, stats.ALARM_AB, stats.CONFIRM_AB, stats.ALARM_AB_ALONE,
-            stats.CONFIRM_AB_ALONE, stats.ALPHA_AA) == (0.3, 0.05, 0.05, 0.01, 0.3, 0.05, 0.01)
+            stats.CONFIRM_AB_ALONE, stats.COMBINE, stats.ALPHA_AA) == (0.3, 0.05, 0.05, 0.01, 0.3, 0.05, 0.005, 0.01)
     assert abs(PHI.inv_cdf(0.85) - 1.0364) < 1e-4 and abs(PHI.inv_cdf(0.975) - 1.9600) < 1e-4
     assert abs(Z_ALARM - 1.0364) < 1e-4 and abs(Z_CONFIRM - 1.9600) < 1e-4
 
@@ -144,9 +180,10 @@ def test_the_recorded_levels_are_the_ones_the_stage_is_judged_at():
     """lossless.json's ``levels``: the two-sample test's share depends on whether the excess test ran beside it."""
     beside = stats.Stage(None, None, stats.ExcessTest(0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 10, 10))
     assert stats.verdict.levels(beside) == {"alarm_excess": 0.3, "confirm_excess": 0.05, "alarm_two_sample": 0.05,
-                                            "confirm_two_sample": 0.01}
+                                            "confirm_two_sample": 0.01, "combine": 0.005}
     assert stats.verdict.levels(stats.Stage(None, None)) == {"alarm_excess": 0.3, "confirm_excess": 0.05,
-                                                         "alarm_two_sample": 0.3, "confirm_two_sample": 0.05}
+                                                         "alarm_two_sample": 0.3, "confirm_two_sample": 0.05,
+                                                         "combine": 0.005}
 
 
 # Past the gates: both tests present and every number finite, so most draws reach the alarm, the confirmation and
@@ -173,7 +210,8 @@ def clean_two_sample(draw, aa=False):
 def clean_excess(draw):
     z = draw(st.one_of(st.none(), st.floats(-6, 6), boundary_z, boundary_z))
     p = 1.0 if z is None else 2 * PHI.cdf(-abs(z))
-    return stats.ExcessTest(z, p, 0.0, 0.0, 0.0 if z is None else z * 0.01, None if z is None else 0.01, 96, 192)
+    n = draw(st.sampled_from([8, 96, 192]))
+    return stats.ExcessTest(z, p, 0.0, 0.0, 0.0 if z is None else z * 0.01, None if z is None else 0.01, n, 2 * n)
 
 
 @st.composite
@@ -214,10 +252,72 @@ def test_past_the_gates_the_verdict_and_its_why_follow_the_rule(s, max_mde):
         assert said is None
     else:  # each cause in its own clause, in the rule's order, joined by "; "
         assert [c.split(" = ")[0] for c in said.split("; ")] == [STARTS[r][0][:-3] for r in raised], said
-    if verdict == stats.LOSSY:
+    if verdict == stats.LOSSY:  # the second stage's own confirmation where there is one, else the combination
         parts = why.split("; ")
+        confirmed = confirm_parts(*s)
         assert [p.split(",")[0].rsplit(" ", 1)[0] for p in parts] == [STARTS[r][1].strip()
-                                                                     for r in confirm_parts(*s)], why
-    if verdict == stats.LOSSLESS:
-        assert why.startswith("no difference detectable at this N (p = ")
+                                                                     for r in confirmed or combine_parts(*s)], why
+        assert all(("both stages combined" in p) != bool(confirmed) for p in parts), why
+    if verdict == stats.LOSSLESS:  # the evidence it rests on: both stages' combined p where fresh draws were drawn
+        if raised:
+            c = both_stages(*s)
+            said = f"p = {c['ab'][0]:.3g} over both stages" + (f", excess p = {c['excess'][0]:.3g}" if "excess" in c
+                                                                else "")
+        else:
+            said = f"p = {s[0].ab.p_value:.3g}"
+        assert why.startswith(f"no difference detectable at this N ({said}; it would detect a shift of "), why
         assert why.endswith(" did not replicate on fresh draws" if raised else " nats/token)"), why
+
+
+@st.composite
+def alarmed_pairs(draw):
+    """Two clean stages whose first raises an alarm (so the combination is read), every size and sign drawn."""
+    s = draw(clean_stages().filter(lambda x: len(x) == 2 and alarm_parts(x[0])))
+    return s
+
+
+@SETTINGS
+@given(alarmed_pairs())
+def test_both_stages_combined_follow_the_rule(s):
+    """stats.combined and stats.combination against the oracle's Stouffer Z: its p, its way, and which tests'
+    combination calls lossy, each clause naming both stages' numbers."""
+    first, second = s
+    want = both_stages(first, second)
+    got = stats.combined(first, second)
+    assert (got["excess"] is None) == ("excess" not in want)
+    for key, name in (("ab", "two_sample"), ("excess", "excess")):
+        if key in want:
+            p, same = want[key]
+            assert math.isclose(got[name].p_value, p, rel_tol=1e-9, abs_tol=1e-300) and got[name].same_way == same
+            assert math.isclose(2 * PHI.cdf(-abs(got[name].z)), p, rel_tol=1e-9, abs_tol=1e-300)
+    why = stats.combination(first, second)
+    parts = combine_parts(first, second)
+    if not parts:
+        assert why is None
+        return
+    clauses = why.split("; ")
+    assert [c.split(",")[0].rsplit(" ", 1)[0] for c in clauses] == [STARTS[r][1].strip() for r in parts], why
+    for c, r in zip(clauses, parts):
+        assert "the same way: both stages combined (weighted by their continuations)" in c and "< 0.005:" in c
+        if r == "ab":
+            assert f"p = {want['ab'][0]:.3g} < 0.005" in c and c.startswith(
+                f"two-sample p {first.ab.p_value:.3g}, then {second.ab.p_value:.3g} on fresh draws")
+        else:
+            assert f"p = {want['excess'][0]:.3g} < 0.005" in c and c.startswith(
+                f"excess z {first.excess.z:+.3g}, then {second.excess.z:+.3g} on fresh draws")
+
+
+@SETTINGS
+@given(alarmed_pairs())
+def test_a_second_stage_the_other_way_never_combines_to_lossy(s):
+    """Fresh draws that point the other way contradict the alarm: flipping the second stage's signs (its excess z
+    and its shift) leaves only the second stage's own confirmation to call lossy."""
+    first, second = s
+    flipped = stats.Stage(
+        stats.LosslessTest(**{**second.ab.__dict__, "logprob_diff": -first.ab.logprob_diff}), second.aa,
+        None if second.excess is None or second.excess.z is None or first.excess is None or first.excess.z is None
+        else stats.ExcessTest(**{**second.excess.__dict__, "z": -math.copysign(abs(second.excess.z), first.excess.z)}))
+    assert stats.combination(first, flipped) is None
+    verdict, why = stats.lossless_verdict([first, flipped])
+    if verdict == stats.LOSSY:
+        assert "both stages combined" not in why and stats.confirmation(first, flipped) == why
