@@ -22,7 +22,9 @@ def sweep(out, *args, common=COMMON):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     d = tmp_path_factory.mktemp("runs")
-    return sweep(d / "chain", "--mode", "chain"), sweep(d / "reuse", "--mode", "reuse")
+    # the chain against the index passed on reuse's data flow (docs/compare.md): a regression at positions 1 and 2
+    # wide enough to be told at the level compare's family of five acceptance comparisons asks, 1 - 0.05 / 5
+    return sweep(d / "chain", "--mode", "chain"), sweep(d / "forced", "--mode", "reuse", "--force-spec-step-idx")
 
 
 def test_a_run_compared_with_itself_is_all_zero_and_within_noise(tmp_path):
@@ -40,20 +42,20 @@ def test_a_run_compared_with_itself_is_all_zero_and_within_noise(tmp_path):
         assert (tmp_path / "c" / name).stat().st_size > 100
 
 
-def test_chain_vs_reuse_pairs_prompts_and_fails_on_a_real_regression(tmp_path, runs):
-    chain, reuse = runs
-    r = runner.invoke(app, ["compare", str(chain), str(reuse), "--out", str(tmp_path / "c"), "--fail-if-worse", "5"])
-    assert r.exit_code == 1, r.output  # reuse's later positions are worse than the chain's
+def test_the_index_on_reuses_data_flow_pairs_prompts_and_fails_as_a_real_regression(tmp_path, runs):
+    chain, forced = runs
+    r = runner.invoke(app, ["compare", str(chain), str(forced), "--out", str(tmp_path / "c"), "--fail-if-worse", "5"])
+    assert r.exit_code == 1, r.output  # the forced index's later positions are worse than the chain's
     result = json.loads((tmp_path / "c" / "compare.json").read_text())
-    assert result["differences"] == ["mode: ['chain'] vs ['reuse']"]
+    assert result["differences"] == ["force_spec_step_idx: False vs True", "mode: ['chain'] vs ['reuse']"]
     pos2 = next(x for x in result["rows"] if x["metric"] == "acceptance_rate_per_pos[2]" and x["category"] == "all")
     assert pos2["point"] == "chain-L3-k3 vs reuse-L3-k3" and pos2["paired_prompts"] == 64
-    assert pos2["verdict"] == "worse" and pos2["ci_high"] < 0
+    assert pos2["verdict"] == "worse" and pos2["ci_high"] < 0 and pos2["level"] == pytest.approx(0.99)
     assert "acceptance_rate_per_pos[2]" in r.output and "worse beyond noise by more than 5 %" in r.output
     md = (tmp_path / "c" / "compare.md").read_text()
     assert md.startswith("## mtpbench compare") and "| chain-L3-k3 vs reuse-L3-k3 | acceptance_rate_per_pos[2] |" in md
     # the other way round nothing is worse beyond noise (timed once: timings carry no interval)
-    r = runner.invoke(app, ["compare", str(reuse), str(chain), "--out", str(tmp_path / "d"), "--fail-if-worse", "5"])
+    r = runner.invoke(app, ["compare", str(forced), str(chain), "--out", str(tmp_path / "d"), "--fail-if-worse", "5"])
     assert r.exit_code == 0, r.output
 
 
