@@ -100,9 +100,10 @@ def step_rate(repeat: dict) -> float | None:
 
 
 def interval(num: list, den: list) -> dict:
-    from mtpbench.stats.intervals import log_ratio_t_ci
+    from mtpbench.stats import judge
 
-    ci = log_ratio_t_ci(num, den)
+    c = judge.ratio(num, den)  # one comparison alone: 95 %
+    ci = None if c.low is None else (c.low, c.high)
     est = math.exp(sum(map(math.log, num)) / len(num) - sum(map(math.log, den)) / len(den))
     return {"speedup": round(est, 3), "ci": ci and [round(ci[0], 3), round(ci[1], 3)],
             "half_width": ci and round((ci[1] - ci[0]) / 2, 3)}

@@ -1,7 +1,8 @@
 """How often ``mtpbench tune`` picks a k > 0 that is not faster than plain decoding (issue 33, items 1 and 2):
 simulated tunes of 5 loads x k = 0..4, every point's repeats drawn with multiplicative noise, chosen by today's
-rule (``tune.choose.choose_all``: Holm over every comparison, family-wise 5 %) and by the rule before issue 33
-(every pair of k at every load at 95 %, uncorrected; the smallest k that no other k beats).
+rule (``tune.choose.choose_all``: stats.judge, Bonferroni over every comparison, family-wise 5 %) and by the rule
+before issue 33 (every pair of k at every load at 95 %, uncorrected, each ``stats.judge.ratio`` alone; the smallest
+k that no other k beats).
 
 A false pick is a k > 0 chosen at a load where its true speedup over k = 0 is <= 1; the rate is the share of
 tunes with any false pick. "null": every k as fast as k = 0 at every load. "mixed": drafting pays at small loads
@@ -21,7 +22,7 @@ import time
 
 import numpy as np
 
-from mtpbench.stats import median_ratio_ci
+from mtpbench.stats import judge
 from mtpbench.tune.choose import choose_all
 from mtpbench.tune.model import Measured
 
@@ -55,8 +56,7 @@ def old_choices(points: list[Measured]) -> dict[int, int]:
         ks = sorted(by)
 
         def beats(a: int, c: int) -> bool:
-            ci = median_ratio_ci(by[a].tokps, by[c].tokps)
-            return ci is not None and ci[0] > 1
+            return judge.ratio(by[a].tokps, by[c].tokps).decision == judge.ABOVE  # one comparison alone, 95 %
 
         beaten = {k: [j for j in ks if j != k and beats(j, k)] for k in ks}
         out[b] = next((k for k in ks if not beaten[k]), max(ks, key=lambda k: by[k].median))
@@ -91,7 +91,7 @@ def main() -> None:
     t0 = time.time()
     print(f"{args.trials} simulated tunes per row, 5 loads x k = 0-4; false-pick rate (any k > 0 chosen where it is "
           f"not faster), power (a faster k > 0 chosen where one exists)")
-    print("| scenario | repeats | noise | false picks, Holm 5 % | false picks, before | power, Holm 5 % "
+    print("| scenario | repeats | noise | false picks, Bonferroni 5 % | false picks, before | power, Bonferroni 5 % "
           "| power, before |")
     print("|---|---:|---|---:|---:|---:|---:|")
     seed = 0

@@ -29,20 +29,12 @@
   a point's timed run, the figure is the median of the N, and its interval the distribution-free one
   from order statistics (the narrowest ``[x_(j), x_(N+1-j)]`` that covers the median with >= 95 %
   probability). That needs N >= ``MIN_REPEATS`` (6); below it no interval is given.
-* A speedup (tokens/s at k over k = 0) needs fewer: timing noise is multiplicative, so both points share
-  its shape on the log scale. From 4 + 4 repeats ``median_ratio_ci`` gives the distribution-free rank
-  interval of the pairwise ratios (exact coverage 97.1 % at 4 + 4, 96.8 % at 5 + 5, 95.9 % at 6 + 6);
-  from 3 + 3 (where no rank interval reaches 95 %) the Welch t interval on logs. Coverage of a true
-  speedup of 1.3 (1500-2000 trials; lognormal noise of 3 %, alone / with a 10 % chance per repeat of a
-  10-25 % slower run): 96.2 / 97.5 % at 3 repeats, 97.2 / 96.6 % at 4, 96.6 / 95.9 % at 6; the old
-  bootstrap of the ratio of medians gave 89.6 / 89.1 %, 92.8 / 92.2 %, 97.1 / 95.7 %. Fewer than
-  ``MIN_REPEATS_RATIO`` (3) repeats: none (the old bootstrap covered 65 % at 2).
+* A speedup (tokens/s at k over k = 0), a difference of speedups and every other "beyond noise" between two
+  points or runs: ``stats.judge`` (Welch t on the logs of the repeats, from ``MIN_REPEATS_RATIO`` a side, at the
+  level of its family, never narrower than the A/A floor). Coverage of its intervals: ``tests/unit/test_coverage.py``.
 * A difference B - A pairs prompts where both runs have per-request data (one resample of prompt indices
-  serves both sides, studentized as above). A difference of speedups is a Welch t interval from the four
-  sets of repeats (delta method on the logs), centred on the difference of the two ratios of geometric
-  means (``speedup_diff``, whose speedups compare shows), from 3 repeats each: 96.7-96.9 % at 3, 96.0 % at
-  4, 95.8-96.0 % at 6 (98 % with slow outliers). Difference of medians of timings: a bootstrap of medians
-  of each side's repeats, from 6.
+  serves both sides, studentized as above). Difference of medians of timings: a bootstrap of medians of each
+  side's repeats, from 6.
 * Whether drafting changes what the model samples (check-lossless at temperature > 0): a permutation test of
   continuations with drafting off against on: ``stats.lossless``.
 """
@@ -221,39 +213,9 @@ def median_diff_ci(a, b, resamples: int = RESAMPLES, seed: int = SEED,
     return None if ma is None or mb is None else _percentiles(mb - ma, level)
 
 
-def _positive(values) -> list[float]:
-    return [v for v in values if v is not None and v > 0]
-
-
-def _logs(values) -> np.ndarray:
-    return np.log(np.asarray(_positive(values), float))
-
-
-def _welch(parts: list[tuple[float, np.ndarray]]) -> tuple[float, float] | None:
-    """Standard error and Welch-Satterthwaite df of sum(w * mean(x)) over independent groups (w, x)."""
-    if any(x.size < 2 for _, x in parts):
-        return None
-    c = [w * w * x.var(ddof=1) / x.size for w, x in parts]
-    if sum(c) == 0:
-        return 0.0, math.inf
-    return math.sqrt(sum(c)), sum(c) ** 2 / sum(ci * ci / (x.size - 1) for ci, (_, x) in zip(c, parts))
-
-
 def _t_interval(est: float, se: float, df: float, level: float) -> tuple[float, float]:
     half = 0.0 if se == 0 else t_quantile(1 - (1 - level) / 2, df) * se
     return est - half, est + half
-
-
-def log_ratio_t_ci(num, den, level: float = LEVEL) -> tuple[float, float] | None:
-    """Welch t interval, on log values, of the ratio of two points' typical timings (e.g. tokens/s at k over
-    tokens/s at k = 0), returned on the ratio scale. Timing noise is multiplicative (a few %), so logs make
-    it near-normal; the estimate is the ratio of geometric means. From MIN_REPEATS_RATIO repeats a side."""
-    ln, ld = _logs(num), _logs(den)
-    if min(ln.size, ld.size) < MIN_REPEATS_RATIO:
-        return None
-    se, df = _welch([(1.0, ln), (1.0, ld)])
-    lo, hi = _t_interval(float(ln.mean() - ld.mean()), se, df, level)
-    return math.exp(lo), math.exp(hi)
 
 
 def _beta_fraction(a: float, b: float, x: float) -> float:
@@ -289,103 +251,3 @@ def t_sf(t: float, df: float) -> float:
         both = (front * _beta_fraction(a, b, x) / a if x < (a + 1) / (a + b + 2)
                 else 1 - front * _beta_fraction(b, a, y) / b)
     return both / 2 if t >= 0 else 1 - both / 2
-
-
-def log_ratio_t_p(num, den) -> float | None:
-    """One-sided p-value that ``num``'s typical timing is above ``den``'s (tokens/s at k over k = 0: that k is
-    faster): Welch's t on the logs of the repeats, the test dual to ``log_ratio_t_ci``, with the exact t tail
-    (``t_sf``). It reaches any level from 3 + 3 repeats, where the exact rank-sum cannot go below 1/20 (1/70 at
-    4 + 4, 1/924 at 6 + 6): a correction over many comparisons needs that. From MIN_REPEATS_RATIO a side, else None."""
-    ln, ld = _logs(num), _logs(den)
-    if min(ln.size, ld.size) < MIN_REPEATS_RATIO:
-        return None
-    se, df = _welch([(1.0, ln), (1.0, ld)])
-    d = float(ln.mean() - ld.mean())
-    if se == 0 or d == 0:  # no spread: the sign alone decides; no difference: no evidence either way
-        return 0.5 if d == 0 else float(d < 0)
-    return t_sf(d / se, df)
-
-
-def _rank_sum_counts(n: int, m: int) -> list[int]:
-    """Null distribution of the Mann-Whitney count U (pairs with x_i > y_j): arrangements per value of U."""
-    table = [[[1] if i == 0 or j == 0 else None for j in range(m + 1)] for i in range(n + 1)]
-    for i in range(1, n + 1):
-        for j in range(1, m + 1):
-            # the largest of all values is an x (adds j to U) or a y (adds nothing)
-            a, b = table[i - 1][j], table[i][j - 1]
-            out = [0] * (i * j + 1)
-            for u, c in enumerate(a):
-                out[u + j] += c
-            for u, c in enumerate(b):
-                out[u] += c
-            table[i][j] = out
-    return table[n][m]
-
-
-def rank_ratio_ci(num, den, level: float = LEVEL) -> tuple[float, float] | None:
-    """Distribution-free interval of the ratio of two points' timings from the n*m pairwise ratios
-    num_i / den_j: [r_(j), r_(nm+1-j)] with the largest j whose coverage, from the exact rank-sum (Mann-Whitney)
-    distribution, is >= level. It assumes only that both points' noise has the same shape on the log scale
-    (multiplicative noise), and then covers the ratio of medians (of any quantile) with exactly that
-    probability. None when no j reaches the level (3 + 3 repeats reach 90 %, 4 + 4 97.1 %, 3 + 5 96.4 %)."""
-    ln, ld = _logs(num), _logs(den)
-    n, m = ln.size, ld.size
-    if min(n, m) < 2:
-        return None
-    counts = _rank_sum_counts(n, m)
-    total, below, best = sum(counts), 0, None
-    for j in range(1, n * m // 2 + 1):
-        below += counts[j - 1]  # P(U <= j - 1): the truth lies below r_(j)
-        if 1 - 2 * below / total < level:
-            break
-        best = j
-    if best is None:
-        return None
-    r = np.sort((ln[:, None] - ld[None, :]).ravel())
-    return math.exp(r[best - 1]), math.exp(r[n * m - best])
-
-
-def median_ratio_ci(num, den, resamples: int = RESAMPLES, seed: int = SEED,
-                    level: float = LEVEL) -> tuple[float, float] | None:
-    """Interval of median(num) / median(den) (a speedup from two points' repeats), unpaired: the rank
-    interval (``rank_ratio_ci``) where its exact coverage reaches the level (4 + 4 repeats and up), else
-    the t interval on logs (``log_ratio_t_ci``, from 3 + 3 repeats); None below that. ``resamples`` and
-    ``seed`` are kept for callers; neither method resamples.
-
-    The interval always holds the ratio of medians it is shown with. Neither method is centred on it (the
-    rank interval on the median of the pairwise ratios, the t interval on the ratio of geometric means),
-    yet up to 11 + 11 repeats it provably lies inside: at least ceil(n/2) ceil(m/2) pairwise ratios lie at
-    or below it (and as many at or above), which is no fewer than the rank interval's j, and at 3 + 3 or
-    3 + 4 a median of logs lies within 0.87 standard deviations of the mean, short of the t half-width.
-    From 12 + 12 repeats the rank interval can miss it (two-mode noise mixed unequally at the two points:
-    5.6 % of trials at 16 + 16, 13 % at 20 + 20); the interval is then stretched to reach it, which can
-    only raise coverage, so the figures in the module docstring (3, 4 and 6 repeats) are unchanged."""
-    ci = rank_ratio_ci(num, den, level) or log_ratio_t_ci(num, den, level)
-    if ci is None:
-        return None
-    r = math.exp(float(np.log(median(_positive(num))) - np.log(median(_positive(den)))))
-    return min(ci[0], r), max(ci[1], r)
-
-
-def speedup_diff(a_k, a_0, b_k, b_0, level: float = LEVEL) -> tuple[float, float, tuple[float, float]] | None:
-    """A's speedup, B's, and the interval of B's minus A's: each speedup a point's tokens/s over its own run's
-    k = 0 point, so drift between the two runs cancels (drift within a run does not). One estimator for all
-    three: each speedup is the ratio of geometric means of the repeats (a difference of mean logs), the
-    interval is centred on their difference, by the delta method with Welch-Satterthwaite df over the four
-    sets of repeats. From MIN_REPEATS_RATIO repeats each, else None. (A ratio of medians beside an interval
-    built around ratios of geometric means can lie outside it: +0.394 against [-0.137, +0.392] was seen.)"""
-    logs = [_logs(v) for v in (a_k, a_0, b_k, b_0)]
-    if min(x.size for x in logs) < MIN_REPEATS_RATIO:
-        return None
-    sa = math.exp(logs[0].mean() - logs[1].mean())
-    sb = math.exp(logs[2].mean() - logs[3].mean())
-    se, df = _welch([(sa, logs[0]), (sa, logs[1]), (sb, logs[2]), (sb, logs[3])])
-    lo, hi = _t_interval(sb - sa, se, df, level)
-    return sa, sb, (float(lo), float(hi))
-
-
-def speedup_diff_ci(a_k, a_0, b_k, b_0, resamples: int = RESAMPLES, seed: int = SEED,
-                    level: float = LEVEL) -> tuple[float, float] | None:
-    """The interval of ``speedup_diff`` alone. ``resamples`` and ``seed`` are kept for callers."""
-    out = speedup_diff(a_k, a_0, b_k, b_0, level)
-    return None if out is None else out[2]

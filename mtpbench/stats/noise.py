@@ -68,11 +68,6 @@ def floor_until(noise_runs: tuple | None, last: int | None) -> float:
     return floor(a[:n], b[:n]) or 0.0
 
 
-def widen(lo: float, hi: float, ratio: float, floor: float) -> tuple[float, float]:
-    """An interval of ``ratio`` made no narrower than ``floor`` (log ratio) each side of it."""
-    return min(lo, ratio * math.exp(-floor)), max(hi, ratio * math.exp(floor))
-
-
 def summary(a, b, level: float = LEVEL) -> dict:
     """What a sweep's summary and pages say of its A/A: both figures in log and in %, the copies' ratio and its
     interval, and whether the A/A itself was called different (``stats.judge.ratio`` decided: one test at 1 -

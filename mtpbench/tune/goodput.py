@@ -6,8 +6,8 @@ it meets every target given (``<=``; TPOT counts as 0 for a request of one outpu
 run's goodput is its good requests over its wall time, in requests per second (vLLM's ``request_goodput``). Each
 repeat of a point keeps its requests' TTFT, TPOT and E2EL and its wall time (``metrics.records.timing``), so the
 goodput of every repeat follows for any SLO, from saved files. ``RULE`` chooses the k per load by goodput with the
-tokens/s rule's discipline (``choose.choose_all``: Holm over the family, the interval wholly above 1, a k > 0 must
-beat k = 0); a point with goodput 0 in some repeat has no ratio test (its log is -infinity), which is said, never
+tokens/s rule's discipline (``choose.choose_all``: ``stats.judge`` at 1 - alpha / (m L) over the family, the
+interval wholly above 1, a k > 0 must beat k = 0); a point with goodput 0 in some repeat has no ratio test (its log is -infinity), which is said, never
 divided by."""
 
 from __future__ import annotations
@@ -26,9 +26,10 @@ NAMES = {"ttft": "TTFT", "tpot": "TPOT", "e2el": "E2EL"}
 RULE = ("a request is good when it meets every target (vllm bench serve --goodput), a run's goodput is its good "
         "requests per second of its wall time; a k > 0 qualifies at a load when its goodput beats k = 0's there, and "
         "the chosen k is the smallest qualifying k that no larger qualifying k beats (k = 0 where none qualifies). k' "
-        "beats k when Welch's one-sided t test on the logs of their repeats' goodput shows goodput(k') > goodput(k) "
-        "after Holm's correction over every goodput comparison the tune makes at "
-        f"{ALPHA * 100:g} % family-wise, and the 95 % interval of goodput(k') / goodput(k) lies wholly above 1. A "
+        "beats k when the interval of goodput(k') / goodput(k) (Welch's t on the logs of their repeats' goodput, never "
+        "narrower than the A/A noise floor) lies wholly above 1 at 1 - "
+        f"{ALPHA:g} / (m L): m every goodput comparison the tune makes, L the looks its sweeps' rounds allowed; its "
+        f"p-value, adjusted the same way (Bonferroni), is then below {ALPHA:g}. A "
         "point with goodput 0 in some repeat (no request met the targets) has no ratio test: it beats nothing and is "
         "beaten by nothing, and where k = 0 is such a point no k > 0 can qualify")
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from mtpbench import stats
+from mtpbench.stats import judge
 
 SIZES = (5, 6, 8, 20, 80)
 TRIALS = 2000
@@ -98,16 +99,17 @@ def timings(rng, n, speed, sigma=0.03, slow_outliers=False):
 @pytest.mark.parametrize("slow_outliers", [False, True])
 @pytest.mark.parametrize("repeats", [3, 4, 6])
 def test_speedup_interval_covers_the_truth_from_3_repeats(repeats, slow_outliers):
-    """Speedup 1.3 from `repeats` timed runs of each point: coverage within 94-99 %. The old bootstrap of
-    the ratio of medians gave 89.6 % at 3 repeats and 92.8 % at 4 (and was withheld below 6)."""
+    """Speedup 1.3 from `repeats` timed runs of each point, stats.judge's one comparison alone (no A/A floor, a
+    family of 1: the 95 % interval): coverage within 94-99 %. The old bootstrap of the ratio of medians gave 89.6 %
+    at 3 repeats and 92.8 % at 4 (and was withheld below 6)."""
     rng = np.random.default_rng(repeats + 10 * slow_outliers)
     trials, hits = 1500, 0
     for _ in range(trials):
         k, base = timings(rng, repeats, 1.3, slow_outliers=slow_outliers), timings(rng, repeats, 1.0,
                                                                                  slow_outliers=slow_outliers)
-        lo, hi = stats.median_ratio_ci(k, base)
-        hits += lo <= 1.3 <= hi
-        assert lo <= float(np.median(k) / np.median(base)) <= hi  # the reported speedup is inside
+        c = judge.ratio(k, base)
+        hits += c.low <= 1.3 <= c.high
+        assert c.low <= c.estimate <= c.high  # the reported speedup is inside
     assert 0.94 <= hits / trials <= 0.99, hits / trials
 
 
@@ -116,12 +118,10 @@ def test_speedup_interval_with_unequal_noise_and_too_few_repeats():
     rng = np.random.default_rng(5)
     trials, hits = 1500, 0
     for _ in range(trials):
-        lo, hi = stats.median_ratio_ci(timings(rng, 3, 1.3, sigma=0.06), timings(rng, 3, 1.0, sigma=0.02))
-        hits += lo <= 1.3 <= hi
+        c = judge.ratio(timings(rng, 3, 1.3, sigma=0.06), timings(rng, 3, 1.0, sigma=0.02))
+        hits += c.low <= 1.3 <= c.high
     assert 0.94 <= hits / trials <= 0.995, hits / trials
-    assert stats.median_ratio_ci([100.0, 101.0], [80.0, 81.0, 79.0]) is None  # 2 repeats: none
-    assert stats.rank_ratio_ci([1.0, 1.1, 1.2], [1.0, 1.1, 1.2]) is None  # 3 + 3 reach only 90 %
-    assert stats.rank_ratio_ci([4, 5, 6, 7], [1, 2, 3, 4]) == pytest.approx((4 / 4, 7 / 1))  # 97.1 %: min..max
+    assert judge.ratio([100.0, 101.0], [80.0, 81.0, 79.0]).low is None  # 2 repeats: none
 
 
 @pytest.mark.slow
@@ -131,8 +131,8 @@ def test_speedup_difference_covers_the_truth(repeats):
     rng = np.random.default_rng(20 + repeats)
     trials, hits = 1500, 0
     for _ in range(trials):
-        ci = stats.speedup_diff_ci(timings(rng, repeats, 1.3), timings(rng, repeats, 1.0),
-                                   timings(rng, repeats, 1.2 * 0.9), timings(rng, repeats, 0.9))
-        hits += ci[0] <= -0.1 <= ci[1]
+        *_, c = judge.speedup_difference(timings(rng, repeats, 1.3), timings(rng, repeats, 1.0),
+                                         timings(rng, repeats, 1.2 * 0.9), timings(rng, repeats, 0.9))
+        hits += c.low <= -0.1 <= c.high
     assert 0.94 <= hits / trials <= 0.99, hits / trials
-    assert stats.speedup_diff_ci([1.0, 1.1], [1.0] * 3, [1.0] * 3, [1.0] * 3) is None  # 2 repeats: none
+    assert judge.speedup_difference([1.0, 1.1], [1.0] * 3, [1.0] * 3, [1.0] * 3)[2].low is None  # 2 repeats: none

@@ -5,15 +5,14 @@ function under test for the expectation. Coverage on synthetic data with a known
 The oracle's own pieces: the t tail in closed form for whole df (Abramowitz & Stegun 26.7.3-4, a finite sum in
 theta = atan(t / sqrt(df))) and by Gauss-Legendre over theta for a fractional df, not the incomplete beta
 ``stats.t_sf`` uses; the exact t quantile by bisection on that tail; the bootstrap-t one resample at a time in a
-loop, with the order statistic read off the sorted list, not the batched einsum and ``nanquantile``; the rank-sum
-null distribution by listing every arrangement, not the recursion. Where a rule names ``stats.t_quantile`` (the
+loop, with the order statistic read off the sorted list, not the batched einsum and ``nanquantile``. The speedup's
+Welch interval (``stats.judge``) against the exact t quantile by bisection on that tail, not ``judge.t_isf``'s
+Newton steps. Where a rule names ``stats.t_quantile`` (the
 bootstrap-t's floor, the Welch intervals' half-width), the oracle takes it from that function, which is checked
 against the exact quantile first."""
 
 from __future__ import annotations
 
-import functools
-import itertools
 import math
 import warnings
 from statistics import NormalDist
@@ -24,6 +23,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from mtpbench import stats
+from mtpbench.stats import judge
 
 FAST = settings(max_examples=150, deadline=None)
 SLOWER = settings(max_examples=60, deadline=None)  # an oracle that loops over resamples
@@ -133,27 +133,6 @@ def welch(groups: list[tuple[float, list[float]]]) -> tuple[float, float]:
     parts = [(w * w * np.var(x, ddof=1) / len(x), len(x)) for w, x in groups]
     v = sum(c for c, _ in parts)
     return math.sqrt(v), (v * v / sum(c * c / (k - 1) for c, k in parts) if v > 0 else math.inf)
-
-
-@functools.cache
-def rank_counts(n: int, m: int) -> dict[int, int]:
-    """Null distribution of U = #(x_i > y_j): every choice of which n of the n + m ranks are x's."""
-    out: dict[int, int] = {}
-    for xs in itertools.combinations(range(n + m), n):
-        u = sum(sum(1 for y in range(n + m) if y not in xs and y < x) for x in xs)
-        out[u] = out.get(u, 0) + 1
-    return out
-
-
-def rank_interval(num: list[float], den: list[float], level: float = 0.95) -> tuple[float, float] | None:
-    """[r_(j), r_(nm+1-j)] of the pairwise ratios, j the largest whose coverage 1 - 2 P(U < j) reaches the level."""
-    n, m = len(num), len(den)
-    dist, total = rank_counts(n, m), math.comb(n + m, n)
-    ok = [j for j in range(1, n * m // 2 + 1) if 1 - 2 * sum(dist.get(u, 0) for u in range(j)) / total >= level]
-    if not ok:
-        return None
-    r = sorted(math.log(a) - math.log(b) for a in num for b in den)
-    return math.exp(r[max(ok) - 1]), math.exp(r[n * m - max(ok)])
 
 
 def close(a, b, rel=1e-9) -> bool:
@@ -410,135 +389,83 @@ def test_median_diff_ci_at_its_edges():
     assert math.isfinite(lo) and math.isfinite(hi)  # the draws whose median is inf are left out
 
 
-# --- speedups: Welch t on logs, the rank interval, the difference of speedups --------------------------------------
+# --- speedups: stats.judge's Welch t on logs and the difference of speedups (no floor, a family of 1 or more) --------
 
 @FAST
-@given(repeats(), repeats())
-def test_log_ratio_t_p_is_welchs_t_on_logs_with_the_exact_tail(num, den):
+@given(repeats(), repeats(), st.integers(1, 8))
+def test_a_speedups_p_is_welchs_two_sided_t_on_logs_times_its_family(num, den, family):
     se, df = welch([(1.0, np.log(num)), (1.0, np.log(den))])
     d = float(np.mean(np.log(num)) - np.mean(np.log(den)))
     assume(se > 0 and d != 0)
-    assert stats.log_ratio_t_p(num + [None, 0.0, -1.0], den) == pytest.approx(t_tail(d / se, df), rel=1e-7,
-                                                                                  abs=1e-13)
+    got = judge.ratio(num + [None, 0.0, -1.0], den, family=family)
+    assert got.p_value == pytest.approx(min(1.0, 2 * family * t_tail(abs(d) / se, df)), rel=1e-7, abs=1e-13)
 
 
 @SLOWER
-@given(repeats(), repeats(), st.sampled_from([0.9, 0.95]))
-def test_log_ratio_t_ci_is_the_welch_interval_on_logs(num, den, level):
-    """Centred on the ratio of geometric means; the half-width on the log scale is t_quantile(df) * se, where the
-    exact quantile at the fractional df lies between the quantiles at its neighbours (t_quantile interpolates)."""
+@given(repeats(), repeats(), st.integers(1, 8))
+def test_a_speedups_interval_is_the_welch_interval_on_logs_at_1_minus_alpha_over_its_family(num, den, family):
+    """Centred on the ratio of geometric means (the estimate shown); the half-width on the log scale is the exact t
+    quantile at 1 - 0.05 / (2 family) times se."""
     ln, ld = np.log(num), np.log(den)
     se, df = welch([(1.0, ln), (1.0, ld)])
     assume(se > 1e-9)
-    lo, hi = stats.log_ratio_t_ci(num, den, level)
+    c = judge.ratio(num, den, family=family)
     centre = float(ln.mean() - ld.mean())
-    assert math.log(lo) + math.log(hi) == pytest.approx(2 * centre, abs=1e-9)
-    q = (math.log(hi) - centre) / se
-    p = 1 - (1 - level) / 2
-    assert q == pytest.approx(stats.t_quantile(p, df), rel=1e-9)
-    assert t_exact_quantile(p, df) - 0.01 <= q <= t_exact_quantile(p, math.floor(df)) + 0.01
+    assert math.log(c.estimate) == pytest.approx(centre, abs=1e-12)
+    assert math.log(c.low) + math.log(c.high) == pytest.approx(2 * centre, abs=1e-9)
+    assert c.level == pytest.approx(1 - 0.05 / family)
+    q = (math.log(c.high) - centre) / se
+    assert q == pytest.approx(t_exact_quantile(1 - 0.025 / family, df), rel=1e-6)
+    assert c.decision == ("above" if c.low > 1 else "below" if c.high < 1 else "open")
 
 
 def test_the_welch_family_at_its_edges():
-    assert stats.log_ratio_t_p([110.0] * 3, [100.0] * 3) == 0.0  # no spread: the sign decides
-    assert stats.log_ratio_t_p([90.0] * 3, [100.0] * 3) == 1.0
-    assert stats.log_ratio_t_p([100.0, 100.0, 100.0], [100.0, 100.0, 100.0]) == 0.5
-    assert stats.log_ratio_t_p([90.0, 100.0, 110.0], [90.0, 100.0, 110.0]) == 0.5  # no difference: no evidence
-    assert stats.log_ratio_t_p([1.0, 2.0, 0.0], [1.0, 2.0, 3.0]) is None  # 0 is not a timing: two repeats left
+    assert judge.ratio([110.0] * 3, [100.0] * 3).p_value == 0.0  # no spread: the sign decides
+    assert judge.ratio([90.0] * 3, [100.0] * 3).decision == "below"
+    assert judge.ratio([100.0] * 3, [100.0] * 3).p_value == 1.0  # no difference: no evidence
+    assert judge.ratio([90.0, 100.0, 110.0], [90.0, 100.0, 110.0]).p_value == 1.0
+    c = judge.ratio([1.0, 2.0, 0.0], [1.0, 2.0, 3.0])  # 0 is not a timing: two repeats left, no estimate
+    assert (c.estimate, c.low, c.high, c.p_value, c.decision, c.n) == (None, None, None, None, "open", 2)
     num, den = [250.0, 250.0, 318.15490486329344], [100.0, 110.0, 90.0]  # a difference of logs of exactly 1.0
     se, df = welch([(1.0, np.log(num)), (1.0, np.log(den))])
-    assert stats.log_ratio_t_p(num, den) == pytest.approx(t_tail(1 / se, df), rel=1e-9)
-    assert stats.log_ratio_t_p([1.0, 2.0, 3.0], [1.0, 2.0, None]) is None
-    assert stats.log_ratio_t_ci([120.0] * 3, [100.0] * 4) == pytest.approx((1.2, 1.2), rel=1e-12)
-    # logs 1.0 and 0.0 exactly: no spread at all, not a rounding-size one
-    assert stats.log_ratio_t_p([math.e] * 3, [1.0] * 3) == 0.0
-    assert stats.log_ratio_t_ci([math.e] * 3, [1.0] * 4) == (math.e, math.e)
+    assert judge.ratio(num, den).p_value == pytest.approx(2 * t_tail(1 / se, df), rel=1e-9)
+    c = judge.ratio([120.0] * 3, [100.0] * 4)
+    assert (c.low, c.high) == pytest.approx((1.2, 1.2), rel=1e-12)
     # logs 0, 0, 0 against 0, 0, 3: the variance of the mean exactly 1, df 2 (t_0.975 = 0.95 / sqrt(0.04875))
-    lo, hi = stats.log_ratio_t_ci([1.0] * 3, [1.0, 1.0, math.exp(3)])
+    c = judge.ratio([1.0] * 3, [1.0, 1.0, math.exp(3)])
     half = 0.95 / math.sqrt(0.04875)
-    assert (math.log(lo), math.log(hi)) == pytest.approx((-1 - half, -1 + half))
-    assert stats.log_ratio_t_ci([1.0, 2.0], [1.0, 2.0, 3.0]) is None
-    assert stats.log_ratio_t_ci([1.0, 2.0, 3.0], [1.0, -2.0, 3.0]) is None
-    # 3 + 3 repeats with equal spread: df = 4 exactly, the 97.5 % quantile 2.776 (Cornish-Fisher: 2.7756)
-    lo, hi = stats.log_ratio_t_ci([100 * math.e ** v for v in (-0.1, 0, 0.1)],
-                                  [50 * math.e ** v for v in (0.1, 0, -0.1)])
+    assert (math.log(c.low), math.log(c.high)) == pytest.approx((-1 - half, -1 + half))
+    # 3 + 3 repeats with equal spread: df = 4 exactly, the 97.5 % quantile 2.7764451051977987
+    c = judge.ratio([100 * math.e ** v for v in (-0.1, 0, 0.1)], [50 * math.e ** v for v in (0.1, 0, -0.1)])
     half = 2.7764451051977987 * math.sqrt(2 * 0.01 / 3)
-    assert (math.log(lo / 2), math.log(hi / 2)) == pytest.approx((-half, half), abs=1e-3)
-
-
-@FAST
-@given(st.lists(st.floats(0.5, 2), min_size=2, max_size=6), st.lists(st.floats(0.5, 2), min_size=2, max_size=6),
-       st.sampled_from([0.2, 0.5, 0.9, 0.95]))
-def test_rank_ratio_ci_is_the_order_statistic_of_pairwise_ratios_from_the_exact_rank_sum(num, den, level):
-    assert close(stats.rank_ratio_ci(num + [None, -1.0], den, level), rank_interval(num, den, level))
-
-
-def test_rank_ratio_ci_at_the_sizes_where_it_starts():
-    """3 + 3: min..max covers 90 %, so none at 95 %; 3 + 5, 2 + 9: min..max (96.4 %); 6 + 6: the sixth from each end
-    (95.9 %, the seventh 93.5 %)."""
-    assert stats.rank_ratio_ci([1, 2, 3], [1, 2, 3]) is None
-    assert stats.rank_ratio_ci([1, 2, 3], [1, 2, 3], level=0.9) == pytest.approx((1 / 3, 3))
-    assert stats.rank_ratio_ci([4, 5, 6], [1, 2, 3, 4, 5]) == pytest.approx((4 / 5, 6))
-    assert stats.rank_ratio_ci([1], [1, 2, 3, 4, 5, 6, 7, 8, 9]) is None
-    assert stats.rank_ratio_ci([2, 4], list(range(1, 10))) == pytest.approx((2 / 9, 4))
-    lo, hi = stats.rank_ratio_ci([10, 11, 12, 13, 14, 15], [10, 11, 12, 13, 14, 15])  # 6 + 6: j = 6 (95.9 %)
-    r = sorted(a / b for a in range(10, 16) for b in range(10, 16))
-    assert (lo, hi) == pytest.approx((r[5], r[30]))
+    assert (math.log(c.low / 2), math.log(c.high / 2)) == pytest.approx((-half, half), rel=1e-9)
 
 
 @SLOWER
-@given(repeats(2, 7), repeats(2, 7), st.sampled_from([0.9, 0.95, 0.99]))
-def test_median_ratio_ci_is_the_rank_interval_else_the_t_interval_stretched_to_its_ratio(num, den, level):
-    r = float(np.median(num)) / float(np.median(den))
-    ln, ld = np.log(num), np.log(den)
-    ci = rank_interval(num, den, level)
-    if ci is None and min(len(num), len(den)) >= 3:
-        se, df = welch([(1.0, ln), (1.0, ld)])
-        half = stats.t_quantile(1 - (1 - level) / 2, df) * se if se > 0 else 0.0
-        ci = (math.exp(ln.mean() - ld.mean() - half), math.exp(ln.mean() - ld.mean() + half))
-    got = stats.median_ratio_ci(num + [None], den, level=level)
-    assert close(got, None if ci is None else (min(ci[0], r), max(ci[1], r)))
-
-
-def test_median_ratio_ci_holds_its_ratio():
-    """From 12 + 12 repeats the rank interval can miss the ratio of medians: it is stretched to hold it."""
-    num, den = [1.0] * 7 + [2.0] * 5, [1.0] * 12
-    assert stats.median_ratio_ci(num, den) == stats.rank_ratio_ci(num, den) == (1.0, 2.0)  # the ratio 1 at its end
-    # two modes mixed unequally, 16 + 16: the medians fall between modes, the pairwise ratios do not
-    num = [0.99] * 4 + [1.0, 1.0, 1.01, 1.02, 1.49, 1.49, 1.49, 1.5, 1.51, 1.51, 1.52, 1.52]
-    den = [1.0] * 4 + [1.01, 1.01, 1.02, 1.47, 1.47, 1.48, 1.49, 1.49, 1.49, 1.5, 1.5, 1.51]
-    r = (1.02 + 1.49) / 2 / 1.47
-    lo, hi = stats.rank_ratio_ci(num, den)
-    assert r < lo and stats.median_ratio_ci(num, den) == (pytest.approx(r, rel=1e-12), hi)
-    assert stats.median_ratio_ci([1.0, 2.0], [1.0, 2.0, 3.0]) is None
-
-
-@SLOWER
-@given(repeats(), repeats(), repeats(), repeats())
-def test_speedup_diff_is_the_difference_of_ratios_of_geometric_means_with_welchs_interval(a_k, a_0, b_k, b_0):
+@given(repeats(), repeats(), repeats(), repeats(), st.integers(1, 4))
+def test_a_difference_of_speedups_is_of_ratios_of_geometric_means_with_welchs_interval(a_k, a_0, b_k, b_0, family):
     logs = [np.log(v) for v in (a_k, a_0, b_k, b_0)]
     sa, sb = math.exp(logs[0].mean() - logs[1].mean()), math.exp(logs[2].mean() - logs[3].mean())
     se, df = welch([(sa, logs[0]), (sa, logs[1]), (sb, logs[2]), (sb, logs[3])])
-    half = stats.t_quantile(0.975, df) * se if se > 0 else 0.0
-    got = stats.speedup_diff(a_k + [None], a_0, b_k, b_0 + [0.0])
-    assert got[0] == pytest.approx(sa, rel=1e-12) and got[1] == pytest.approx(sb, rel=1e-12)
-    assert close(got[2], (sb - sa - half, sb - sa + half))
-    assert stats.speedup_diff_ci(a_k, a_0, b_k, b_0) == got[2]
-    if se > 0:
-        assert (got[2][1] - got[2][0]) / 2 / se >= t_exact_quantile(0.975, df) - 0.01
+    half = t_exact_quantile(1 - 0.025 / family, df) * se if se > 0 else 0.0
+    ga, gb, c = judge.speedup_difference(a_k + [None], a_0, b_k, b_0 + [0.0], family=family)
+    assert ga == pytest.approx(sa, rel=1e-12) and gb == pytest.approx(sb, rel=1e-12)
+    assert c.estimate == pytest.approx(sb - sa, rel=1e-9, abs=1e-12)
+    assert close((c.low, c.high), (sb - sa - half, sb - sa + half), rel=1e-6)
+    assert c.decision == ("above" if c.low > 0 else "below" if c.high < 0 else "open")
 
 
-def test_speedup_diff_at_its_edges():
+def test_a_difference_of_speedups_at_its_edges():
     three = [100.0, 100.0, 100.0]
-    sa, sb, ci = stats.speedup_diff(three, three, [120.0] * 3, three)
-    assert (sa, sb, *ci) == pytest.approx((1.0, 1.2, 0.2, 0.2), rel=1e-12)
+    sa, sb, c = judge.speedup_difference(three, three, [120.0] * 3, three)
+    assert (sa, sb, c.estimate, c.low, c.high) == pytest.approx((1.0, 1.2, 0.2, 0.2, 0.2), rel=1e-12)
     for i in range(4):
         args = [three] * 4
         args[i] = [100.0, 100.0, None]
-        assert stats.speedup_diff(*args) is None and stats.speedup_diff_ci(*args) is None
-    out = stats.speedup_diff([100.0, 110.0, 90.0], three, three, three, level=0.9)
-    assert stats.speedup_diff_ci([100.0, 110.0, 90.0], three, three, three, level=0.9) == out[2]
+        sa, sb, c = judge.speedup_difference(*args)
+        assert (sa, sb, c.estimate, c.low, c.decision) == (None, None, None, None, "open")
+    sa, sb, c = judge.speedup_difference([100.0, 110.0, 90.0], three, three, three)
     logs = np.log([100.0, 110.0, 90.0])
-    se = out[0] * math.sqrt(logs.var(ddof=1) / 3)  # only A's k point varies: df = 2, t_0.95 = 0.9 / sqrt(0.095)
-    assert out[2][1] - (out[1] - out[0]) == pytest.approx(0.9 / math.sqrt(0.095) * se, rel=1e-9)
-    assert out[2][0] - (out[1] - out[0]) == pytest.approx(-0.9 / math.sqrt(0.095) * se, rel=1e-9)
+    se = sa * math.sqrt(logs.var(ddof=1) / 3)  # only A's k point varies: df = 2, t_0.975 = 0.95 / sqrt(0.04875)
+    assert c.high - (sb - sa) == pytest.approx(0.95 / math.sqrt(0.04875) * se, rel=1e-9)
+    assert c.low - (sb - sa) == pytest.approx(-0.95 / math.sqrt(0.04875) * se, rel=1e-9)
