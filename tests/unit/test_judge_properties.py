@@ -369,3 +369,56 @@ def test_a_comparisons_json():
     assert none == {"estimate": None, "low": None, "high": None, "p_value": None, "level": 0.95, "decision": OPEN,
                     "family": 1, "looks": 1, "floor": 0.0, "n": 0}
     assert Comparison(None, None, None, None, 0.95, OPEN).null == 1.0
+
+
+# --- edges the rule fixes ----------------------------------------------------------------------------------------------
+
+def test_alpha_sets_every_comparisons_level():
+    num, den = [130.0, 128.0, 133.0], [100.0, 101.0, 99.0]
+    assert judge.ratio(num, den, family=2, looks=3, alpha=0.12).level == pytest.approx(0.98, abs=1e-15)
+    _, _, c = judge.speedup_difference(num, den, den, den, family=3, alpha=0.12)
+    assert c.level == pytest.approx(0.96, abs=1e-15)
+    seen = []
+    c = judge.difference(1.0, 1.3, lambda lvl: seen.append(lvl) or (0.1, 0.5), family=4, alpha=0.2)
+    assert seen == [pytest.approx(0.95, abs=1e-15)] and c.level == pytest.approx(0.95, abs=1e-15)
+
+
+def test_the_defaults_are_a_family_of_one():
+    num, den = [130.0, 128.0, 133.0], [100.0, 101.0, 99.0]
+    _, _, c = judge.speedup_difference(num, den, den, den)
+    assert (c.family, c.level, c.floor) == (1, 0.95, 0.0)
+    _, _, c4 = judge.speedup_difference(num, den, den, den, family=4)
+    assert c.p_value == pytest.approx(c4.p_value / 4, rel=1e-12)
+    c = judge.difference(1.0, 1.3, lambda lvl: (0.1, 0.5))
+    assert (c.family, c.level, c.n, c.floor) == (1, 0.95, 0, 0.0)
+
+
+def test_no_spread_and_an_estimate_of_exactly_1_is_still_decided():
+    """Identical repeats a side, log ratio exactly 1: the sign decides, p 0 (the estimate is not the null)."""
+    c = judge.ratio([math.e] * 3, [1.0] * 3, family=5)
+    assert c.estimate == pytest.approx(math.e) and c.p_value == 0.0 and c.decision == ABOVE
+
+
+def test_an_estimate_exactly_at_the_floor_is_within_it():
+    """|log ratio| equal to the floor: the widened interval reaches 1, open, and the p says so (1)."""
+    num, den = [130.0, 128.0, 133.0], [100.0, 101.0, 99.0]
+    d = float(np.log(np.asarray(num)).mean() - np.log(np.asarray(den)).mean())
+    c = judge.ratio(num, den, floor=d)
+    assert c.p_value == 1.0 and c.decision == OPEN
+    assert judge.ratio(num, den, floor=d * (1 - 1e-12)).p_value < 0.05
+    a_k, b_k = [130.0, 128.0, 133.0, 131.0], [150.0, 149.0, 152.0, 151.0]
+    sa, sb, _ = judge.speedup_difference(a_k, den, b_k, den)
+    _, _, c = judge.speedup_difference(a_k, den, b_k, den, floor=abs(math.log(sb / sa)))
+    assert c.p_value == 1.0
+    _, _, c = judge.speedup_difference(a_k, den, b_k, den, floor=abs(math.log(sb / sa)) * (1 - 1e-9))
+    assert c.p_value < 0.05
+
+
+def test_p_shown_gives_the_fewest_digits_that_keep_the_side():
+    assert judge.p_shown(0.04999991234) == 0.0499999  # 3 digits cross alpha, 6 do not
+
+
+def test_the_texts_in_exponent_and_fixed_styles():
+    assert judge.end_text(1.2345e-5, 0.0) == "1.23e-05"
+    assert judge.interval_text(1.2345e-5, 2.5e-5, 0.0) == "[1.23e-05, 2.5e-05]"
+    assert judge.interval_text(1.234, 2.5, 0.0, 2, "f") == "[1.23, 2.50]"
