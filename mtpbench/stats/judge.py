@@ -31,6 +31,7 @@ import numpy as np
 
 from mtpbench.stats.intervals import MIN_REPEATS_RATIO, t_quantile, t_sf
 
+ROUNDOFF = 1e-12  # a log ratio or a difference of speedups this close to 0 with no spread is 0 (float round-off)
 ALPHA = 0.05  # family-wise: the chance that any decision of one answer names the wrong side
 ABOVE, BELOW, OPEN = "above", "below", "open"
 
@@ -153,7 +154,10 @@ def _t_test(est: float, se: float, df: float, lvl: float, floor_half: float, sca
     symmetric (log ratio, or a difference); ``floor_half``: the narrowest half-width on that scale; ``scale``: back to
     the shown scale (exp, or identity); ``adjust``: family x looks."""
     if se == 0:
-        half, p = 0.0, (1.0 if est == 0 else 0.0)  # no spread: the sign alone decides; no difference: no evidence
+        # no spread: the sign alone decides; no difference (within float round-off of two equal speedups computed
+        # from different timings, e.g. both runs' repeats scaled alike): no evidence
+        est = 0.0 if abs(est) <= ROUNDOFF else est
+        half, p = 0.0, (1.0 if est == 0 else 0.0)
     else:
         half = t_isf((1 - lvl) / 2, df) * se
         p = min(1.0, 2 * float(t_sf(abs(est) / se, df)))

@@ -467,8 +467,6 @@ def pairs(draw) -> tuple[dict, dict, float]:
     for plan in (a, b):
         plan["n"][0] = max(plan["n"][0], draw(st.sampled_from([3, 6])))  # 6 repeats: raw timings get intervals
         plan["n"].update({k: plan["n"][0] for k in (1, 2, 3) if not plan["rounds"]})
-    for plan in (a, b):  # no spread at all: see the report of issue 44 item 5 (identical speedups told apart)
-        plan["sd"] = max(plan["sd"], 0.01)
     b["seed"] = a["seed"] + 1
     b["scale"] = draw(st.sampled_from([1.0, 1.0, 0.8]))  # the machine 20 % slower for B: its baseline drifts
     return a, b, draw(st.sampled_from([0.0, 5.0, 50.0]))

@@ -422,3 +422,15 @@ def test_the_texts_in_exponent_and_fixed_styles():
     assert judge.end_text(1.2345e-5, 0.0) == "1.23e-05"
     assert judge.interval_text(1.2345e-5, 2.5e-5, 0.0) == "[1.23e-05, 2.5e-05]"
     assert judge.interval_text(1.234, 2.5, 0.0, 2, "f") == "[1.23, 2.50]"
+
+
+def test_two_equal_speedups_from_other_timings_are_not_told_apart_by_round_off():
+    """No spread, both runs' repeats scaled alike (B's machine 20 % slower): the speedups are equal and float
+    round-off of their logs (a few 1e-16) is no difference; a true difference with no spread still decides."""
+    a_k, a_0 = [70.0] * 3, [100.0] * 3
+    b_k, b_0 = [x * 0.8 for x in a_k], [x * 0.8 for x in a_0]
+    sa, sb, c = judge.speedup_difference(a_k, a_0, b_k, b_0)
+    assert abs(sb - sa) < 1e-12 and c.decision == judge.OPEN and c.p_value == 1.0
+    assert judge.ratio(b_k, b_0).decision == judge.BELOW  # 0.7, no spread: the sign decides
+    *_, c = judge.speedup_difference(a_k, a_0, [71.0] * 3, a_0)
+    assert c.decision == judge.ABOVE and c.p_value == 0.0
