@@ -356,9 +356,101 @@ def test_the_gate_reads_the_floors_its_notes_state_issue_44_case_6(tmp_path):
     assert s["ci_low"] <= s["b"] * math.exp(-g) - s["a"] + 1e-6 and s["ci_high"] >= s["b"] * math.exp(g) - s["a"] - 1e-6
     t = row(result, "output_tokens_per_sec")
     assert t["rel_diff"] == pytest.approx(-1 / 12, abs=1e-3) and t["verdict"] == "within noise"
+    # a timing of each run carries half of each floor's variance: sqrt((fa^2 + fb^2) / 2) on B, each way
+    h = math.sqrt((floors[0] ** 2 + floors[1] ** 2) / 2)
+    assert t["ci_low"] == pytest.approx(t["b"] * math.exp(-h) - t["a"], abs=1e-3)
+    assert t["ci_high"] == pytest.approx(t["b"] * math.exp(h) - t["a"], abs=1e-3)
+    assert [(row(result, m)["higher_is_better"], row(result, m)["values_from"]) for m in
+            ("output_tokens_per_sec", "ttft_ms_p50", "tpot_ms_p50", "speedup")] == [
+        (True, "repeats"), (False, "repeats"), (False, "repeats"), (True, "repeats (geometric means)")]
     assert cmp.worse_beyond(result, 0.0) == [] and exit_code(result, 0.0) == 0
     # without the controls the same timings are told apart: the floors, not the data, make the difference
     for d in (a, b):
         (d / "aa-k0.json").unlink()
     result = cmp.compare(a, b)
     assert row(result, "speedup")["verdict"] == "worse" and exit_code(result, 0.0) == 1
+
+
+# ---- rows without an interval: each side's table, every field (pair.compare_points) ---------------------------
+
+def k1_request(pid: str, accepted: int, category: str, steps: int = 20) -> RequestRecord:
+    """A request of ``steps`` verify steps at k = 1 that accepted ``accepted`` of them."""
+    counts = request_acceptance(1, [1] * accepted + [0] * (steps - accepted))
+    return RequestRecord(category, 10, [1] * (accepted + steps), 0.01, 0.1, prompt_id=pid, **counts)
+
+
+def k1_run(d, k0: list[float], k1: list[float], accepted: list[tuple[str, int, str]]):
+    """A sweep at k = 1 (the smallest k that drafts): a k = 0 point timed at ``k0`` tokens/s per repeat, a k = 1
+    point at ``k1`` whose requests accepted (prompt id, drafts accepted of 20, category)."""
+    d.mkdir(parents=True)
+    cfg = {**SweepConfig(backend="vllm", k=(0, 1)).to_json()}
+    fp = fingerprint(cfg, VERSIONS)
+    (d / "run.json").write_text(json.dumps({"config": cfg, "provenance": {"versions": VERSIONS}, "engine": {},
+                                            "fingerprint": fp}))
+    for point, reqs, tokps in [(GridPoint("plain", 0, 0), [plain(p) for p, _, _ in accepted], k0),
+                               (GridPoint("vllm", 1, 1), [k1_request(*x) for x in accepted], k1)]:
+        data = {**point_file(point, reqs, tokps, cfg["backend"]), "fingerprint": fp}
+        (d / f"{point.name}.json").write_text(json.dumps(data))
+    return d
+
+
+def _one_repeat_runs(tmp_path):
+    # three prompts both ran (too few for a bootstrap, MIN_PROMPTS), one of category "b" only A ran; A timed twice,
+    # B once (too few for an interval of medians or of speedups)
+    both = [("p0", 4, "c"), ("p1", 6, "c"), ("p2", 10, "c")]
+    a = k1_run(tmp_path / "a", [50.0, 50.0], [100.0, 100.0], [("q", 2, "b")] + both)
+    b = k1_run(tmp_path / "b", [50.0], [110.0], [(p, x + 4, c) for p, x, c in both] + [("r", 8, "d")])
+    return a, b
+
+
+def test_rows_without_an_interval_carry_each_runs_table_field_by_field(tmp_path):
+    """At k = 1 with 3 paired prompts and 1 or 2 repeats nothing has an interval: every row's A and B are its run's
+    own sweep row, the acceptance rows say how many prompts paired (3), a category only one run has gives no row and
+    stops no other, and each metric keeps its direction."""
+    from mtpbench.sweep.load import load_run, rows_from_points
+
+    a, b = _one_repeat_runs(tmp_path)
+    result = cmp.compare(a, b)
+    table = {side: {(r.k, r.category): r for r in rows_from_points(*load_run(d)[1:])} for side, d in (("a", a), ("b", b))}
+    acceptance = [("acceptance_length", True), ("draft_acceptance_rate", True), ("acceptance_rate_per_pos[0]", True)]
+    timings = [("output_tokens_per_sec", True), ("ttft_ms_p50", False), ("tpot_ms_p50", False)]
+    expected = ([("k0", 0, "all", m, hib, None) for m, hib in timings]
+                + [("vllm-L1-k1", 1, "all", m, hib, 3) for m, hib in acceptance]
+                + [("vllm-L1-k1", 1, "all", m, hib, None) for m, hib in timings + [("speedup", True)]]
+                + [("vllm-L1-k1", 1, "c", m, hib, 3) for m, hib in acceptance])
+    got = [(r["point"], r["k"], r["category"], r["metric"], r["higher_is_better"], r["paired_prompts"])
+           for r in result["rows"]]
+    assert sorted(got, key=str) == sorted(expected, key=str)
+    for r in result["rows"]:
+        assert r["values_from"] == "each run's table" and r["level"] is None and r["ci_low"] is None
+        for side in ("a", "b"):
+            t = table[side][(r["k"], r["category"])]
+            want = t.acceptance_rate_per_pos[0] if r["metric"].endswith("[0]") else getattr(t, r["metric"])
+            assert r[side] == pytest.approx(want, abs=1e-6), (r, side)
+    # known answers: A accepted 22 of 80 drafts over all prompts, B 40 of 80
+    assert row(result, "acceptance_length", "vllm-L1-k1")["a"] == pytest.approx(1.275)
+    assert row(result, "acceptance_length", "vllm-L1-k1")["b"] == pytest.approx(1.5)
+    assert [row(result, "speedup", "vllm-L1-k1")[s] for s in "ab"] == [pytest.approx(2.0), pytest.approx(2.2)]
+
+
+def test_a_point_failed_in_b_is_named_with_its_error_and_two_points_that_pair_alike_are_refused(tmp_path):
+    """A failed point pairs with A's by its load (the same key as a point that ran) and is listed with B's error;
+    a run whose two points pair as one is refused with the way out."""
+    from mtpbench.errors import MtpBenchError
+
+    a = make_run(tmp_path / "a", STEADY, STEADY, HARD_AND_EASY)
+    b = make_run(tmp_path / "b", STEADY, STEADY, HARD_AND_EASY)
+    k2 = json.loads((b / "vllm-L1-k2.json").read_text())
+    (b / "vllm-L1-k2.json").unlink()
+    (b / "vllm-L1-k2.failure.json").write_text(json.dumps({"point": k2["point"], "error": "CUDA out of memory",
+                                                          "fingerprint": k2["fingerprint"]}))
+    result = cmp.compare(a, b)
+    assert result["failed"] == [{"point": "vllm-L1-k2", "failed_in": "B", "error": "CUDA out of memory"}]
+    assert result.get("missing_in_b", []) == []
+    # A's k = 2 point again under another drafting mode: A has two modes, B one, so modes are left out of the key
+    c = make_run(tmp_path / "c", STEADY, STEADY, HARD_AND_EASY)
+    other = json.loads((c / "vllm-L1-k2.json").read_text())
+    (c / "other.json").write_text(json.dumps({**other, "point": {**other["point"], "mode": "other"}}))
+    with pytest.raises(MtpBenchError, match="two points pair as .*: compare runs with one drafting mode each, "
+                                            "or the same modes on both sides"):
+        cmp.compare(c, a)
