@@ -103,6 +103,15 @@ def test_the_interval_of_a_known_acceptance_gain_covers_it_and_excludes_zero(tmp
     assert al["diff"] == pytest.approx(0.1) and al["paired_prompts"] == 12 and al["values_from"] == "paired prompts"
     assert 0 < al["ci_low"] <= 0.1 <= al["ci_high"] < 0.2 and al["ci_high"] - al["ci_low"] > 0.01
     assert al["verdict"] == "better"
+    # judged in the family of every row over all prompts with an interval, at its level: the bootstrap's interval
+    # of the same requests (paired by prompt id, in order of id) rounded outward
+    family = sum(r["category"] == "all" and r["ci_low"] is not None for r in result["rows"])
+    assert family > 1 and al["level"] == pytest.approx(1 - 0.05 / family)
+    ids = sorted(HARD_AND_EASY)
+    bx = {p: x + (1 if i % 2 else 3) for i, (p, x) in enumerate(HARD_AND_EASY.items())}
+    ci = stats.paired_ratio_diff_ci([HARD_AND_EASY[p] for p in ids], [20] * 12, [bx[p] for p in ids], [20] * 12,
+                                    level=al["level"])
+    assert (al["ci_low"], al["ci_high"]) == (math.floor(ci[0] * 1e6) / 1e6, math.ceil(ci[1] * 1e6) / 1e6)
     back = row(cmp.compare(b, a), "acceptance_length")
     assert back["verdict"] == "worse" and back["ci_low"] == pytest.approx(-al["ci_high"])
     # the same spread with no gain (+1 / -1): within noise, and the interval is not a point
@@ -119,6 +128,12 @@ def test_the_interval_of_a_known_timing_loss_covers_it_and_excludes_zero(tmp_pat
     tokps = row(result, "output_tokens_per_sec")
     assert tokps["diff"] == pytest.approx(-15) and tokps["ci_low"] <= -15 <= tokps["ci_high"] < 0
     assert tokps["verdict"] == "worse" and tokps["values_from"] == "repeats"
+    # at the level of its family (every row over all prompts with an interval), no floor (no A/A control): the
+    # interval of medians of the repeats at that level, rounded outward
+    family = sum(r["category"] == "all" and r["ci_low"] is not None for r in result["rows"])
+    assert family > 1 and tokps["level"] == pytest.approx(1 - 0.05 / family)
+    ci = stats.median_diff_ci([150 + x - 100 for x in STEADY], [135 + x - 100 for x in STEADY], level=tokps["level"])
+    assert (tokps["ci_low"], tokps["ci_high"]) == (math.floor(ci[0] * 1e6) / 1e6, math.ceil(ci[1] * 1e6) / 1e6)
     speedup = row(result, "speedup")
     # ratios of geometric means: STEADY's geometric mean is not its median, 100, so B - A is -0.150005
     assert speedup["diff"] == pytest.approx(-0.15, abs=1e-5) and speedup["ci_low"] <= -0.15 <= speedup["ci_high"] < 0
@@ -379,7 +394,7 @@ def k1_request(pid: str, accepted: int, category: str, steps: int = 20) -> Reque
     return RequestRecord(category, 10, [1] * (accepted + steps), 0.01, 0.1, prompt_id=pid, **counts)
 
 
-def k1_run(d, k0: list[float], k1: list[float], accepted: list[tuple[str, int, str]]):
+def k1_run(d, k0: list[float], k1: list[float], accepted: list[tuple[str, int, str]], mode: str = "vllm"):
     """A sweep at k = 1 (the smallest k that drafts): a k = 0 point timed at ``k0`` tokens/s per repeat, a k = 1
     point at ``k1`` whose requests accepted (prompt id, drafts accepted of 20, category)."""
     d.mkdir(parents=True)
@@ -388,7 +403,7 @@ def k1_run(d, k0: list[float], k1: list[float], accepted: list[tuple[str, int, s
     (d / "run.json").write_text(json.dumps({"config": cfg, "provenance": {"versions": VERSIONS}, "engine": {},
                                             "fingerprint": fp}))
     for point, reqs, tokps in [(GridPoint("plain", 0, 0), [plain(p) for p, _, _ in accepted], k0),
-                               (GridPoint("vllm", 1, 1), [k1_request(*x) for x in accepted], k1)]:
+                               (GridPoint(mode, 1, 1), [k1_request(*x) for x in accepted], k1)]:
         data = {**point_file(point, reqs, tokps, cfg["backend"]), "fingerprint": fp}
         (d / f"{point.name}.json").write_text(json.dumps(data))
     return d
@@ -454,3 +469,52 @@ def test_a_point_failed_in_b_is_named_with_its_error_and_two_points_that_pair_al
     with pytest.raises(MtpBenchError, match="two points pair as .*: compare runs with one drafting mode each, "
                                             "or the same modes on both sides"):
         cmp.compare(c, a)
+
+
+def test_one_drafting_mode_a_side_pairs_across_modes_and_two_a_side_pair_by_mode(tmp_path):
+    """B's k = 1 point drafts another way than A's: the two pair by their load, named after both; runs with the
+    same two modes pair mode with mode."""
+    both = [("p0", 4, "c"), ("p1", 6, "c")]
+    a = k1_run(tmp_path / "a", [50.0], [100.0], both)
+    b = k1_run(tmp_path / "b", [50.0], [110.0], both, mode="chain")
+    points = {r["point"] for r in cmp.compare(a, b)["rows"]}
+    assert points == {"k0", "vllm-L1-k1 vs chain-L1-k1"}
+    c = make_run(tmp_path / "c", STEADY, STEADY, HARD_AND_EASY)
+    other = json.loads((c / "vllm-L1-k2.json").read_text())
+    (c / "other.json").write_text(json.dumps({**other, "point": {**other["point"], "mode": "other"}}))
+    result = cmp.compare(c, c)
+    assert {r["point"] for r in result["rows"]} == {"k0", "vllm-L1-k2", "other-L1-k2"}
+    assert result["unpaired"] == [] and result["failed"] == []
+
+
+def test_a_rows_csv_cells():
+    """compare.csv's cells: unknown is empty, a float to 6 significant digits, the rest as it is."""
+    from mtpbench.compare.pair import CompareRow
+
+    r = CompareRow("x", 2, "all", "ttft_ms_p50", 1.23456789, None, None, None, None, None, "no interval", False, None,
+                   "each run's table", None, None)
+    assert r.to_csv() == {"point": "x", "k": 2, "category": "all", "metric": "ttft_ms_p50", "a": "1.23457", "b": "",
+                          "diff": "", "rel_diff": "", "ci_low": "", "ci_high": "", "verdict": "no interval",
+                          "higher_is_better": False, "paired_prompts": "", "values_from": "each run's table",
+                          "level": "", "p_value": ""}
+
+
+def test_prompts_pair_by_id_and_occurrence_within_their_category(tmp_path):
+    """Six prompts of "c" (one of them three times) and six of "d" ran on both sides, with a request without a
+    prompt id and one without per-request counts: the rows over all prompts pair 14 requests, "c"'s 8 (the n-th
+    occurrence of an id with the n-th), "d"'s 6; the request without an id or counts pairs with nothing."""
+    runs = []
+    for side, extra in (("a", 0), ("b", 3)):
+        prompts = ([(f"c{i}", 2 + i + extra, "c") for i in range(6)] + [("c0", 9 + extra, "c"), ("c0", 1, "c")]
+                   + [(f"d{i}", 12 - i + extra, "d") for i in range(6)])
+        d = k1_run(tmp_path / side, STEADY, STEADY, prompts)
+        k1 = json.loads((d / "vllm-L1-k1.json").read_text())
+        k1["requests"] += [asdict(k1_request("", 7, "c")), asdict(RequestRecord("d", 10, [1] * 40, 0.01, 0.1,
+                                                                                 prompt_id="n0"))]
+        (d / "vllm-L1-k1.json").write_text(json.dumps(k1))
+        runs.append(d)
+    result = cmp.compare(*runs)
+    paired = {r["category"]: r["paired_prompts"] for r in result["rows"]
+              if r["metric"] == "acceptance_length" and r["point"] == "vllm-L1-k1"}
+    assert paired == {"all": 14, "c": 8, "d": 6}
+    assert all(r["values_from"] == "paired prompts" for r in result["rows"] if r["metric"] == "acceptance_length")
