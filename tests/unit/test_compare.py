@@ -101,6 +101,10 @@ def test_the_interval_of_a_known_acceptance_gain_covers_it_and_excludes_zero(tmp
     result = cmp.compare(a, b)
     al = row(result, "acceptance_length")
     assert al["diff"] == pytest.approx(0.1) and al["paired_prompts"] == 12 and al["values_from"] == "paired prompts"
+    # the draft acceptance rate pools the same requests' accepted over proposed drafts (2 each of 20 steps), with no 1 +
+    dar = row(result, "draft_acceptance_rate")
+    assert dar["a"] == pytest.approx(sum(HARD_AND_EASY.values()) / 480, abs=1e-6)
+    assert dar["b"] == pytest.approx((sum(HARD_AND_EASY.values()) + 24) / 480, abs=1e-6)
     assert 0 < al["ci_low"] <= 0.1 <= al["ci_high"] < 0.2 and al["ci_high"] - al["ci_low"] > 0.01
     assert al["verdict"] == "better"
     # judged in the family of every row over all prompts with an interval, at its level: the bootstrap's interval
@@ -477,8 +481,12 @@ def test_one_drafting_mode_a_side_pairs_across_modes_and_two_a_side_pair_by_mode
     both = [("p0", 4, "c"), ("p1", 6, "c")]
     a = k1_run(tmp_path / "a", [50.0], [100.0], both)
     b = k1_run(tmp_path / "b", [50.0], [110.0], both, mode="chain")
-    points = {r["point"] for r in cmp.compare(a, b)["rows"]}
-    assert points == {"k0", "vllm-L1-k1 vs chain-L1-k1"}
+    result = cmp.compare(a, b)
+    assert {r["point"] for r in result["rows"]} == {"k0", "vllm-L1-k1 vs chain-L1-k1"}
+    # 2 prompts paired (too few for an interval): said; 1 is no pairing
+    assert {r["paired_prompts"] for r in result["rows"] if r["k"] == 1 and r["metric"].startswith("acc")} == {2}
+    one = k1_run(tmp_path / "one", [50.0], [110.0], both[:1], mode="chain")
+    assert {r["paired_prompts"] for r in cmp.compare(a, one)["rows"]} == {None}
     c = make_run(tmp_path / "c", STEADY, STEADY, HARD_AND_EASY)
     other = json.loads((c / "vllm-L1-k2.json").read_text())
     (c / "other.json").write_text(json.dumps({**other, "point": {**other["point"], "mode": "other"}}))
@@ -518,3 +526,19 @@ def test_prompts_pair_by_id_and_occurrence_within_their_category(tmp_path):
               if r["metric"] == "acceptance_length" and r["point"] == "vllm-L1-k1"}
     assert paired == {"all": 14, "c": 8, "d": 6}
     assert all(r["values_from"] == "paired prompts" for r in result["rows"] if r["metric"] == "acceptance_length")
+
+
+def test_a_speedup_reads_its_k0_only_up_to_the_last_round_its_point_was_timed_in(tmp_path):
+    """Rounds (sweep.rounds): k = 0 timed in rounds 0-11 (at 100 tokens/s, then 200), the k = 2 point only in 0-5:
+    each side's speedup is over k = 0's runs of rounds 0-5 (x1.5 and x1.4), not over all twelve."""
+    runs = []
+    for side, x in (("a", 150.0), ("b", 140.0)):
+        d = make_run(tmp_path / side, [100.0] * 6 + [200.0] * 6, [x, x * 1.01, x * 0.99] * 2, HARD_AND_EASY)
+        for name in ("k0", "vllm-L1-k2"):
+            data = json.loads((d / f"{name}.json").read_text())
+            data["repeats"] = [{**r, "round": i} for i, r in enumerate(data["repeats"])]
+            (d / f"{name}.json").write_text(json.dumps(data))
+        runs.append(d)
+    s = row(cmp.compare(*runs), "speedup")
+    assert s["values_from"] == "repeats (geometric means)"
+    assert (s["a"], s["b"]) == (pytest.approx(1.5, rel=1e-3), pytest.approx(1.4, rel=1e-3))

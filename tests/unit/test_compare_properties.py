@@ -330,3 +330,10 @@ def test_the_two_families_levels_known_answer():
     same = finish([Pending("x", 2, "all", "ttft_ms_p50", 0.0, 0.0, False, None, "each run's table", None),
                    Pending("x", 2, "all", "ttft_ms_p50", 0.0, 3.0, False, None, "each run's table", None)])
     assert [(r.verdict, r.rel_diff) for r in same] == [("within noise", 0.0), ("no interval", None)]
+
+
+def test_a_change_of_exactly_the_threshold_does_not_fail():
+    """--fail-if-worse PCT fails on worse by more than PCT %: -25 % at 25 does not, at 24.99 it does."""
+    r = {"point": "x", "metric": "speedup", "category": "all", "verdict": "worse", "rel_diff": -0.25, "b": 1.5}
+    result = {"rows": [r], "failed": []}
+    assert worse_beyond(result, 25) == [] and worse_beyond(result, 24.99) == ["x speedup -25.0 %"]
