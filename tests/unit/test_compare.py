@@ -430,7 +430,8 @@ def test_rows_without_an_interval_carry_each_runs_table_field_by_field(tmp_path)
 
     a, b = _one_repeat_runs(tmp_path)
     result = cmp.compare(a, b)
-    table = {side: {(r.k, r.category): r for r in rows_from_points(*load_run(d)[1:])} for side, d in (("a", a), ("b", b))}
+    table = {side: {(r.k, r.category): r for r in rows_from_points(*load_run(d)[1:])}
+             for side, d in (("a", a), ("b", b))}
     acceptance = [("acceptance_length", True), ("draft_acceptance_rate", True), ("acceptance_rate_per_pos[0]", True)]
     timings = [("output_tokens_per_sec", True), ("ttft_ms_p50", False), ("tpot_ms_p50", False)]
     expected = ([("k0", 0, "all", m, hib, None) for m, hib in timings]
