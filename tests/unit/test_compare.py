@@ -543,3 +543,17 @@ def test_a_speedup_reads_its_k0_only_up_to_the_last_round_its_point_was_timed_in
     s = row(cmp.compare(*runs), "speedup")
     assert s["values_from"] == "repeats (geometric means)"
     assert (s["a"], s["b"]) == (pytest.approx(1.5, rel=1e-3), pytest.approx(1.4, rel=1e-3))
+
+
+def test_a_per_position_rate_the_counters_lack_is_unknown(tmp_path):
+    """B's engine counters without per-position counts (2 prompts: the table's numbers): B's rate at position 0 is
+    unknown, not an error, and the row makes no claim."""
+    both = [("p0", 4, "c"), ("p1", 6, "c")]
+    a = k1_run(tmp_path / "a", [50.0], [100.0], both)
+    b = k1_run(tmp_path / "b", [50.0], [110.0], both)
+    k1 = json.loads((b / "vllm-L1-k1.json").read_text())
+    for batch in k1["batches"]:
+        batch["num_accepted_tokens_per_pos"] = []
+    (b / "vllm-L1-k1.json").write_text(json.dumps(k1))
+    r = row(cmp.compare(a, b), "acceptance_rate_per_pos[0]", "vllm-L1-k1")
+    assert (r["a"], r["b"], r["verdict"]) == (0.25, None, "no interval")
