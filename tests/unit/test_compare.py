@@ -101,8 +101,21 @@ def test_the_interval_of_a_known_acceptance_gain_covers_it_and_excludes_zero(tmp
     result = cmp.compare(a, b)
     al = row(result, "acceptance_length")
     assert al["diff"] == pytest.approx(0.1) and al["paired_prompts"] == 12 and al["values_from"] == "paired prompts"
+    # the draft acceptance rate pools the same requests' accepted over proposed drafts (2 each of 20 steps), with no 1 +
+    dar = row(result, "draft_acceptance_rate")
+    assert dar["a"] == pytest.approx(sum(HARD_AND_EASY.values()) / 480, abs=1e-6)
+    assert dar["b"] == pytest.approx((sum(HARD_AND_EASY.values()) + 24) / 480, abs=1e-6)
     assert 0 < al["ci_low"] <= 0.1 <= al["ci_high"] < 0.2 and al["ci_high"] - al["ci_low"] > 0.01
     assert al["verdict"] == "better"
+    # judged in the family of every row over all prompts with an interval, at its level: the bootstrap's interval
+    # of the same requests (paired by prompt id, in order of id) rounded outward
+    family = sum(r["category"] == "all" and r["ci_low"] is not None for r in result["rows"])
+    assert family > 1 and al["level"] == pytest.approx(1 - 0.05 / family)
+    ids = sorted(HARD_AND_EASY)
+    bx = {p: x + (1 if i % 2 else 3) for i, (p, x) in enumerate(HARD_AND_EASY.items())}
+    ci = stats.paired_ratio_diff_ci([HARD_AND_EASY[p] for p in ids], [20] * 12, [bx[p] for p in ids], [20] * 12,
+                                    level=al["level"])
+    assert (al["ci_low"], al["ci_high"]) == (math.floor(ci[0] * 1e6) / 1e6, math.ceil(ci[1] * 1e6) / 1e6)
     back = row(cmp.compare(b, a), "acceptance_length")
     assert back["verdict"] == "worse" and back["ci_low"] == pytest.approx(-al["ci_high"])
     # the same spread with no gain (+1 / -1): within noise, and the interval is not a point
@@ -119,6 +132,12 @@ def test_the_interval_of_a_known_timing_loss_covers_it_and_excludes_zero(tmp_pat
     tokps = row(result, "output_tokens_per_sec")
     assert tokps["diff"] == pytest.approx(-15) and tokps["ci_low"] <= -15 <= tokps["ci_high"] < 0
     assert tokps["verdict"] == "worse" and tokps["values_from"] == "repeats"
+    # at the level of its family (every row over all prompts with an interval), no floor (no A/A control): the
+    # interval of medians of the repeats at that level, rounded outward
+    family = sum(r["category"] == "all" and r["ci_low"] is not None for r in result["rows"])
+    assert family > 1 and tokps["level"] == pytest.approx(1 - 0.05 / family)
+    ci = stats.median_diff_ci([150 + x - 100 for x in STEADY], [135 + x - 100 for x in STEADY], level=tokps["level"])
+    assert (tokps["ci_low"], tokps["ci_high"]) == (math.floor(ci[0] * 1e6) / 1e6, math.ceil(ci[1] * 1e6) / 1e6)
     speedup = row(result, "speedup")
     # ratios of geometric means: STEADY's geometric mean is not its median, 100, so B - A is -0.150005
     assert speedup["diff"] == pytest.approx(-0.15, abs=1e-5) and speedup["ci_low"] <= -0.15 <= speedup["ci_high"] < 0
@@ -356,9 +375,185 @@ def test_the_gate_reads_the_floors_its_notes_state_issue_44_case_6(tmp_path):
     assert s["ci_low"] <= s["b"] * math.exp(-g) - s["a"] + 1e-6 and s["ci_high"] >= s["b"] * math.exp(g) - s["a"] - 1e-6
     t = row(result, "output_tokens_per_sec")
     assert t["rel_diff"] == pytest.approx(-1 / 12, abs=1e-3) and t["verdict"] == "within noise"
+    # a timing of each run carries half of each floor's variance: sqrt((fa^2 + fb^2) / 2) on B, each way
+    h = math.sqrt((floors[0] ** 2 + floors[1] ** 2) / 2)
+    assert t["ci_low"] == pytest.approx(t["b"] * math.exp(-h) - t["a"], abs=1e-3)
+    assert t["ci_high"] == pytest.approx(t["b"] * math.exp(h) - t["a"], abs=1e-3)
+    assert [(row(result, m)["higher_is_better"], row(result, m)["values_from"]) for m in
+            ("output_tokens_per_sec", "ttft_ms_p50", "tpot_ms_p50", "speedup")] == [
+        (True, "repeats"), (False, "repeats"), (False, "repeats"), (True, "repeats (geometric means)")]
     assert cmp.worse_beyond(result, 0.0) == [] and exit_code(result, 0.0) == 0
     # without the controls the same timings are told apart: the floors, not the data, make the difference
     for d in (a, b):
         (d / "aa-k0.json").unlink()
     result = cmp.compare(a, b)
     assert row(result, "speedup")["verdict"] == "worse" and exit_code(result, 0.0) == 1
+
+
+# ---- rows without an interval: each side's table, every field (pair.compare_points) ---------------------------
+
+def k1_request(pid: str, accepted: int, category: str, steps: int = 20) -> RequestRecord:
+    """A request of ``steps`` verify steps at k = 1 that accepted ``accepted`` of them."""
+    counts = request_acceptance(1, [1] * accepted + [0] * (steps - accepted))
+    return RequestRecord(category, 10, [1] * (accepted + steps), 0.01, 0.1, prompt_id=pid, **counts)
+
+
+def k1_run(d, k0: list[float], k1: list[float], accepted: list[tuple[str, int, str]], mode: str = "vllm"):
+    """A sweep at k = 1 (the smallest k that drafts): a k = 0 point timed at ``k0`` tokens/s per repeat, a k = 1
+    point at ``k1`` whose requests accepted (prompt id, drafts accepted of 20, category)."""
+    d.mkdir(parents=True)
+    cfg = {**SweepConfig(backend="vllm", k=(0, 1)).to_json()}
+    fp = fingerprint(cfg, VERSIONS)
+    (d / "run.json").write_text(json.dumps({"config": cfg, "provenance": {"versions": VERSIONS}, "engine": {},
+                                            "fingerprint": fp}))
+    for point, reqs, tokps in [(GridPoint("plain", 0, 0), [plain(p) for p, _, _ in accepted], k0),
+                               (GridPoint(mode, 1, 1), [k1_request(*x) for x in accepted], k1)]:
+        data = {**point_file(point, reqs, tokps, cfg["backend"]), "fingerprint": fp}
+        (d / f"{point.name}.json").write_text(json.dumps(data))
+    return d
+
+
+def _one_repeat_runs(tmp_path):
+    # three prompts both ran (too few for a bootstrap, MIN_PROMPTS), one of category "b" only A ran; A timed twice,
+    # B once (too few for an interval of medians or of speedups)
+    both = [("p0", 4, "c"), ("p1", 6, "c"), ("p2", 10, "c")]
+    a = k1_run(tmp_path / "a", [50.0, 50.0], [100.0, 100.0], [("q", 2, "b")] + both)
+    b = k1_run(tmp_path / "b", [50.0], [110.0], [(p, x + 4, c) for p, x, c in both] + [("r", 8, "d")])
+    return a, b
+
+
+def test_rows_without_an_interval_carry_each_runs_table_field_by_field(tmp_path):
+    """At k = 1 with 3 paired prompts and 1 or 2 repeats nothing has an interval: every row's A and B are its run's
+    own sweep row, the acceptance rows say how many prompts paired (3), a category only one run has gives no row and
+    stops no other, and each metric keeps its direction."""
+    from mtpbench.sweep.load import load_run, rows_from_points
+
+    a, b = _one_repeat_runs(tmp_path)
+    result = cmp.compare(a, b)
+    table = {side: {(r.k, r.category): r for r in rows_from_points(*load_run(d)[1:])}
+             for side, d in (("a", a), ("b", b))}
+    acceptance = [("acceptance_length", True), ("draft_acceptance_rate", True), ("acceptance_rate_per_pos[0]", True)]
+    timings = [("output_tokens_per_sec", True), ("ttft_ms_p50", False), ("tpot_ms_p50", False)]
+    expected = ([("k0", 0, "all", m, hib, None) for m, hib in timings]
+                + [("vllm-L1-k1", 1, "all", m, hib, 3) for m, hib in acceptance]
+                + [("vllm-L1-k1", 1, "all", m, hib, None) for m, hib in timings + [("speedup", True)]]
+                + [("vllm-L1-k1", 1, "c", m, hib, 3) for m, hib in acceptance])
+    got = [(r["point"], r["k"], r["category"], r["metric"], r["higher_is_better"], r["paired_prompts"])
+           for r in result["rows"]]
+    assert sorted(got, key=str) == sorted(expected, key=str)
+    for r in result["rows"]:
+        assert r["values_from"] == "each run's table" and r["level"] is None and r["ci_low"] is None
+        for side in ("a", "b"):
+            t = table[side][(r["k"], r["category"])]
+            want = t.acceptance_rate_per_pos[0] if r["metric"].endswith("[0]") else getattr(t, r["metric"])
+            assert r[side] == pytest.approx(want, abs=1e-6), (r, side)
+    # known answers: A accepted 22 of 80 drafts over all prompts, B 40 of 80
+    assert row(result, "acceptance_length", "vllm-L1-k1")["a"] == pytest.approx(1.275)
+    assert row(result, "acceptance_length", "vllm-L1-k1")["b"] == pytest.approx(1.5)
+    assert [row(result, "speedup", "vllm-L1-k1")[s] for s in "ab"] == [pytest.approx(2.0), pytest.approx(2.2)]
+
+
+def test_a_point_failed_in_b_is_named_with_its_error_and_two_points_that_pair_alike_are_refused(tmp_path):
+    """A failed point pairs with A's by its load (the same key as a point that ran) and is listed with B's error;
+    a run whose two points pair as one is refused with the way out."""
+    from mtpbench.errors import MtpBenchError
+
+    a = make_run(tmp_path / "a", STEADY, STEADY, HARD_AND_EASY)
+    b = make_run(tmp_path / "b", STEADY, STEADY, HARD_AND_EASY)
+    k2 = json.loads((b / "vllm-L1-k2.json").read_text())
+    (b / "vllm-L1-k2.json").unlink()
+    (b / "vllm-L1-k2.failure.json").write_text(json.dumps({"point": k2["point"], "error": "CUDA out of memory",
+                                                          "fingerprint": k2["fingerprint"]}))
+    result = cmp.compare(a, b)
+    assert result["failed"] == [{"point": "vllm-L1-k2", "failed_in": "B", "error": "CUDA out of memory"}]
+    assert result.get("missing_in_b", []) == []
+    # A's k = 2 point again under another drafting mode: A has two modes, B one, so modes are left out of the key
+    c = make_run(tmp_path / "c", STEADY, STEADY, HARD_AND_EASY)
+    other = json.loads((c / "vllm-L1-k2.json").read_text())
+    (c / "other.json").write_text(json.dumps({**other, "point": {**other["point"], "mode": "other"}}))
+    with pytest.raises(MtpBenchError, match="two points pair as .*: compare runs with one drafting mode each, "
+                                            "or the same modes on both sides"):
+        cmp.compare(c, a)
+
+
+def test_one_drafting_mode_a_side_pairs_across_modes_and_two_a_side_pair_by_mode(tmp_path):
+    """B's k = 1 point drafts another way than A's: the two pair by their load, named after both; runs with the
+    same two modes pair mode with mode."""
+    both = [("p0", 4, "c"), ("p1", 6, "c")]
+    a = k1_run(tmp_path / "a", [50.0], [100.0], both)
+    b = k1_run(tmp_path / "b", [50.0], [110.0], both, mode="chain")
+    result = cmp.compare(a, b)
+    assert {r["point"] for r in result["rows"]} == {"k0", "vllm-L1-k1 vs chain-L1-k1"}
+    # 2 prompts paired (too few for an interval): said; 1 is no pairing
+    assert {r["paired_prompts"] for r in result["rows"] if r["k"] == 1 and r["metric"].startswith("acc")} == {2}
+    one = k1_run(tmp_path / "one", [50.0], [110.0], both[:1], mode="chain")
+    assert {r["paired_prompts"] for r in cmp.compare(a, one)["rows"]} == {None}
+    c = make_run(tmp_path / "c", STEADY, STEADY, HARD_AND_EASY)
+    other = json.loads((c / "vllm-L1-k2.json").read_text())
+    (c / "other.json").write_text(json.dumps({**other, "point": {**other["point"], "mode": "other"}}))
+    result = cmp.compare(c, c)
+    assert {r["point"] for r in result["rows"]} == {"k0", "vllm-L1-k2", "other-L1-k2"}
+    assert result["unpaired"] == [] and result["failed"] == []
+
+
+def test_a_rows_csv_cells():
+    """compare.csv's cells: unknown is empty, a float to 6 significant digits, the rest as it is."""
+    from mtpbench.compare.pair import CompareRow
+
+    r = CompareRow("x", 2, "all", "ttft_ms_p50", 1.23456789, None, None, None, None, None, "no interval", False, None,
+                   "each run's table", None, None)
+    assert r.to_csv() == {"point": "x", "k": 2, "category": "all", "metric": "ttft_ms_p50", "a": "1.23457", "b": "",
+                          "diff": "", "rel_diff": "", "ci_low": "", "ci_high": "", "verdict": "no interval",
+                          "higher_is_better": False, "paired_prompts": "", "values_from": "each run's table",
+                          "level": "", "p_value": ""}
+
+
+def test_prompts_pair_by_id_and_occurrence_within_their_category(tmp_path):
+    """Six prompts of "c" (one of them three times) and six of "d" ran on both sides, with a request without a
+    prompt id and one without per-request counts: the rows over all prompts pair 14 requests, "c"'s 8 (the n-th
+    occurrence of an id with the n-th), "d"'s 6; the request without an id or counts pairs with nothing."""
+    runs = []
+    for side, extra in (("a", 0), ("b", 3)):
+        prompts = ([(f"c{i}", 2 + i + extra, "c") for i in range(6)] + [("c0", 9 + extra, "c"), ("c0", 1, "c")]
+                   + [(f"d{i}", 12 - i + extra, "d") for i in range(6)])
+        d = k1_run(tmp_path / side, STEADY, STEADY, prompts)
+        k1 = json.loads((d / "vllm-L1-k1.json").read_text())
+        k1["requests"] += [asdict(k1_request("", 7, "c")), asdict(RequestRecord("d", 10, [1] * 40, 0.01, 0.1,
+                                                                                 prompt_id="n0"))]
+        (d / "vllm-L1-k1.json").write_text(json.dumps(k1))
+        runs.append(d)
+    result = cmp.compare(*runs)
+    paired = {r["category"]: r["paired_prompts"] for r in result["rows"]
+              if r["metric"] == "acceptance_length" and r["point"] == "vllm-L1-k1"}
+    assert paired == {"all": 14, "c": 8, "d": 6}
+    assert all(r["values_from"] == "paired prompts" for r in result["rows"] if r["metric"] == "acceptance_length")
+
+
+def test_a_speedup_reads_its_k0_only_up_to_the_last_round_its_point_was_timed_in(tmp_path):
+    """Rounds (sweep.rounds): k = 0 timed in rounds 0-11 (at 100 tokens/s, then 200), the k = 2 point only in 0-5:
+    each side's speedup is over k = 0's runs of rounds 0-5 (x1.5 and x1.4), not over all twelve."""
+    runs = []
+    for side, x in (("a", 150.0), ("b", 140.0)):
+        d = make_run(tmp_path / side, [100.0] * 6 + [200.0] * 6, [x, x * 1.01, x * 0.99] * 2, HARD_AND_EASY)
+        for name in ("k0", "vllm-L1-k2"):
+            data = json.loads((d / f"{name}.json").read_text())
+            data["repeats"] = [{**r, "round": i} for i, r in enumerate(data["repeats"])]
+            (d / f"{name}.json").write_text(json.dumps(data))
+        runs.append(d)
+    s = row(cmp.compare(*runs), "speedup")
+    assert s["values_from"] == "repeats (geometric means)"
+    assert (s["a"], s["b"]) == (pytest.approx(1.5, rel=1e-3), pytest.approx(1.4, rel=1e-3))
+
+
+def test_a_per_position_rate_the_counters_lack_is_unknown(tmp_path):
+    """B's engine counters without per-position counts (2 prompts: the table's numbers): B's rate at position 0 is
+    unknown, not an error, and the row makes no claim."""
+    both = [("p0", 4, "c"), ("p1", 6, "c")]
+    a = k1_run(tmp_path / "a", [50.0], [100.0], both)
+    b = k1_run(tmp_path / "b", [50.0], [110.0], both)
+    k1 = json.loads((b / "vllm-L1-k1.json").read_text())
+    for batch in k1["batches"]:
+        batch["num_accepted_tokens_per_pos"] = []
+    (b / "vllm-L1-k1.json").write_text(json.dumps(k1))
+    r = row(cmp.compare(a, b), "acceptance_rate_per_pos[0]", "vllm-L1-k1")
+    assert (r["a"], r["b"], r["verdict"]) == (0.25, None, "no interval")

@@ -249,3 +249,91 @@ def test_a_row_without_an_interval_that_moved_the_bad_way_keeps_the_page_from_gr
     unjudged = {"point": "p", "category": "all", "metric": "ttft_ms_p50", "verdict": "no interval", "rel_diff": 0.25,
                 "diff": diff, "b": 1.0, "higher_is_better": higher}
     assert headline({"rows": [better, unjudged], "failed": [], "timings_drifted": False})[1] == tone
+
+
+# ---- each row judged at the level of its family (pair.finish) ----------------------------------------------------
+
+VALUE = st.sampled_from([None, 0.0, 0.5, 1.0, 2.0, 1.2345678])
+# intervals of B - A whose ends need rounding at 6 decimals, decided either way or open
+CI = st.sampled_from([(0.3456789, 1.7500001), (-2.5000001, -0.1234567), (-0.1234567, 0.3456789)])
+P = st.sampled_from([(None, None), (0.01234567, 0.0123), (0.5, 0.5)])  # the judge's p, the p shown
+
+
+@st.composite
+def pending_rows(draw) -> list:
+    """Rows of the "all" category and of two others, each judged (its interval at any level the same) or not (no
+    interval: a table's numbers)."""
+    from dataclasses import replace
+
+    from mtpbench.compare.pair import Pending
+
+    out = []
+    for _ in range(draw(st.integers(0, 7))):
+        a, b = draw(VALUE), draw(VALUE)
+        judged = a is not None and b is not None and draw(st.booleans())
+        ci, (p, shown) = draw(CI), draw(P)
+
+        def judged_at(m, a=a, b=b, ci=ci, p=p):
+            return replace(judge.difference(a, b, lambda lvl: ci, family=m), p_value=p)
+        row = Pending("x", 2, draw(st.sampled_from(["all", "code", "chat"])), "acceptance_length", a, b,
+                      draw(st.booleans()), 9, "paired prompts", judged_at if judged else None)
+        out.append((row, ci if judged else None, shown if judged else None))
+    return out
+
+
+def _round_out(ci):
+    return None if ci is None else (math.floor(ci[0] * 1e6) / 1e6, math.ceil(ci[1] * 1e6) / 1e6)
+
+
+@FAST
+@given(pending_rows())
+def test_each_row_is_judged_at_the_level_of_its_family(rows):
+    """The rows over all prompts with an interval are one family, those of the categories another: each judged row's
+    level is 1 - 0.05 / its family's size; its verdict, interval (rounded outward at 6 decimals), p shown, B - A
+    and relative change follow from its values; a row without an interval has none of them."""
+    from mtpbench.compare.pair import finish
+
+    family = {True: sum(r.category == "all" and r.judge is not None for r, _, _ in rows),
+              False: sum(r.category != "all" and r.judge is not None for r, _, _ in rows)}
+    out = finish([r for r, _, _ in rows])
+    assert len(out) == len(rows)
+    for got, (p, ci, shown) in zip(out, rows):
+        diff = None if p.a is None or p.b is None else p.b - p.a
+        assert (got.point, got.k, got.category, got.metric, got.higher_is_better, got.paired_prompts,
+                got.values_from) == (p.point, p.k, p.category, p.metric, p.higher_is_better, p.paired, p.values_from)
+        assert (got.a, got.b) == (p.a if p.a is None else round(p.a, 6), p.b if p.b is None else round(p.b, 6))
+        assert got.diff == (None if diff is None else round(diff, 6))
+        rel = None if diff is None else (diff / p.a if p.a else (0.0 if diff == 0 else None))
+        assert got.rel_diff == (None if rel is None else round(rel, 6))
+        assert got.verdict == verdict_oracle(diff, ci, p.higher_is_better)
+        assert (got.ci_low, got.ci_high) == (_round_out(ci) or (None, None))
+        assert got.p_value == shown
+        expected = None if ci is None else 1 - 0.05 / family[p.category == "all"]
+        assert got.level == (None if expected is None else pytest.approx(expected, rel=1e-12))
+
+
+def test_the_two_families_levels_known_answer():
+    """Three rows over all prompts with an interval (one without) and two category rows: 1 - 0.05/3 and 1 - 0.05/2;
+    a judge that finds no interval at its level leaves its row with no level, no interval and "no interval"."""
+    from mtpbench.compare.pair import Pending, finish
+
+    def at(ci):
+        return lambda m: judge.difference(1.0, 2.0, lambda lvl: ci, family=m)
+    rows = [Pending("x", 2, cat, "acceptance_length", 1.0, 2.0, True, 9, "paired prompts", j)
+            for cat, j in [("all", at((0.5, 1.5))), ("all", at((-0.5, 1.5))), ("all", at((0.5, 1.5))), ("all", None),
+                           ("code", at((0.5, 1.5))), ("chat", at(None))]]
+    out = finish(rows)
+    assert [r.level for r in out] == [1 - 0.05 / 3, 1 - 0.05 / 3, 1 - 0.05 / 3, None, 1 - 0.05 / 2, None]
+    assert [r.verdict for r in out] == ["better", "within noise", "better", "no interval", "better", "no interval"]
+    assert [(r.ci_low, r.ci_high) for r in out][-2:] == [(0.5, 1.5), (None, None)]
+    # B = A without an interval is within noise (no difference is within any noise); A = 0 < B has no relative change
+    same = finish([Pending("x", 2, "all", "ttft_ms_p50", 0.0, 0.0, False, None, "each run's table", None),
+                   Pending("x", 2, "all", "ttft_ms_p50", 0.0, 3.0, False, None, "each run's table", None)])
+    assert [(r.verdict, r.rel_diff) for r in same] == [("within noise", 0.0), ("no interval", None)]
+
+
+def test_a_change_of_exactly_the_threshold_does_not_fail():
+    """--fail-if-worse PCT fails on worse by more than PCT %: -25 % at 25 does not, at 24.99 it does."""
+    r = {"point": "x", "metric": "speedup", "category": "all", "verdict": "worse", "rel_diff": -0.25, "b": 1.5}
+    result = {"rows": [r], "failed": []}
+    assert worse_beyond(result, 25) == [] and worse_beyond(result, 24.99) == ["x speedup -25.0 %"]
