@@ -19,7 +19,8 @@ where the product reads it:
    each with its A/A floor), judged by ``compare.pair.finish``; the gate is ``compare.pair.exit_code`` at
    --fail-if-worse 0 with ``compare.checks.drift_notes`` as ``compare.run`` sets it. No prompts are simulated, so the
    family is the timing and speedup rows only (a real compare's acceptance rows make it larger and each interval
-   wider): the rate measured here is if anything above a real compare's.
+   wider): the rate measured here is if anything above a real compare's. Beside it, one timing row alone (the
+   closure ``compare_points`` builds, ``pair._medians``) against its own level, 1 - alpha / family.
 6. the A/A summary: ``stats.noise.summary``'s ``called_different`` of one sweep's control.
 
 Stated: the family-wise alpha of ``stats.judge`` (5 %: any decision of one answer wrong), or one test at 95 % for
@@ -49,7 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]  # this checkout's mtpbench, not an installed one
 
 from mtpbench.compare.checks import drift_notes  # noqa: E402
-from mtpbench.compare.pair import compare_points, exit_code, finish  # noqa: E402
+from mtpbench.compare.pair import _medians, compare_points, exit_code, finish  # noqa: E402
 from mtpbench.config import SweepConfig  # noqa: E402
 from mtpbench.metrics import GridPoint, PointResult, PointRun  # noqa: E402
 from mtpbench.metrics.records import AA_MODE  # noqa: E402
@@ -185,6 +186,15 @@ def compare_trial(rng, sd, slow, repeats, aa, slower: float = 1.0) -> tuple[bool
     return any(r.category == "all" and r.verdict in ("better", "worse") for r in rows), exit_code(result, 0.0) == 1
 
 
+def timing_row_trial(rng, sd: float, slow: bool, repeats: int, family: int) -> bool:
+    """One timing row of compare (tokens/s of one point in A and in B, same law, no A/A floor) judged as a member of
+    a family of ``family`` rows: the closure ``compare_points`` builds (``pair._medians``: ``stats.median_diff_ci``,
+    a bootstrap of the difference of medians, through ``judge.difference``). Its stated rate is alpha / family."""
+    ta, tb = ((100.0 * factors(rng, repeats, sd, slow)).tolist() for _ in range(2))
+    a, b = float(np.median(ta)), float(np.median(tb))
+    return _medians(a, b, ta, tb, 0.0)(family).decided
+
+
 # ---- 6. the A/A summary -------------------------------------------------------------------------------------------
 
 def aa_trial(rng, sd, slow, repeats) -> bool:
@@ -203,8 +213,8 @@ def measured(x: int, n: int) -> tuple[float, float]:
 def row(decision: str, stated: float | None, x: int, n: int, noise_: str, power: bool = False) -> tuple[str, bool]:
     rate, margin = measured(x, n)
     above = stated is not None and not power and rate - margin > stated
-    said = "power (no bound)" if power else f"<= {100 * stated:g} %"
-    return (f"| {decision} | {said} | {100 * rate:.1f} % +- {100 * margin:.1f} %{' **ABOVE**' if above else ''} | {n} "
+    said = "power (no bound)" if power else f"<= {100 * stated:.2g} %"
+    return (f"| {decision} | {said} | {100 * rate:.2f} % +- {100 * margin:.2f} %{' **ABOVE**' if above else ''} | {n} "
             f"| {noise_} |",
             above)
 
@@ -267,6 +277,10 @@ def main() -> None:
         emit(f"compare: any row over all prompts better/worse ({what})", ALPHA, sum(r[0] for r in res),
              noise_text(sd, slow))
         emit(f"compare: --fail-if-worse 0 exits 1 ({what})", ALPHA, sum(r[1] for r in res), noise_text(sd, slow))
+    for reps, family in ((6, 1), (6, 15), (12, 15)):  # one timing row alone: its interval at its own level
+        x = sum(timing_row_trial(rng, 0.05, False, reps, family) for _ in range(4 * n))
+        emit(f"compare: one timing row better/worse (median_diff_ci, {reps} + {reps} repeats, level "
+             f"{judge.level_text(judge.level(family))}, no A/A)", ALPHA / family, x, "sd 0.05", trials=4 * n)
     res = [compare_trial(rng, 0.03, False, 6, True, slower=1.05) for _ in range(m)]
     emit("compare, power: --fail-if-worse 0 exits 1 where B's k > 0 points are 5 % slower (A/A floors)", None,
          sum(r[1] for r in res), "sd 0.03", power=True, trials=m)
