@@ -18,9 +18,9 @@ where the product reads it:
 5. compare: ``compare.pair.compare_points`` for each pair of points of two sweeps of one law (k = 0..3, 6 repeats,
    each with its A/A floor), judged by ``compare.pair.finish``; the gate is ``compare.pair.exit_code`` at
    --fail-if-worse 0 with ``compare.checks.drift_notes`` as ``compare.run`` sets it. No prompts are simulated, so the
-   family is the timing and speedup rows only (a real compare's acceptance rows make it larger and each interval
-   wider): the rate measured here is if anything above a real compare's. Beside it, one timing row alone (the
-   closure ``compare_points`` builds, ``pair._medians``) against its own level, 1 - alpha / family.
+   family is the timing and speedup rows only (a real compare's acceptance rows make it larger, each level higher);
+   one row with 3 loads shows a larger family. Beside it, one timing row alone (the closure ``compare_points``
+   builds, ``pair._medians``: a bootstrap of the difference of medians) against its own level, 1 - alpha / family.
 6. the A/A summary: ``stats.noise.summary``'s ``called_different`` of one sweep's control.
 
 Stated: the family-wise alpha of ``stats.judge`` (5 %: any decision of one answer wrong), or one test at 95 % for
@@ -172,13 +172,16 @@ def compare_side(rng, sd: float, slow: bool, repeats: int, aa: bool, slower: flo
     return out, floor
 
 
-def compare_trial(rng, sd, slow, repeats, aa, slower: float = 1.0) -> tuple[bool, bool]:
-    """(any row over all prompts decided, --fail-if-worse 0 exits 1)."""
-    (a, fa), (b, fb) = compare_side(rng, sd, slow, repeats, aa), compare_side(rng, sd, slow, repeats, aa, slower)
+def compare_trial(rng, sd, slow, repeats, aa, slower: float = 1.0, loads: int = 1) -> tuple[bool, bool]:
+    """(any row over all prompts decided, --fail-if-worse 0 exits 1); ``loads``: sweeps of that many loads (each
+    load's points paired with the other run's, one family)."""
     pending = []
-    for k in KS:
-        base = (a[0][1], b[0][1]) if k else None
-        pending += compare_points(a[k][0].name, a[k][:2], b[k][:2], [a[k][2]], [b[k][2]], base, (fa, fb))
+    for load in range(1, loads + 1):
+        (a, fa), (b, fb) = compare_side(rng, sd, slow, repeats, aa), compare_side(rng, sd, slow, repeats, aa, slower)
+        for k in KS:
+            base = (a[0][1], b[0][1]) if k else None
+            pending += compare_points(f"{a[k][0].name}-b{load}", a[k][:2], b[k][:2], [a[k][2]], [b[k][2]], base,
+                                      (fa, fb))
     rows = finish(pending)
     run = {"config": {}, "provenance": {"versions": {}}}  # both runs made the same way: k = 0 is a drift control
     result = {"rows": [asdict(r) for r in rows], "failed": [], "missing_in_b": [],
@@ -270,14 +273,15 @@ def main() -> None:
         x = sum(goodput_trial(rng, sd, slow, 6, aa) for _ in range(n))
         emit(f"tune --goodput: a k > 0 chosen at any load (by_goodput.section, 5 loads x k = 0..3, 6 repeats, "
              f"{'A/A floor' if aa else 'no A/A'})", ALPHA, x, noise_text(sd, slow))
-    for (sd, slow), aa in (((0.03, False), True), ((0.05, False), True), ((0.05, False), False),
-                           ((0.03, True), False)):  # 5. compare
-        res = [compare_trial(rng, sd, slow, 6, aa) for _ in range(n)]
-        what = f"k = 0..3, 6 repeats, {'A/A floors' if aa else 'no A/A'}"
+    for (sd, slow), aa, loads in (((0.03, False), True, 1), ((0.05, False), True, 1), ((0.05, False), False, 1),
+                                  ((0.03, True), False, 1), ((0.05, False), False, 3)):  # 5. compare
+        res = [compare_trial(rng, sd, slow, 6, aa, loads=loads) for _ in range(n)]
+        what = (f"{'3 loads x ' if loads > 1 else ''}k = 0..3 ({15 * loads} rows judged), 6 repeats, "
+                f"{'A/A floors' if aa else 'no A/A'}")
         emit(f"compare: any row over all prompts better/worse ({what})", ALPHA, sum(r[0] for r in res),
              noise_text(sd, slow))
         emit(f"compare: --fail-if-worse 0 exits 1 ({what})", ALPHA, sum(r[1] for r in res), noise_text(sd, slow))
-    for reps, family in ((6, 1), (6, 15), (12, 15)):  # one timing row alone: its interval at its own level
+    for reps, family in ((6, 1), (6, 15), (6, 45), (12, 15)):  # one timing row alone: its interval at its own level
         x = sum(timing_row_trial(rng, 0.05, False, reps, family) for _ in range(4 * n))
         emit(f"compare: one timing row better/worse (median_diff_ci, {reps} + {reps} repeats, level "
              f"{judge.level_text(judge.level(family))}, no A/A)", ALPHA / family, x, "sd 0.05", trials=4 * n)
