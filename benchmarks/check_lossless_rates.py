@@ -20,6 +20,8 @@ import time
 from collections import defaultdict
 from dataclasses import replace
 
+import numpy as np
+
 ARMS = ("correct", "planted", "subtle")
 
 
@@ -70,8 +72,14 @@ def run(seeds: list[int], log: str) -> None:
 
 
 def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """The exact binomial interval, by bisection on the tail summed in logs (n in the thousands overflows floats)."""
+    j = np.arange(n + 1)
+    log_comb = np.array([math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) for i in j])
+
     def tail(x: float, a: int) -> float:  # P(Binomial(n, x) >= a)
-        return sum(math.comb(n, j) * x ** j * (1 - x) ** (n - j) for j in range(a, n + 1))
+        with np.errstate(divide="ignore"):
+            lp = log_comb[a:] + j[a:] * np.log(x) + (n - j[a:]) * np.log1p(-x)
+        return float(np.exp(lp).sum())
 
     def solve(target: float, a: int) -> float:
         lo, hi = 0.0, 1.0

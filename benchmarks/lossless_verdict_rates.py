@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "unit")]  # this checkout's mtpbench, not an installed one
 from test_lossless_stats import checks, noisy_draft, planted_lossy, target_chain, wrong_ratio_temperature  # noqa: E402
 
+from check_lossless_rates import clopper_pearson  # noqa: E402  (benchmarks/: the script's own folder)
 from mtpbench import stats  # noqa: E402
 from mtpbench.stats.lossless import POWER  # noqa: E402
 
@@ -33,27 +34,6 @@ def old_rule_rate(res) -> float:
     with both arms without drafting within 2.807 (0.5 % each)."""
     z = np.array([r[3] for r in res], dtype=float)
     return float(np.mean((np.abs(z[:, 1]) > 2.2414) & (np.abs(z[:, 0]) < 2.807) & (np.abs(z[:, 2]) < 2.807)))
-
-
-def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
-    """The exact binomial interval, by bisection on the tail summed in logs (n in the thousands overflows floats)."""
-    j = np.arange(n + 1)
-    log_comb = np.array([math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) for i in j])
-
-    def tail(x: float, a: int) -> float:  # P(Binomial(n, x) >= a)
-        with np.errstate(divide="ignore"):
-            lp = log_comb[a:] + j[a:] * np.log(x) + (n - j[a:]) * np.log1p(-x)
-        return float(np.exp(lp).sum())
-
-    def solve(target: float, a: int) -> float:
-        lo, hi = 0.0, 1.0
-        for _ in range(60):
-            mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if tail(mid, a) < target else (lo, mid)
-        return (lo + hi) / 2
-
-    a = (1 - level) / 2
-    return (0.0 if k == 0 else solve(a, k)), (1.0 if k == n else solve(1 - a, k + 1))
 
 
 def share(res, verdict: str) -> str:
