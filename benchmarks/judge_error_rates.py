@@ -20,7 +20,7 @@ where the product reads it:
    --fail-if-worse 0 with ``compare.checks.drift_notes`` as ``compare.run`` sets it. No prompts are simulated, so the
    family is the timing and speedup rows only (a real compare's acceptance rows make it larger, each level higher);
    one row with 3 loads shows a larger family. Beside it, one timing row alone (the closure ``compare_points``
-   builds, ``pair._medians``: a bootstrap of the difference of medians) against its own level, 1 - alpha / family.
+   builds, ``pair._timings``: the t interval of the difference of geometric means) against its own level, 1 - alpha / family.
 6. the A/A summary: ``stats.noise.summary``'s ``called_different`` of one sweep's control.
 
 Stated: the family-wise alpha of ``stats.judge`` (5 %: any decision of one answer wrong), or one test at 95 % for
@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]  # this checkout's mtpbench, not an installed one
 
 from mtpbench.compare.checks import drift_notes  # noqa: E402
-from mtpbench.compare.pair import _medians, compare_points, exit_code, finish  # noqa: E402
+from mtpbench.compare.pair import _timings, compare_points, exit_code, finish  # noqa: E402
 from mtpbench.config import SweepConfig  # noqa: E402
 from mtpbench.metrics import GridPoint, PointResult, PointRun  # noqa: E402
 from mtpbench.metrics.records import AA_MODE  # noqa: E402
@@ -191,11 +191,10 @@ def compare_trial(rng, sd, slow, repeats, aa, slower: float = 1.0, loads: int = 
 
 def timing_row_trial(rng, sd: float, slow: bool, repeats: int, family: int) -> bool:
     """One timing row of compare (tokens/s of one point in A and in B, same law, no A/A floor) judged as a member of
-    a family of ``family`` rows: the closure ``compare_points`` builds (``pair._medians``: ``stats.median_diff_ci``,
-    a bootstrap of the difference of medians, through ``judge.difference``). Its stated rate is alpha / family."""
+    a family of ``family`` rows: the closure ``compare_points`` builds (``pair._timings``: ``judge.timing_difference``,
+    the difference of geometric means with its t interval). Its stated rate is alpha / family."""
     ta, tb = ((100.0 * factors(rng, repeats, sd, slow)).tolist() for _ in range(2))
-    a, b = float(np.median(ta)), float(np.median(tb))
-    return _medians(a, b, ta, tb, 0.0)(family).decided
+    return _timings(ta, tb, 0.0)(family).decided
 
 
 # ---- 6. the A/A summary -------------------------------------------------------------------------------------------
@@ -283,7 +282,7 @@ def main() -> None:
         emit(f"compare: --fail-if-worse 0 exits 1 ({what})", ALPHA, sum(r[1] for r in res), noise_text(sd, slow))
     for reps, family in ((6, 1), (6, 15), (6, 45), (12, 15)):  # one timing row alone: its interval at its own level
         x = sum(timing_row_trial(rng, 0.05, False, reps, family) for _ in range(4 * n))
-        emit(f"compare: one timing row better/worse (median_diff_ci, {reps} + {reps} repeats, level "
+        emit(f"compare: one timing row better/worse (timing_difference, {reps} + {reps} repeats, level "
              f"{judge.level_text(judge.level(family))}, no A/A)", ALPHA / family, x, "sd 0.05", trials=4 * n)
     res = [compare_trial(rng, 0.03, False, 6, True, slower=1.05) for _ in range(m)]
     emit("compare, power: --fail-if-worse 0 exits 1 where B's k > 0 points are 5 % slower (A/A floors)", None,

@@ -88,7 +88,7 @@ def compare(
         unjudged = unjudged_beyond(result, fail_if_worse)
         if unjudged:
             typer.echo(f"moved by more than {fail_if_worse:g} % without an interval to judge it (more prompts, or "
-                       f"--repeats 6 or more): {', '.join(unjudged[:5])}", err=True)
+                       f"--repeats 3 or more): {', '.join(unjudged[:5])}", err=True)
         code = exit_code(result, fail_if_worse)
         if code:
             bad = worse_beyond(result, fail_if_worse)

@@ -142,7 +142,7 @@ def _r6(x: float | None) -> float | None:
 
 TABLE = "each run's table"
 
-GEOMETRIC = "repeats (geometric means)"  # speedup: each run's ratio of geometric means over its repeats
+GEOMETRIC = "repeats (geometric means)"  # timings and speedup: each run's geometric means over its repeats
 
 
 def _by_prompt(requests, category: str) -> dict[tuple[str, int], object]:
@@ -216,9 +216,9 @@ def compare_points(name: str, pa: tuple[GridPoint, PointRun], pb: tuple[GridPoin
             timing_floor = judge.combined_floor(*floors, per_measure=True)
             for metric, hib in TIMINGS:
                 ta, tb = [r.get(metric) for r in ra.repeats], [r.get(metric) for r in rb.repeats]
-                if len(ta) > 1 and len(tb) > 1 and stats.median_diff_ci(ta, tb) is not None:
-                    a, b = stats.median(ta), stats.median(tb)
-                    row(cat, metric, a, b, hib, None, "repeats", _medians(a, b, ta, tb, timing_floor))
+                a, b, _ = judge.timing_difference(ta, tb)
+                if a is not None:  # A, B and B - A: the geometric means the interval is centred on
+                    row(cat, metric, a, b, hib, None, GEOMETRIC, _timings(ta, tb, timing_floor))
                 else:
                     row(cat, metric, getattr(row_a, metric), getattr(row_b, metric), hib, None, TABLE)
             if ga.k > 0 and base is not None:
@@ -241,9 +241,8 @@ def _paired(a, b, na, da, nb, db, n):
                                       family=m, n=n)
 
 
-def _medians(a, b, ta, tb, floor):
-    return lambda m: judge.difference(a, b, lambda lvl: stats.median_diff_ci(ta, tb, level=lvl), family=m,
-                                      floor=floor, n=min(len(ta), len(tb)))
+def _timings(ta, tb, floor):
+    return lambda m: judge.timing_difference(ta, tb, floor=floor, family=m)[2]
 
 
 def _metric(row: PointResult, metric: str):

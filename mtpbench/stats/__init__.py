@@ -11,7 +11,6 @@ from mtpbench.stats.intervals import (  # noqa: F401
     SEED,
     median,
     median_ci,
-    median_diff_ci,
     paired_ratio_diff_ci,
     ratio_ci,
     ratio_ci_batch,

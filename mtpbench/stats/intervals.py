@@ -33,8 +33,7 @@
   points or runs: ``stats.judge`` (Welch t on the logs of the repeats, from ``MIN_REPEATS_RATIO`` a side, at the
   level of its family, never narrower than the A/A floor). Coverage of its intervals: ``tests/unit/test_coverage.py``.
 * A difference B - A pairs prompts where both runs have per-request data (one resample of prompt indices
-  serves both sides, studentized as above). Difference of medians of timings: a bootstrap of medians of each
-  side's repeats, from 6.
+  serves both sides, studentized as above). A difference of one timing of two runs: ``stats.judge`` as well.
 * Whether drafting changes what the model samples (check-lossless at temperature > 0): a permutation test of
   continuations with drafting off against on: ``stats.lossless``.
 """
@@ -77,16 +76,6 @@ def t_quantile(p: float, df: float) -> float:
          (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / 384,
          (79 * z ** 9 + 776 * z ** 7 + 1482 * z ** 5 - 1920 * z ** 3 - 945 * z) / 92160]
     return z + sum(gi / df ** (i + 1) for i, gi in enumerate(g))
-
-
-def _percentiles(samples: np.ndarray, level: float = LEVEL) -> tuple[float, float] | None:
-    """The central ``level`` of the bootstrap samples."""
-    finite = samples[np.isfinite(samples)]
-    if finite.size == 0:
-        return None
-    a = (1 - level) / 2
-    lo, hi = np.quantile(finite, [a, 1 - a])
-    return float(lo), float(hi)
 
 
 def resample_counts(n: int, resamples: int = RESAMPLES, seed: int = SEED) -> np.ndarray:
@@ -195,22 +184,6 @@ def paired_ratio_diff_ci(num_a, den_a, num_b, den_b, resamples: int = RESAMPLES,
         return None
     lo, hi = _studentized(np.stack(arrays, -1)[None], resample_counts(n, resamples, seed), _ratio_diff, level)
     return _interval(lo[0], hi[0])
-
-
-def _medians(values, rng: np.random.Generator, resamples: int) -> np.ndarray | None:
-    """Bootstrap medians of one point's repeats; None with fewer than MIN_REPEATS."""
-    x = np.asarray([v for v in values if v is not None], float)
-    if x.size < MIN_REPEATS:
-        return None
-    return np.median(x[rng.integers(0, x.size, size=(resamples, x.size))], axis=1)
-
-
-def median_diff_ci(a, b, resamples: int = RESAMPLES, seed: int = SEED,
-                   level: float = LEVEL) -> tuple[float, float] | None:
-    """Interval of median(b) - median(a), resampling each side's repeats independently."""
-    rng = _rng(seed)
-    ma, mb = _medians(a, rng, resamples), _medians(b, rng, resamples)
-    return None if ma is None or mb is None else _percentiles(mb - ma, level)
 
 
 def _t_interval(est: float, se: float, df: float, level: float) -> tuple[float, float]:

@@ -366,29 +366,6 @@ def test_the_paired_difference_at_its_edges():
         assert close(stats.paired_ratio_diff_ci(*args), expect)  # the data times 5: the same ratios and t
 
 
-# --- timings: medians of repeats -----------------------------------------------------------------------------------
-
-@SLOWER
-@given(repeats(6, 9), repeats(6, 9), st.integers(0, 3), st.sampled_from([0.8, 0.95]))
-def test_median_diff_ci_is_the_percentile_bootstrap_of_each_sides_medians(a, b, seed, level):
-    rng = np.random.default_rng(seed)
-    ma = [float(np.median([a[i] for i in row])) for row in rng.integers(0, len(a), size=(50, len(a)))]
-    mb = [float(np.median([b[i] for i in row])) for row in rng.integers(0, len(b), size=(50, len(b)))]
-    d = [y - x for x, y in zip(ma, mb)]
-    expect = tuple(float(np.quantile(d, q)) for q in ((1 - level) / 2, (1 + level) / 2))
-    assert close(stats.median_diff_ci(a + [None], b, resamples=50, seed=seed, level=level), expect)
-
-
-def test_median_diff_ci_at_its_edges():
-    six = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
-    assert stats.median_diff_ci(six[:5] + [None], six) is None and stats.median_diff_ci(six, six[:5]) is None
-    assert stats.median_diff_ci(six, [v + 2 for v in six], resamples=20) is not None
-    with np.errstate(invalid="ignore"):  # inf - inf
-        assert stats.median_diff_ci([math.inf] * 6, [math.inf] * 6) is None  # no finite draw at all
-    lo, hi = stats.median_diff_ci(six, [math.inf] + six[1:], resamples=400)
-    assert math.isfinite(lo) and math.isfinite(hi)  # the draws whose median is inf are left out
-
-
 # --- speedups: stats.judge's Welch t on logs and the difference of speedups (no floor, a family of 1 or more) --------
 
 @FAST

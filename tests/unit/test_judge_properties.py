@@ -242,6 +242,52 @@ def test_speedup_difference_needs_three_repeats_each():
     assert (c.level, c.family, c.looks, c.floor) == (pytest.approx(1 - 0.05 / 4), 4, 1, 0.1)
 
 
+# --- timing_difference: one timing of B minus A's (compare's tokens/s, TTFT, TPOT rows) ------------------------------
+
+def oracle_timing(a, b, floor, family):
+    ga, gb = math.exp(np.mean(np.log(a))), math.exp(np.mean(np.log(b)))
+    se, df = moments([(ga, a), (gb, b)])
+    diff = gb - ga
+    if se == 0:
+        half, p = 0.0, (1.0 if abs(diff) <= 1e-12 else 0.0)
+    else:
+        half, p = -float(stdtrit(df, 0.025 / max(family, 1))) * se, two_sided(diff / se, df)
+    low, high = diff - half, diff + half
+    if floor:
+        low, high = min(low, gb * math.exp(-floor) - ga), max(high, gb * math.exp(floor) - ga)
+        if abs(math.log(gb / ga)) <= floor:
+            p = 1.0
+    return ga, gb, diff, low, high, min(1.0, p * max(family, 1)), side(low, high, 0.0)
+
+
+@SETTINGS
+@given(SIDE, SIDE, st.sampled_from([0.0, 0.0, 0.05, 0.3]), st.integers(0, 50), st.floats(0.7, 1.5))
+def test_timing_difference_is_the_delta_method_on_two_geometric_means(a, b, floor, family, lift):
+    b = [x * lift for x in b]
+    ga, gb, c = judge.timing_difference(a + [None, 0.0], b, floor=floor, family=family)
+    wga, wgb, diff, low, high, p, decision = oracle_timing(a, b, floor, family)
+    assert ga == pytest.approx(wga, rel=1e-12) and gb == pytest.approx(wgb, rel=1e-12)
+    assert c.estimate == pytest.approx(diff, rel=1e-9, abs=1e-12)
+    assert near(c.low, low) and near(c.high, high)
+    assert c.p_value == pytest.approx(p, rel=1e-7, abs=1e-300)
+    assert (c.level, c.family, c.looks, c.floor, c.null) == (level(family, 1), family, 1, floor, 0.0)
+    assert c.n == min(len(a), len(b))
+    assume(min(abs(low), abs(high)) > 1e-9)
+    assert c.decision == decision
+
+
+def test_timing_difference_known_answer_and_its_edges():
+    # logs 0, 0, 0 against log 2 + (0, 0, 3): A 1, B 2 e; B's log variance of the mean 1, df 2, weight 2 e
+    ga, gb, c = judge.timing_difference([1.0] * 3, [2.0, 2.0, 2 * math.exp(3)])
+    assert (ga, gb) == (1.0, pytest.approx(2 * math.e))
+    half = 0.95 / math.sqrt(0.04875) * 2 * math.e  # t_0.975 at df 2, times se = gb * 1
+    assert (c.low, c.high) == (pytest.approx(gb - 1 - half), pytest.approx(gb - 1 + half))
+    assert judge.timing_difference([1.0, 2.0], [1.0, 2.0, 3.0])[:2] == (None, None)
+    none = judge.timing_difference([1.0, 2.0, 0.0], [1.0, 2.0, 3.0], floor=0.2, family=3)[2]
+    assert (none.estimate, none.low, none.decision, none.n, none.floor) == (None, None, OPEN, 2, 0.2)
+    assert none.level == pytest.approx(1 - 0.05 / 3)
+
+
 def test_the_gate_reads_the_floor_both_ways():
     """Issue 44 case 6: A x1.20, B x1.10, tight repeats, floors of 0.35: B - A lies within the floor, open, p 1."""
     base = [100.0, 100.5, 99.5, 100.2]
