@@ -37,8 +37,8 @@ class CompareRow:
     higher_is_better: bool
     paired_prompts: int | None  # prompts paired for acceptance; None for timings
     # where A, B and B - A come from: the data of the interval ("paired prompts": the requests both runs
-    # made of the same prompts, pooled; "repeats": medians of each side's timed runs; "repeats (geometric
-    # means)": a speedup's ratio of geometric means of both points' timed runs), or, with no
+    # made of the same prompts, pooled; "repeats (geometric means)": a timing's geometric mean of each side's
+    # timed runs, a speedup's ratio of geometric means of both points' timed runs), or, with no
     # interval, "each run's table" (engine counters, which a server's foreign traffic also feeds)
     values_from: str = ""
     # the level of the interval (1 - 0.05 / the rows judged together: stats.judge), and the p-value adjusted for

@@ -9,8 +9,9 @@ per-category rows) and one word:
 
 * acceptance (AL, draft acceptance rate, each per-position rate): a paired bootstrap over the prompts
   both runs measured (``stats.paired_ratio_diff_ci``);
-* timings (tokens/s, TTFT p50, TPOT p50): a bootstrap of the difference of medians over each side's
-  repeats (``--repeats``); a point timed once has no interval;
+* timings (tokens/s, TTFT p50, TPOT p50): the difference of each side's geometric mean over its repeats
+  (``--repeats``), a Welch t interval by the delta method on the logs (``stats.judge.timing_difference``), from 3
+  each; fewer: no interval;
 * speedup (each run's point against its own k = 0): each side's ratio of geometric means of the repeats,
   from 3 each, and a Welch t interval on the logs around their difference (``stats.judge.speedup_difference``),
   each side over the rounds its sweep's row read;
@@ -21,8 +22,8 @@ per-category rows) and one word:
   it holds 0; ``no interval``: the data cannot tell (no per-request data, a single repeat).
 
 Where a metric has an interval, A, B and B - A come from the same data as the interval (acceptance: the
-requests both runs made of the same prompts, pooled; timings: the medians of the repeats; speedup: the
-ratios of geometric means, so it can differ a little from the sweep table's ratio of medians), so a
+requests both runs made of the same prompts, pooled; timings: the geometric means of the repeats, so they can
+differ a little from the sweep table's medians; speedup: the ratios of geometric means), so a
 verdict never contradicts the sign of B - A and B - A lies inside its interval, also when a server's
 counters held foreign traffic or the prompt sets only overlap; each row says where its values come from
 (``values_from``).
