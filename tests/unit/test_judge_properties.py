@@ -198,21 +198,27 @@ def test_ratio_known_answer():
 
 # --- speedup_difference: B's speedup minus A's -------------------------------------------------------------------
 
-def oracle_difference(a_k, a_0, b_k, b_0, floor, family):
-    sa = math.exp(np.mean(np.log(a_k)) - np.mean(np.log(a_0)))
-    sb = math.exp(np.mean(np.log(b_k)) - np.mean(np.log(b_0)))
-    se, df = moments([(sa, a_k), (sa, a_0), (sb, b_k), (sb, b_0)])
-    diff = sb - sa
+def oracle_between(a: float, b: float, groups, floor, family):
+    """B - A of two positive estimates by the delta method over ``groups`` (weight, repeats); no spread: the sign
+    decides, a difference within float round-off (1e-12) is none."""
+    se, df = moments(groups)
+    diff = b - a
     if se == 0:
-        half, p = 0.0, (1.0 if diff == 0 else 0.0)
+        half, p = 0.0, (1.0 if abs(diff) <= 1e-12 else 0.0)
     else:
         half, p = -float(stdtrit(df, 0.025 / max(family, 1))) * se, two_sided(diff / se, df)
     low, high = diff - half, diff + half
     if floor:
-        low, high = min(low, sb * math.exp(-floor) - sa), max(high, sb * math.exp(floor) - sa)
-        if abs(math.log(sb / sa)) <= floor:
+        low, high = min(low, b * math.exp(-floor) - a), max(high, b * math.exp(floor) - a)
+        if abs(math.log(b / a)) <= floor:
             p = 1.0
-    return sa, sb, diff, low, high, min(1.0, p * max(family, 1)), side(low, high, 0.0)
+    return a, b, diff, low, high, min(1.0, p * max(family, 1)), side(low, high, 0.0)
+
+
+def oracle_difference(a_k, a_0, b_k, b_0, floor, family):
+    sa = math.exp(np.mean(np.log(a_k)) - np.mean(np.log(a_0)))
+    sb = math.exp(np.mean(np.log(b_k)) - np.mean(np.log(b_0)))
+    return oracle_between(sa, sb, [(sa, a_k), (sa, a_0), (sb, b_k), (sb, b_0)], floor, family)
 
 
 SIDE = st.lists(st.floats(50, 200), min_size=3, max_size=6)
@@ -246,18 +252,7 @@ def test_speedup_difference_needs_three_repeats_each():
 
 def oracle_timing(a, b, floor, family):
     ga, gb = math.exp(np.mean(np.log(a))), math.exp(np.mean(np.log(b)))
-    se, df = moments([(ga, a), (gb, b)])
-    diff = gb - ga
-    if se == 0:
-        half, p = 0.0, (1.0 if abs(diff) <= 1e-12 else 0.0)
-    else:
-        half, p = -float(stdtrit(df, 0.025 / max(family, 1))) * se, two_sided(diff / se, df)
-    low, high = diff - half, diff + half
-    if floor:
-        low, high = min(low, gb * math.exp(-floor) - ga), max(high, gb * math.exp(floor) - ga)
-        if abs(math.log(gb / ga)) <= floor:
-            p = 1.0
-    return ga, gb, diff, low, high, min(1.0, p * max(family, 1)), side(low, high, 0.0)
+    return oracle_between(ga, gb, [(ga, a), (gb, b)], floor, family)
 
 
 @SETTINGS
