@@ -47,7 +47,13 @@ def test_native_tune_writes_the_schedule_it_decided(native_tune):
         assert "no --speculative-config: don't draft" in output
         # the measured costs say why where no load chose a k > 0; where some did, the why line says why not run
         drafted_somewhere = any(c["chosen"] for c in result["choices"])
-        assert ("breaks even only at" in output) != drafted_somewhere
+        # which reason: the costs explain it only where k = 1's measured acceptance falls short of its break-even
+        # acceptance at every measured load; where it reaches it somewhere, the timings' noise is named instead
+        at_1 = [(c["break_even_acceptance_length"], c["acceptance_length"]) for c in result["costs"]
+                if c.get("source", "measured") == "measured"]
+        pays = any(float(have.get("1", have.get(1))) >= float(need.get("1", need.get(1))) for need, have in at_1)
+        assert ("breaks even only at" in output) == (not drafted_somewhere and not pays)
+        assert ("The costs do not explain it" in output) == (not drafted_somewhere and pays)
         assert (f"why: {result['decision_note']}" in output) == drafted_somewhere
     else:
         assert f"--speculative-config '{json.dumps(spec)}'" in output
