@@ -201,11 +201,10 @@ def compare_points(name: str, pa: tuple[GridPoint, PointRun], pb: tuple[GridPoin
                       [r.num_accepted_tokens for r in qb], [r.num_drafts if m == "acceptance_length"
                                                             else r.num_draft_tokens for r in qb])
                      for m, hib in ACCEPTANCE]
-            specs += [(f"acceptance_rate_per_pos[{i}]", True, [r.num_accepted_tokens_per_pos[i] for r in qa],
-                       [r.num_drafts for r in qa], [r.num_accepted_tokens_per_pos[i] for r in qb],
-                       [r.num_drafts for r in qb]) for i in range(ga.k)]
+            specs += [(f"acceptance_rate_per_pos[{i}]", True, _at_position(qa, i), [r.num_drafts for r in qa],
+                       _at_position(qb, i), [r.num_drafts for r in qb]) for i in range(ga.k)]
             for metric, hib, na, da, nb, db in specs:
-                if n and stats.paired_ratio_diff_ci(na, da, nb, db) is not None:
+                if n and na is not None and nb is not None and stats.paired_ratio_diff_ci(na, da, nb, db) is not None:
                     # A, B and B - A from the very requests the interval resamples
                     a, b = _pooled(metric, na, da), _pooled(metric, nb, db)
                     row(cat, metric, a, b, hib, n, "paired prompts",
@@ -234,6 +233,13 @@ def compare_points(name: str, pa: tuple[GridPoint, PointRun], pb: tuple[GridPoin
                 else:
                     row(cat, "speedup", row_a.speedup, row_b.speedup, True, None, TABLE)
     return out
+
+
+def _at_position(requests: list, i: int) -> list[int] | None:
+    """Each request's accepted tokens at draft position ``i``; None where some request has no count there (a
+    per-position list shorter than k: the pair is then compared from the sweeps' tables, not paired)."""
+    counts = [r.num_accepted_tokens_per_pos for r in requests]
+    return None if any(c is None or i >= len(c) for c in counts) else [c[i] for c in counts]
 
 
 def _paired(a, b, na, da, nb, db, n):

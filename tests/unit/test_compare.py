@@ -566,3 +566,20 @@ def test_a_per_position_rate_the_counters_lack_is_unknown(tmp_path):
     (b / "vllm-L1-k1.json").write_text(json.dumps(k1))
     r = row(cmp.compare(a, b), "acceptance_rate_per_pos[0]", "vllm-L1-k1")
     assert (r["a"], r["b"], r["verdict"]) == (0.25, None, "no interval")
+
+
+def test_a_request_whose_per_position_counts_stop_short_of_k_is_compared_from_the_tables(tmp_path):
+    """B's requests count acceptance at position 0 only (a list shorter than k = 2; mtpbench's writers never write
+    one, another tool might): position 0 is still paired by prompt, position 1 comes from each run's table, and
+    nothing raises."""
+    prompts = {f"p{i}": 10 + i for i in range(6)}
+    a = make_run(tmp_path / "a", [50.0] * 3, [60.0] * 3, prompts)
+    b = make_run(tmp_path / "b", [50.0] * 3, [60.0] * 3, prompts)
+    k2 = json.loads((b / "vllm-L1-k2.json").read_text())
+    for r in k2["requests"]:
+        r["num_accepted_tokens_per_pos"] = r["num_accepted_tokens_per_pos"][:1]
+    (b / "vllm-L1-k2.json").write_text(json.dumps(k2))
+    result = cmp.compare(a, b)
+    assert row(result, "acceptance_rate_per_pos[0]")["values_from"] == "paired prompts"
+    assert row(result, "acceptance_rate_per_pos[1]")["values_from"] == "each run's table"
+    assert row(result, "acceptance_length")["values_from"] == "paired prompts"
