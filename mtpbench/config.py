@@ -90,6 +90,8 @@ class SweepConfig:
     metric_percentiles: tuple[float, ...] = ()
     # --header values: in memory only, never written (to_json leaves it out, profiles cannot set it)
     header_values: dict = field(default_factory=dict, repr=False, compare=False)
+    # --replace: move an earlier sweep in --out aside and measure afresh (sweep/store.py); an action, never written
+    replace: bool = field(default=False, compare=False)
 
     @property
     def model_dir(self) -> Path:
@@ -123,7 +125,7 @@ class SweepConfig:
                 if k not in RUNTIME_ONLY}
 
 
-RUNTIME_ONLY = ("header_values",)  # SweepConfig fields that are never written nor read from a profile
+RUNTIME_ONLY = ("header_values", "replace")  # SweepConfig fields that are never written nor read from a profile
 _TYPES = {f.name: f.type for f in fields(SweepConfig) if f.name not in RUNTIME_ONLY}
 
 # SweepConfig fields that do not change what one saved point measures. Every other field is in the fingerprint,
@@ -153,6 +155,7 @@ NOT_MEASURED = {
     "insecure": "how the server's certificate is verified (every row notes it when off)",
     "metrics_url": "where the same server's counters are read",
     "metrics_credentials": "whether credentials go to --metrics-url", "header_values": "runtime only: never written",
+    "replace": "runtime only: what to do with an earlier sweep in --out",
     "max_seconds": "a time budget: how many rounds a point got is in its file (a tune shares what is left)",
 }
 FINGERPRINT_KEYS = tuple(name for name in _TYPES if name not in NOT_MEASURED)

@@ -4,7 +4,7 @@ import pytest
 from typer.testing import CliRunner
 
 from mtpbench.prompts import load_prompts
-from conftest import SHARED
+from conftest import SHARED, one_line_error
 
 runner = CliRunner()
 SMALL = ["--num-prompts", "2", "--max-tokens", "12", "--repeats", "1"]  # one timed run: these read no timing
@@ -62,18 +62,67 @@ def test_mt_bench_prompts_and_category_rows(tmp_path):
 
 
 def test_a_code_change_invalidates_saved_points(tmp_path, monkeypatch):
-    """The fingerprint holds a hash of mtpbench's sources: points made by other code are measured again."""
+    """The fingerprint holds a hash of mtpbench's sources: points made by other code are never served as this
+    code's. A rerun with the same code reuses them and says so; with other code it is refused, naming it, with
+    every file as it was (issue 45: never silently), until --replace moves the earlier sweep aside whole."""
     from mtpbench import environment
+    from unit.test_store import snapshot
 
     out = tmp_path / "s"
     args = ("sweep", "--k", "0", "--out", out, *SMALL)
     assert run(*args).exit_code == 0
     mtime = (out / "k0.json").stat().st_mtime_ns
-    assert run(*args).exit_code == 0 and (out / "k0.json").stat().st_mtime_ns == mtime  # same code: reused
+    r = run(*args)
+    assert r.exit_code == 0 and (out / "k0.json").stat().st_mtime_ns == mtime  # same code: reused, and said
+    assert f"nothing to measure: the 1 point was measured before in {out} with the same settings" in r.output
+    before = snapshot(out)
     monkeypatch.setattr(environment, "code_identity", lambda: "0123456789abcdef")  # as after a bug fix
-    assert run(*args).exit_code == 0
-    assert (out / "k0.json").stat().st_mtime_ns != mtime
+    one_line_error(run(*args), "holds a sweep measured with other settings (versions.mtpbench_code ")
+    assert snapshot(out) == before
+    r = run(*args, "--replace")
+    assert r.exit_code == 0 and "--replace: the earlier results in" in r.output
     assert json.loads((out / "k0.json").read_text())["fingerprint"]["versions"]["mtpbench_code"] == "0123456789abcdef"
+    moved = next(tmp_path.glob("s.replaced-*"))
+    assert snapshot(moved) == before  # the earlier sweep, whole, and still a sweep mtpbench reads
+    assert run("report", moved).exit_code == 0 and (moved / "summary.json").is_file()
+
+
+def test_a_rerun_says_what_it_reuses_and_an_interrupted_one_leaves_the_earlier_sweep_readable(tmp_path,
+                                                                                              monkeypatch):
+    """Issue 45 item 1: a second sweep with one more k into a finished sweep's folder: --dry-run counts only the
+    point to run; the run says it reuses k0. Interrupted (Ctrl-C while measuring), the folder still reads as the
+    earlier sweep, its k0 row as before."""
+    from mtpbench.sweep import run as sweep_run
+
+    out = tmp_path / "s"
+    assert run("sweep", "--k", "0", "--mode", "chain", "--out", out, *SMALL).exit_code == 0
+    first = json.loads((out / "summary.json").read_text())["rows"]
+    dry = run("sweep", "--k", "0,1", "--mode", "chain", "--out", out, "--dry-run", *SMALL)
+    assert dry.exit_code == 0, dry.output
+    assert f"reused: 1 point measured before in {out} with the same settings, not run again: k0" in dry.output
+    # the one point left to run: its warm-up and its timed run
+    assert "grid: 1 points: chain-L3-k1" in dry.output and "timed runs: 2" in dry.output
+
+    def interrupted(*a, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweep_run, "measure", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        sweep_run.run_sweep(_config(out, k=(0, 1)))
+    monkeypatch.undo()
+    r = run("report", out)
+    assert r.exit_code == 0
+    again = json.loads((out / "summary.json").read_text())["rows"]
+    assert [x for x in again if x["k"] == 0] == [x for x in first if x["k"] == 0]
+    r = run("sweep", "--k", "0,1", "--mode", "chain", "--out", out, *SMALL)
+    assert r.exit_code == 0 and f"reusing 1 of 2 points measured before in {out} with the same settings (k0)" \
+        in r.output
+
+
+def _config(out, k):
+    from mtpbench.config import SweepConfig
+
+    return SweepConfig(k=k, mode=("chain",), num_prompts=2, max_tokens=12, repeats=1, out=str(out))
 
 
 def test_native_dtype_auto_is_the_checkpoints():

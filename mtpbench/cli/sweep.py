@@ -73,6 +73,7 @@ def sweep(
     reporting: Reporting = Reporting(),
     profile: Annotated[Optional[str], typer.Option(help="Profile name (see `mtpbench profiles`) or .toml path.")] = None,
     out: Annotated[Optional[str], typer.Option(help="Output directory for point files, summary and plots.", show_default=BASE.out)] = None,
+    replace_earlier: Annotated[bool, typer.Option("--replace", help="Move an earlier sweep in --out aside (to OUT.replaced-TIME) and measure every point afresh. Without it, points saved there with the same settings are reused (and said so) and other settings are refused.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the grid, the engines, timed runs and tokens it would take, and a time estimated from an earlier sweep in --out; load, run and write nothing.")] = False,
 ) -> None:
     """Sweep k x MTP layers x drafting mode (x load, served); write point JSONs, summary.csv/json and PNG plots."""
@@ -94,7 +95,8 @@ def sweep(
                            force_spec_step_idx=force_spec_step_idx, runner=runner, draft_model=draft_model,
                            **served.config(), out=out, **reach, **reporting_options(reporting)), profile)
         # an attached server's k is its own, whatever a profile lists
-        cfg = replace(cfg, header_values=header_values, k=() if cfg.server and k is None else cfg.k)
+        cfg = replace(cfg, header_values=header_values, k=() if cfg.server and k is None else cfg.k,
+                      replace=replace_earlier)
         if dry_run:
             return dry(cfg)
         rows = with_progress("sweep", run_servers if cfg.servers else run_sweep, cfg)

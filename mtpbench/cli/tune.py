@@ -55,6 +55,7 @@ def tune(
     schedule: Annotated[Optional[str], typer.Option(help="With --validate: validate these ranges instead of the chosen ones, e.g. '[[1,2,3],[3,16,1]]'.")] = None,
     profile: Annotated[Optional[str], typer.Option(help="Profile name or .toml path (its sweep settings).")] = None,
     out: Annotated[str, typer.Option(help="Output directory.")] = "tune",
+    replace_earlier: Annotated[bool, typer.Option("--replace", help="Move an earlier tune in --out aside (to OUT.replaced-TIME) and measure afresh. Without it, a tune with the same settings resumes (its sweeps reuse what they saved) and other settings are refused.")] = False,
 ) -> None:
     """Choose the k to run at every load: measure k x load, choose with intervals, predict, write vLLM's schedule."""
     from mtpbench.config import resolve
@@ -73,7 +74,7 @@ def tune(
                            max_model_len=max_model_len, engine_args=engine_args(engine_arg), runner=runner,
                            speculative_config=spec, **reporting_options(reporting),
                            out=out, **asdict(parallel), **asdict(rounds), **reach), profile, defaults=DEFAULTS)
-        cfg = with_rounds(replace(cfg, header_values=header_values, mode=cfg.mode if mode or cfg.backend != "native"
+        cfg = with_rounds(replace(cfg, header_values=header_values, replace=replace_earlier, mode=cfg.mode if mode or cfg.backend != "native"
                                   else ("reuse",)))
         tc = TuneConfig(cfg, out=out, sources=tuple(from_ or ()), servers=servers, mode=cfg.mode[0]
                         if mode else None, validate=validate, schedule=parse_schedule(schedule), goodput=slo)

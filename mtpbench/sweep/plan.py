@@ -22,11 +22,22 @@ def plan(cfg: SweepConfig) -> dict:
     from mtpbench.sweep.rounds import with_aa
     from mtpbench.sweep.run import check_rounds, grid
 
+    from mtpbench.config import with_runner
+    from mtpbench.environment import provenance
+    from mtpbench.sweep import store
+
     n_layers = None if cfg.server else cfg.num_mtp_layers()
     validate(cfg, n_layers)
     check_rounds(cfg)
     backend = info(cfg.backend)
     points = grid(cfg, n_layers, -1)  # an attached server's k is read when the sweep starts: -1 here
+    # what --out holds: points saved with the same settings are not run again (refused: other settings)
+    fp = store.sweep_fingerprint(with_runner(cfg).to_json(), provenance()["versions"],
+                                 run_prompts(cfg).describe()["sha256"])
+    attached = bool(cfg.server or cfg.servers)
+    held = store.claim(Path(cfg.out), fp, [] if attached else [p.name for p in points], cfg.replace, attached,
+                       dry_run=True)
+    points = [p for p in points if p.name not in held.reused]
     if backend.interleaves_repeats and cfg.repeats > 1:
         points = [p for p, _ in with_aa(cfg, [(p, None) for p in points])]
     names = [_name(p) for p in points]
@@ -37,7 +48,8 @@ def plan(cfg: SweepConfig) -> dict:
     runs = len(points) * (cfg.warmup * backend.interleaves_repeats + cfg.repeats)
     # the native engine is one for every point; vLLM one per (k, L); an attached server is started by nobody here
     engines = 0 if cfg.server else 1 if not backend.vllm else len({(p.k, p.mtp_layers) for p in points})
-    return {"points": names, "engine_starts": engines, "prompts": prompts,
+    return {"points": names, "reused": list(held.reused), "replaced": held.moved_to, "engine_starts": engines,
+            "prompts": prompts,
             "timed_runs": runs, "timed_runs_at_most": len(points) * (cfg.warmup * backend.interleaves_repeats + most),
             "output_tokens": runs * prompts * cfg.max_tokens, "max_seconds": cfg.max_seconds}
 
@@ -72,7 +84,11 @@ def estimate(rows: list[dict], counts: dict) -> dict | None:
 
 def lines(counts: dict, guess: dict | None, out: str) -> list[str]:
     """The dry run as printed."""
-    text = [f"grid: {len(counts['points'])} points: {', '.join(counts['points'])}",
+    reused, replaced = counts.get("reused") or [], counts.get("replaced")
+    text = ([f"reused: {len(reused)} point{'s' * (len(reused) != 1)} measured before in {out} with the same settings, not run again: "
+             f"{', '.join(reused)} (--replace measures them anew)"] if reused else [])
+    text += [f"--replace: the earlier results in {out} would be moved to {replaced}"] if replaced else []
+    text += [f"grid: {len(counts['points'])} points: {', '.join(counts['points']) or 'none'}",
             f"engine starts: {counts['engine_starts']}; prompts per run: {counts['prompts']}",
             f"timed runs: {counts['timed_runs']}" + (f" (up to {counts['timed_runs_at_most']} with --max-repeats)"
                                                      if counts["timed_runs_at_most"] > counts["timed_runs"] else ""),

@@ -11,8 +11,9 @@ Output directory layout::
     <point>.failure.json      a point that failed, with the error; the sweep goes on
     summary.csv / summary.json / *.png    rebuilt from the files above by ``mtpbench report``
 
-A point whose file already exists for the same settings is skipped, so an interrupted sweep resumes
-(not against an attached server, which may have changed since).
+A point whose file already exists for the same settings is skipped and said so, so an interrupted sweep resumes
+(not against an attached server, which may have changed since); other settings into a sweep's folder are refused
+unless --replace moves it aside (sweep/store.py).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Callable
 from mtpbench.backend_info import info
 from mtpbench.backends import get_backend
 from mtpbench.backends.vllm.known_faults import known_fault
-from mtpbench.config import SweepConfig, execution, fingerprint, validate, with_runner
+from mtpbench.config import SweepConfig, execution, validate, with_runner
 from mtpbench.environment import environment, provenance
 from mtpbench.errors import MtpBenchError
 from mtpbench.files import make_out_dir
@@ -34,6 +35,7 @@ from mtpbench.files import write_json, write_text
 from mtpbench.metrics import GridPoint, PointResult, check_requests_against_counters
 from mtpbench.metrics.latency import request_lines
 from mtpbench.prompts import run_prompts
+from mtpbench.sweep import store
 from mtpbench.sweep.load import divergence_holds
 from mtpbench.sweep.report import build
 from mtpbench.stats.judge import ALPHA
@@ -60,7 +62,10 @@ def grid(cfg: SweepConfig, checkpoint_layers: int | None, attached_k: int | None
     return points
 
 
-def run_sweep(cfg: SweepConfig, on_point: Callable[[int, int, str], None] | None = None) -> list[PointResult]:
+def run_sweep(cfg: SweepConfig, on_point: Callable[[int, int, str], None] | None = None,
+              say: Callable[[str], None] | None = None) -> list[PointResult]:
+    """Measure the sweep's points into ``cfg.out`` and build its files; its rows. ``say``: where a line about the
+    folder's earlier results goes (sweep/store.py; default: stderr)."""
     n_layers = None if cfg.server else cfg.num_mtp_layers()  # an attached server's model is remote
     validate(cfg, n_layers)
     check_rounds(cfg)
@@ -68,6 +73,13 @@ def run_sweep(cfg: SweepConfig, on_point: Callable[[int, int, str], None] | None
     pset = run_prompts(cfg)
     psets = {x: run_prompts(cfg, x) if x else pset for x in sorted(set(cfg.context_tokens)) or [None]}
     out = Path(cfg.out)
+    prov = provenance()
+    prompts_info = pset.describe()  # as in the set, without context
+    fp = store.sweep_fingerprint(cfg.to_json(), prov["versions"], prompts_info["sha256"])
+    # before the engine starts and before any write: reuse, refuse or move aside what --out holds
+    names = [] if cfg.server else [p.name for p in grid(cfg, n_layers)]
+    held = store.claim(out, fp, names, cfg.replace, attached=bool(cfg.server))
+    store.tell(held, cfg.out, say)
     t0 = time.perf_counter()
     backend = get_backend(cfg.backend)  # imports the engine (torch for native)
     engine = backend.start(cfg)  # may raise MtpBenchError (e.g. vLLM not installed) before any write
@@ -75,9 +87,6 @@ def run_sweep(cfg: SweepConfig, on_point: Callable[[int, int, str], None] | None
     try:
         points = grid(cfg, n_layers, engine.get("k"))
         make_out_dir(out)
-        prov = provenance()
-        prompts_info = pset.describe()  # as in the set, without context
-        fp = {**fingerprint(cfg.to_json(), prov["versions"]), "prompts_sha256": prompts_info["sha256"]}
         family = family_of(points)
         looks = max_looks(cfg.repeats, cfg.max_repeats) if sequential(cfg) else 1
         write_json(out / "run.json", {"config": cfg.to_json(), "provenance": prov, "engine": engine,
@@ -92,7 +101,7 @@ def run_sweep(cfg: SweepConfig, on_point: Callable[[int, int, str], None] | None
             if too_long:  # said for this point, the others still run
                 write_json(out / f"{point.name}.failure.json",
                            {"point": point.to_json(cfg.backend), "fingerprint": fp, "error": too_long})
-            elif not done_before(cfg, out / f"{point.name}.json", fp):
+            elif point.name not in held.reused:
                 todo.append((point, prompts))
         if info(cfg.backend).interleaves_repeats and (cfg.repeats > 1 or cfg.warmup or sequential(cfg)):
             run_rounds(cfg, todo, lambda c, p, q: measure(c, backend, p, q, out, fp),
@@ -171,17 +180,6 @@ def check_per_request(run) -> None:
         for r in run.requests:
             r.num_drafts = r.num_draft_tokens = r.num_accepted_tokens = None
             r.num_accepted_tokens_per_pos = r.draft_steps = None
-
-
-def done_before(cfg: SweepConfig, path: Path, fp: dict) -> bool:
-    """A point measured before with the same settings is not measured again (never for an attached server,
-    which may have changed since)."""
-    if cfg.server or not path.exists():
-        return False
-    try:
-        return json.loads(path.read_text()).get("fingerprint") == fp
-    except json.JSONDecodeError:
-        return False
 
 
 def measure(cfg: SweepConfig, backend, point: GridPoint, prompts, out: Path, fp: dict):

@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from mtpbench.backends import get_backend
-from mtpbench.config import SweepConfig, execution, fingerprint, validate
+from mtpbench.config import SweepConfig, execution, validate
 from mtpbench.environment import environment, provenance
 from mtpbench.errors import MtpBenchError
 from mtpbench.files import make_out_dir, write_json
@@ -60,10 +60,11 @@ def close(attached) -> None:
         backend.close()
 
 
-def run_servers(cfg: SweepConfig, on_point=None) -> list:
+def run_servers(cfg: SweepConfig, on_point=None, say=None) -> list:
     """Measure every point of every attached server into ``cfg.out``, then build the sweep's files; its rows."""
     from mtpbench.stats.judge import ALPHA
     from mtpbench.sweep.report import build
+    from mtpbench.sweep import store
     from mtpbench.sweep.rounds import family_of
     from mtpbench.sweep.run import grid, run_one
 
@@ -71,15 +72,16 @@ def run_servers(cfg: SweepConfig, on_point=None) -> list:
     if cfg.k:
         raise MtpBenchError("--k: several --server are each measured at the k they serve; leave --k out")
     pset = run_prompts(cfg)
-    attached = read_servers(cfg)
     out = Path(cfg.out)
+    prov = provenance()
+    fp = store.sweep_fingerprint(cfg.to_json(), prov["versions"], pset.describe()["sha256"])
+    store.tell(store.claim(out, fp, [], cfg.replace, attached=True), cfg.out, say)  # attached points: never reused
+    attached = read_servers(cfg)
     try:
         plan = [(url, backend, replace(cfg, server=url), facts) for url, backend, facts in
                 sorted(attached, key=lambda a: a[2].get("k") or 0)]
         points = [(url, backend, c, p) for url, backend, c, facts in plan for p in grid(c, None, facts.get("k"))]
         make_out_dir(out)
-        prov = provenance()
-        fp = {**fingerprint(cfg.to_json(), prov["versions"]), "prompts_sha256": pset.describe()["sha256"]}
         write_json(out / "run.json", {"config": cfg.to_json(), "provenance": prov,
                                       "engine": {**plan[0][3], "servers": {u: f for u, _, _, f in plan}},
                                       "prompts": pset.describe(), "fingerprint": fp,

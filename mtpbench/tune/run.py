@@ -139,9 +139,11 @@ def check_servers(tc: TuneConfig) -> None:
                             f"speculative config as another --server")
 
 
-def run_tune(tc: TuneConfig, on_point: Callable[[int, int, str], None] | None = None) -> dict:
-    """Run (or read) the sweeps, choose, predict, write; with ``validate``, run the schedule and report it."""
-    from mtpbench.sweep import run_sweep
+def run_tune(tc: TuneConfig, on_point: Callable[[int, int, str], None] | None = None,
+             say: Callable[[str], None] | None = None) -> dict:
+    """Run (or read) the sweeps, choose, predict, write; with ``validate``, run the schedule and report it.
+    ``say``: where lines about --out's earlier results go (default: stderr)."""
+    from mtpbench.sweep import run_sweep, store
     from mtpbench.tune.report import build
 
     check_config(tc)
@@ -156,6 +158,13 @@ def run_tune(tc: TuneConfig, on_point: Callable[[int, int, str], None] | None = 
                          loads=tuple(sorted({m.load for m in sweeps.points})))
     elif tc.servers:
         check_servers(tc)
+    # before anything is written: a tune with other settings (or other files) in --out is refused, unless --replace
+    if tc.sweep.replace and any(Path(x).resolve().is_relative_to(out.resolve()) for x in tc.sources):
+        raise MtpBenchError(f"--replace would move the sweeps --from reads (they lie in --out {out}) aside: give "
+                            f"another --out")
+    held = store.claim_tune(out, tc.to_json(), tc.sweep.replace)
+    store.tell(held, tc.out, say)
+    tc = replace(tc, sweep=replace(tc.sweep, replace=False))  # its sweeps start in a folder moved aside, or resume
     make_out_dir(out)
     write_json(out / "tune.json", {"config": tc.to_json()})
     if not tc.sources:
@@ -167,7 +176,7 @@ def run_tune(tc: TuneConfig, on_point: Callable[[int, int, str], None] | None = 
                 left = cfg.max_seconds - (time.perf_counter() - start)
                 cfg = replace(cfg, max_seconds=budget_share(left, [round_cost(c) for c in configs[i:]]))
             run_sweep(cfg, on_point and (lambda j, n, name: on_point(j, n, f"{label} ({i + 1}/{len(configs)}): "
-                                                                           f"{name}")))
+                                                                           f"{name}")), say)
     result = build(out)
     if tc.validate:
         from mtpbench.tune.validate import run_validation

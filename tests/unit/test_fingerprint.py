@@ -26,6 +26,7 @@ NOT_MEASURED_BY_HAND = {"out", "description", "label", "metadata", "percentile_m
                         # how an attached server is reached (issue 18); header_values is never written
                         "api_key_env", "header", "header_env", "ca_cert", "insecure", "metrics_url",
                         "metrics_credentials", "header_values",
+                        "replace",  # what to do with an earlier sweep in --out (issue 45), never written
                         "max_seconds"}  # a time budget (issue 36): the rounds a point got are in its file
 
 
@@ -69,15 +70,16 @@ class CountingBackend:
 
 
 def test_the_sweep_measures_a_point_again_for_another_draft_model(tmp_path):
-    """The sweep's reuse step (sweep.done_before) keeps a saved point only for the same fingerprint: a sweep
+    """The sweep's reuse step (sweep.store.reused) keeps a saved point only for the same fingerprint: a sweep
     into the same --out with another drafter measures k > 0 again instead of reporting the old one's."""
-    from mtpbench.sweep.run import done_before, run_one
+    from mtpbench.sweep.run import run_one
+    from mtpbench.sweep.store import reused
 
     point, backend = GridPoint("vllm", 2, 1), CountingBackend()
     for drafter, expect in (("/models/a", 1), ("/models/a", 1), ("/models/b", 2)):
         cfg = SweepConfig(backend="vllm", draft_model=drafter, out=str(tmp_path))
         fp = fingerprint(cfg.to_json(), VERSIONS)
-        if not done_before(cfg, tmp_path / f"{point.name}.json", fp):
+        if point.name not in reused(tmp_path, fp, [point.name]):
             run_one(cfg, backend, point, [], tmp_path, fp)
         assert len(backend.calls) == expect, (drafter, backend.calls)
     assert json.loads((tmp_path / "vllm-L1-k2.json").read_text())["fingerprint"]["draft_model"] == "/models/b"
