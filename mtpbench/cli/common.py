@@ -143,17 +143,23 @@ def reporting_options(reporting: Reporting) -> dict:
                 metric_percentiles=floats(reporting.metric_percentiles, "--metric-percentiles"))
 
 
-def show(rows, out) -> None:
-    """The sweep's table, and one line when it has no GPU telemetry, saying why."""
+def show(rows, out, wide: bool = False) -> None:
+    """The sweep's answer in words (report.html's headline, the same text), then its table (fitting 120 columns
+    unless ``wide``) with a legend of its columns, then what a reader needs under it."""
+    import textwrap
+
     from mtpbench.metrics.latency import columns
     from mtpbench.sweep.load import read_json
+    from mtpbench.sweep.page import answer
     from mtpbench.sweep.report import notices
-    from mtpbench.sweep.table import table
+    from mtpbench.sweep.table import WIDTH, table
 
-    run = Path(out) / "run.json"
+    run, summary = Path(out) / "run.json", Path(out) / "summary.json"
     config = (read_json(run).get("config") or {}) if run.is_file() else {}
+    if summary.is_file():
+        typer.echo(textwrap.fill(answer(read_json(summary))[0], WIDTH, break_on_hyphens=False) + "\n")
     typer.echo(table(rows, columns(tuple(config.get("percentile_metrics") or ()),
-                                   tuple(config.get("metric_percentiles") or ()))))
+                                   tuple(config.get("metric_percentiles") or ())), None if wide else WIDTH))
     lines = notices(out)
     if lines:
         typer.echo("\n" + "\n".join(lines))

@@ -9,13 +9,15 @@ from typing import Annotated, Optional
 import typer
 
 from mtpbench.cli.common import fail, show, wrote
+from mtpbench.cli.options import Wide
 from mtpbench.errors import MtpBenchError
 
 
 PAGE_ONLY = ("mtpbench.trace.page", "mtpbench.compare.page", "mtpbench.lossless.page", "mtpbench.drafter.page")
 
 
-def report(out: Annotated[Path, typer.Argument(help="A sweep, tune, trace-matrix, trace-layers, compare, check-lossless or check-drafter output directory.")]) -> None:
+def report(out: Annotated[Path, typer.Argument(help="A sweep, tune, trace-matrix, trace-layers, compare, check-lossless or check-drafter output directory.")],
+           wide: Wide = False) -> None:
     """Rebuild the table, summary.csv/json, plots and report.html from a sweep's saved JSON files (a tune's files
     from its sweeps, a trace-matrix's matrix.csv/md/png from its matrix.json; a trace's, compare's or
     check-lossless's or check-drafter's report.html from its JSON)."""
@@ -54,7 +56,7 @@ def report(out: Annotated[Path, typer.Argument(help="A sweep, tune, trace-matrix
         rows = build(out)
     except MtpBenchError as e:
         fail(str(e))
-    show(rows, out)
+    show(rows, out, wide)
     wrote(out, "summary.csv", "summary.json", "plots", "report.html")
 
 

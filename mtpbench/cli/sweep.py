@@ -10,7 +10,7 @@ import typer
 from mtpbench.cli.common import (connection_options, engine_args, fail, ints, model_or_profile, rates,
                                  reporting_options, set_threads, show, speculative_overrides, strs, wrote)
 from mtpbench.cli.options import (ALIAS_NOTE, BASE, BATCH_SIZE, MAX_CONCURRENCY, Dtype, EngineArg, ForceSpecStepIdx, MaxModelLen, ModelOrProfile, Parallel,
-                                  Reporting, Rounds, Runner, Seed, ServerAccess, SpeculativeConfig, Threads, Workload,
+                                  Reporting, Rounds, Runner, Seed, ServerAccess, SpeculativeConfig, Threads, Wide, Workload,
                                   grouped, shown)
 from mtpbench.cli.progress import with_progress
 from mtpbench.errors import MtpBenchError
@@ -74,6 +74,7 @@ def sweep(
     profile: Annotated[Optional[str], typer.Option(help="Profile name (see `mtpbench profiles`) or .toml path.")] = None,
     out: Annotated[Optional[str], typer.Option(help="Output directory for point files, summary and plots.", show_default=BASE.out)] = None,
     replace_earlier: Annotated[bool, typer.Option("--replace", help="Move an earlier sweep in --out aside (to OUT.replaced-TIME) and measure every point afresh. Without it, points saved there with the same settings are reused (and said so) and other settings are refused.")] = False,
+    wide: Wide = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the grid, the engines, timed runs and tokens it would take, and a time estimated from an earlier sweep in --out; load, run and write nothing.")] = False,
 ) -> None:
     """Sweep k x MTP layers x drafting mode (x load, served); write point JSONs, summary.csv/json and PNG plots."""
@@ -102,12 +103,12 @@ def sweep(
         rows = with_progress("sweep", run_servers if cfg.servers else run_sweep, cfg)
     except MtpBenchError as e:
         fail(str(e))
-    finish(rows, cfg.out)
+    finish(rows, cfg.out, wide)
 
 
-def finish(rows, out: str) -> None:
-    """The table, what was written, and exit code 1 when every point failed."""
-    show(rows, out)
+def finish(rows, out: str, wide: bool = False) -> None:
+    """The answer and the table, what was written, and exit code 1 when every point failed."""
+    show(rows, out, wide)
     wrote(out, "summary.csv", "summary.json", "point files", "plots")
     if rows and all(r.status != "ok" for r in rows):  # nothing measured: a script must not read it as a result
         typer.echo(f"error: every point of the sweep failed (each one's error is in {out}/summary.json)", err=True)

@@ -106,6 +106,12 @@ def headline(rows: list[dict]) -> tuple[str, str]:
     return "No drafting point finished: see the failed points below.", "bad"
 
 
+def answer(summary: dict) -> tuple[str, str]:
+    """The sweep's answer in a sentence and its tone, from its summary.json: what report.html's headline and the
+    terminal's first line both print (``headline`` over the rows of all prompts)."""
+    return headline([r for r in summary["rows"] if r["category"] == "all"])
+
+
 def _ci(r: dict, name: str, nd: int = 2, null: float | None = None) -> str:
     """A value and its interval, to ``nd`` decimals (an interval that excludes ``null`` never printed touching it)."""
     v, lo, hi = r.get(name), r.get(f"{name}_ci_low"), r.get(f"{name}_ci_high")
@@ -151,7 +157,7 @@ def page(out: Path) -> Path:
     summary = json.loads((out / "summary.json").read_text())
     rows = summary["rows"]
     every = [r for r in rows if r["category"] == "all"]
-    answer, tone = headline(every)
+    first, tone = answer(summary)
     cfg = summary.get("config") or {}
     figs = '<div class="figs">' + "".join(figure(out / n, caption, wide) for n, caption, wide in FIGURES) + "</div>"
     notes = sorted({f"{label(r)}: {r['notes']}" for r in every if r.get("notes")})
@@ -165,7 +171,7 @@ def page(out: Path) -> Path:
     sub = (f"{cfg.get('model')} on {cfg.get('backend')}: k {cfg.get('k')}, {cfg.get('num_prompts') or 'default'} "
            f"prompts of {cfg.get('prompts')}, {cfg.get('max_tokens')} tokens, temperature {cfg.get('temperature')}, "
            f"batch {cfg.get('batch_size')}, {repeats_text(cfg)}.")
-    return write(out / "report.html", document(f"mtpbench sweep: {out.name}", "sweep", answer, tone, body, sub))
+    return write(out / "report.html", document(f"mtpbench sweep: {out.name}", "sweep", first, tone, body, sub))
 
 
 def repeats_text(cfg: dict) -> str:

@@ -53,9 +53,109 @@ def columns(rows: list[PointResult], latency: list[tuple[str, str]] | None = Non
     return cols
 
 
-def table(rows: list[PointResult], latency: list[tuple[str, str]] | None = None) -> str:
+WIDTH = 120  # the terminal's table fits this many characters unless --wide
+# the columns a first read can do without, dropped in this order until the table fits WIDTH (--wide and
+# summary.csv keep every one)
+DROP_FIRST = ("startup_s", "output_repetition", "greedy_numerical", "theoretical_speedup", "alpha",
+              "peak_gpu_mem_bytes", "avg_power_w", "acceptance_rate_per_pos", "ttft_ms_p50", "tpot_ms_p99",
+              "itl_ms_p50", "greedy_match_k0", "energy_j_per_token", "request_rate", "runner",
+              "tpot_ms_p50")
+
+# every column's meaning, printed under the table for the columns it shows (vLLM's names and formulas)
+LEGEND = {
+    "mode": "drafting: plain (k = 0), reuse (MTP layer 0 at every step), chain (step s runs layer s mod L), "
+            "vllm (vLLM's own)",
+    "k": "num_speculative_tokens", "mtp_layers": "MTP layers", "runner": "vLLM model runner and the drafter class",
+    "context_tokens": "held-out tokens before each prompt", "concurrency": "requests in flight at most",
+    "request_rate": "requests sent per second (inf: all at once)", "category": "prompt category (all: every prompt)",
+    "acceptance_length": "acceptance length, 1 + accepted / drafts [95 % over prompts]",
+    "acceptance_rate_per_pos": "share of drafts accepted at positions 1..k, each with all before it",
+    "alpha": "per-token acceptance fitted to the counts, accepted / (accepted + rejections)",
+    "output_tokens_per_sec": "output tokens per second, median of the timed runs [95 %]",
+    "speedup": "tok/s over k = 0's (ratio of geometric means) [interval at the level below]",
+    "num_repeats": "timed runs", "speedup_decision": "faster / slower where the speedup's interval excludes 1, "
+                                                     "else open",
+    "theoretical_speedup": "(1 - alpha^(k+1)) / ((1 - alpha)(k c + 1)), c the measured cost of a draft",
+    "ttft_ms_p50": "median time to first token", "tpot_ms_p50": "median time per output token after the first",
+    "tpot_ms_p99": "99th percentile time per output token", "itl_ms_p50": "median inter-token latency",
+    "request_throughput_per_sec": "requests completed per second",
+    "output_repetition": "share of 4-grams already earlier in the output",
+    "greedy_match_k0": "share of prompts whose greedy output equals k = 0's",
+    "greedy_numerical": "of the prompts that left k = 0's tokens, the share at numerical near-ties",
+    "startup_s": "seconds to start the engine", "energy_j_per_token": "GPU energy per output token",
+    "avg_power_w": "mean GPU power", "peak_gpu_mem_bytes": "peak GPU memory",
+    "status": "ok, or failed (its error under the table)",
+}
+
+
+LATENCY = {"ttft": "time to first token", "tpot": "time per output token after the first",
+           "itl": "inter-token latency", "e2el": "end-to-end latency of a request"}
+STATISTIC = {"mean": "mean", "std": "standard deviation", "median": "median", "p50": "median"}
+
+
+def meaning(name: str) -> str:
+    """What a column holds: LEGEND's words, or for a latency statistic asked for with --percentile-metrics /
+    --metric-percentiles (``ttft_ms_p95``) its metric and statistic, as vllm bench serve defines them."""
+    if name in LEGEND:
+        return LEGEND[name]
+    metric, _, stat = name.partition("_ms_")
+    said = STATISTIC.get(stat) or (f"{stat[1:]}th percentile" if stat.startswith("p") else stat)
+    return f"{said} {LATENCY.get(metric, metric)} over requests"
+
+
+# the columns the line on the speedup's interval already explains
+EXPLAINED = ("speedup", "num_repeats", "speedup_decision")
+
+
+def legend(cols: list[tuple[str, str]], width: int = WIDTH, explained: tuple[str, ...] = ()) -> str:
+    """The legend of the columns shown (less those ``explained`` elsewhere), wrapped to ``width``."""
+    text = "; ".join(f"{head}: {meaning(name)}" for name, head in cols if name not in explained)
+    return _wrap("columns: " + text, width)
+
+
+def table(rows: list[PointResult], latency: list[tuple[str, str]] | None = None, width: int | None = None) -> str:
     """``latency``: the latency columns to show instead of the usual ones (``metrics.latency.columns``: what
-    --percentile-metrics and --metric-percentiles ask for)."""
+    --percentile-metrics and --metric-percentiles ask for); ``width``: the terminal's table, its columns dropped in
+    ``DROP_FIRST``'s order until it fits, every shown column in a legend under it and the dropped ones named (None:
+    every column, no legend)."""
+    dropped = []
+    if width is not None and any(r.category != "all" for r in rows):  # the terminal's rows: all prompts
+        rows = [r for r in rows if r.category == "all"]
+        dropped.append("the rows of each prompt category")
+    cols = columns(rows, latency)
+    if width is not None:
+        cols = [c for c in cols if c[0] != "category"]
+    text, marked = _render(rows, cols)
+    while width is not None and max(map(len, text.splitlines())) > width:
+        name = next((n for n in DROP_FIRST if n in dict(cols)), None)
+        if name is None:
+            break
+        dropped.append(dict(cols)[name])
+        cols = [c for c in cols if c[0] != name]
+        text, marked = _render(rows, cols)
+    if marked:
+        text += f"\n* {NO_INTERVAL}"
+    if any(r.speedup_decision for r in rows):
+        levels = sorted({r.speedup_level for r in rows if r.speedup_level})
+        text += f"\n{_wrap(decided_legend(levels), width)}"
+    if width is not None:
+        text += "\n" + legend(cols, width, EXPLAINED if any(r.speedup_decision for r in rows) else ())
+        if dropped:
+            text += "\n" + _wrap(f"more columns with --wide and in summary.csv: {', '.join(dropped)}", width)
+    errors = [f"{row_label(r)}: {r.error}" for r in rows if r.error]
+    notes = sorted({f"{row_label(r)}: {r.notes}" for r in rows if r.notes and r.category == "all"})
+    return text + ("\n\nnotes:\n" + "\n".join(notes) if notes else "") + \
+        ("\n\nfailed points:\n" + "\n".join(errors) if errors else "")
+
+
+def _wrap(text: str, width: int | None) -> str:
+    import textwrap
+
+    return text if width is None else textwrap.fill(text, width, subsequent_indent="  ", break_on_hyphens=False)
+
+
+def _render(rows: list[PointResult], cols: list[tuple[str, str]]) -> tuple[str, bool]:
+    """The tabulated columns, and whether a timing is shown without its interval (marked *)."""
     from tabulate import tabulate
 
     from mtpbench.runners import label
@@ -80,20 +180,10 @@ def table(rows: list[PointResult], latency: list[tuple[str, str]] | None = None)
         return "-" if v is None else v
 
     marked: list[bool] = []
-    cols = columns(rows, latency)
     body = [[cell(name, _value(r, name), r) for name, _ in cols] for r in rows]
     # 3 significant digits, but tokens/s in full (1823.4, not 1.82e+03)
     fmt = [".1f" if name == "output_tokens_per_sec" else ".3g" for name, _ in cols]
-    text = tabulate(body, headers=[h for _, h in cols], floatfmt=fmt)
-    if marked:
-        text += f"\n* {NO_INTERVAL}"
-    if any(r.speedup_decision for r in rows):
-        levels = sorted({r.speedup_level for r in rows if r.speedup_level})
-        text += f"\n{decided_legend(levels)}"
-    errors = [f"{row_label(r)}: {r.error}" for r in rows if r.error]
-    notes = sorted({f"{row_label(r)}: {r.notes}" for r in rows if r.notes and r.category == "all"})
-    return text + ("\n\nnotes:\n" + "\n".join(notes) if notes else "") + \
-        ("\n\nfailed points:\n" + "\n".join(errors) if errors else "")
+    return tabulate(body, headers=[h for _, h in cols], floatfmt=fmt), bool(marked)
 
 
 # timings vary from run to run: one shown without an interval is marked (table: *, plots: a hollow marker)

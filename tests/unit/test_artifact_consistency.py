@@ -299,7 +299,7 @@ def test_a_sweeps_artifacts_agree_with_the_numbers_beside_each_claim(plan, pngs)
         head = next(h for h in table[0] if h.startswith("speedup"))
         levels = {j["speedup_level"] for j in rows if j["speedup_level"]}
         shown = [float(x) / 100 for x in re.findall(rf"({NUM}) %", head)]  # the level over the column
-        legend = re.search(r"its interval at (.*?) \(1 - 0.05", out)  # and under the terminal's table
+        legend = re.search(r"its interval at (.*?) \(1 - 0.05", " ".join(out.split()))  # and under the terminal's table
         legend = [float(x) / 100 for x in re.findall(rf"({NUM}) %", legend[1])] if legend else []
         for got in (shown, legend):
             assert len(got) == len(levels) and all(abs(a - b) < 5e-5 for a, b in zip(got, sorted(levels))), \
@@ -311,6 +311,22 @@ def test_a_sweeps_artifacts_agree_with_the_numbers_beside_each_claim(plan, pngs)
                 printed[r["point"]] = check_speedup(r[head], PAGE_SPEEDUP, by_k[k])
         event(f"sweep headline: {page.answer.split(':')[0]}")
         check_headline(page.answer, printed)
+        check_first_screen(out, page.answer)
+
+
+def check_first_screen(out: str, answer: str) -> None:
+    """The terminal starts with the page's headline (the same words), then a table no wider than 120 characters,
+    every column of which a legend on screen names."""
+    assert " ".join(out.split("\n\n")[0].split()) == " ".join(answer.split()), (out, answer)
+    lines = out.splitlines()
+    i = next(j for j, line in enumerate(lines) if line.startswith("mode") and lines[j + 1].startswith("--"))
+    end = next(j for j in range(i + 2, len(lines)) if not lines[j].strip() or not lines[j][:1].isalnum()
+               or lines[j].startswith(("speedup:", "columns:", "* ")))
+    assert all(len(line) <= 120 for line in lines[i:end]), lines[i:end]
+    heads = [h for h in re.split(r"\s{2,}", lines[i].strip())]
+    said = " ".join(" ".join(lines[end:]).split())
+    for h in heads:  # named in the legend, or in the line on the speedup's interval (speedup, n, decided)
+        assert f" {h}: " in f" {said}".replace("columns: ", " ") or f"{h}:" in said, (h, said)
 
 
 # ---- a tune: terminal, tune.md, tune.csv, tune.json, report.html ----------------------------------------------
@@ -534,7 +550,7 @@ def check_one_estimator(a: Path, rows: list[dict]) -> None:
     """compare's A speedup of a point is the speedup A's own sweep prints for it (issue 44, case 12)."""
     code, out = report(a, pngs=False)
     assert code == 0
-    sweep = {f"vllm-L1-k{r['k']}": r["speedup"] for r in text_table(out, "mode") if r["category"] == "all"}
+    sweep = {f"vllm-L1-k{r['k']}": r["speedup"] for r in text_table(out, "mode")}  # its rows: all prompts
     for x in rows:
         if x["metric"] == "speedup" and sweep.get(x["point"], "-") != "-":
             shown = TERM_SPEEDUP.fullmatch(sweep[x["point"]])[1]
