@@ -4,6 +4,7 @@ then the figures, the whole table (every number a figure shows) and the provenan
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from mtpbench.html.document import document, esc, figure, provenance, table, write
@@ -108,8 +109,33 @@ def headline(rows: list[dict]) -> tuple[str, str]:
 
 def answer(summary: dict) -> tuple[str, str]:
     """The sweep's answer in a sentence and its tone, from its summary.json: what report.html's headline and the
-    terminal's first line both print (``headline`` over the rows of all prompts)."""
-    return headline([r for r in summary["rows"] if r["category"] == "all"])
+    terminal's first line both print. Where the machine's noise drowns every difference (``drowned``), that,
+    never a ranking; else ``headline`` over the rows of all prompts."""
+    rows = [r for r in summary["rows"] if r["category"] == "all"]
+    said = drowned(rows, summary.get("noise"), summary.get("provenance") or {})
+    return (said, "bad") if said else headline(rows)
+
+
+def drowned(rows: list[dict], noise: dict | None, prov: dict) -> str | None:
+    """Where nothing can be told apart: the sweep timed an A/A control (k = 0 against itself), no drafting point
+    is decided, and every timed drafting point's speedup s lies within its floor f (|log s| <= f: no interval,
+    at any level, excludes 1 there). Says so, the floor, the speedups' range, the machine's load and what to do
+    (None: the noise leaves something to tell)."""
+    floor = (noise or {}).get("floor")
+    timed = [r for r in rows if r["status"] == "ok" and r["k"] > 0 and r.get("speedup")]
+    if floor is None or not timed or any(r.get("speedup_decision") in ("faster", "slower") for r in timed):
+        return None
+    if any(abs(math.log(r["speedup"])) > floor for r in timed):
+        return None
+    xs = sorted(r["speedup"] for r in timed)
+    span = f"{xs[0]:.2f}x" if f"{xs[0]:.2f}" == f"{xs[-1]:.2f}" else f"{xs[0]:.2f}x to {xs[-1]:.2f}x"
+    load, cores = prov.get("load_average"), (prov.get("hardware") or {}).get("cpus_usable")
+    where = (f" The load average was {load[0]:.2f}" + (f" on {cores} usable cores" if cores else "") + "."
+             if load else "")
+    return (f"Nothing can be told apart here: two identical runs of plain decoding (the A/A control) differ by up "
+            f"to {noise['floor_pct']:.1f} %, at least as much as any drafting point differs from plain decoding "
+            f"({span}).{where} Stop other work and run again; more rounds (--max-repeats) narrow it only on a "
+            f"steady machine.")
 
 
 def _ci(r: dict, name: str, nd: int = 2, null: float | None = None) -> str:

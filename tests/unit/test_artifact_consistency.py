@@ -9,6 +9,9 @@ The rules, from the issue and docs/report.md, docs/tune.md, docs/compare.md:
   open; an end at 1 is not beyond it), and a decided speedup's printed p is below 0.05;
 * a sweep's headline says "faster beyond noise" of exactly the points whose rows say faster, counts them and the
   timed points right, and "No k is faster" / "Drafting is slower" only where no row / every row says so;
+  "Nothing can be told apart" only where no row is decided and the A/A floor it prints is at least every printed
+  speedup's distance from 1; the terminal starts with the page's headline, its table fits 120 columns and a
+  legend names each column;
 * a tune's chosen k > 0 has a printed interval wholly above 1 and a p below 0.05; a load where k = 0 is chosen
   shows no k > 0 interval wholly above 1; "not drafting at ... is the default" names exactly the loads where k = 0
   is chosen beside a k > 0 not shown slower; the decision's ranges give each load its chosen k (unless a "why" says
@@ -255,6 +258,12 @@ def page_label(k: int) -> str:
 def check_headline(answer: str, printed: dict[str, tuple | None]) -> None:
     """The page's sentence against the page's own rows (label -> (speedup, low, high, decision) or None)."""
     faster = [name for name, p in printed.items() if p and p[3] == "faster"]
+    if answer.startswith("Nothing can be told apart here"):  # the A/A floor at least every speedup's distance from 1
+        pct = float(re.search(rf"differ by up to ({NUM}) %", answer)[1])
+        assert not any(p and p[3] in ("faster", "slower") for p in printed.values()), (answer, printed)
+        assert all(max(p[0] - 5e-4, 1 / (p[0] + 5e-4)) <= 1 + (pct + 0.05) / 100 for p in printed.values() if p), \
+            (answer, printed)
+        return
     if answer.startswith("No drafting point finished") or answer.startswith("Acceptance length peaks"):
         assert not faster
         return

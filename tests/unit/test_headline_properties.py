@@ -127,6 +127,40 @@ def test_the_sweep_tone_follows_every_row(rows):
         assert all(ci(r) and ci(r)[1] < 1 for r in timed)
 
 
+NOISE = st.none() | st.sampled_from([0.0, 0.04, 0.1, 0.5, 3.3])  # an A/A floor (log ratio), or no A/A timed
+
+
+@FAST
+@given(sweep_rows(), NOISE, st.none() | st.sampled_from([0.3, 7.5]), st.none() | st.sampled_from([2, 64]))
+def test_a_sweep_whose_noise_drowns_every_difference_says_so_and_ranks_nothing(rows, floor, load, cores):
+    """Issue 45 item 2: where the sweep timed an A/A control, no drafting point is decided and every timed one's
+    speedup s lies within the floor f (|log s| <= f), the answer says nothing can be told apart, with the floor as
+    its noise line prints it, the speedups' range, the load and what to do (tone bad); else it is the headline."""
+    import math
+
+    from mtpbench.sweep.page import answer
+
+    noise = None if floor is None else {"floor": floor, "floor_pct": round(100 * math.expm1(floor), 2)}
+    prov = {"load_average": [load, load, load], "hardware": {"cpus_usable": cores}} if load is not None else {}
+    text, tone = answer({"rows": rows, "noise": noise, "provenance": prov})
+    timed = [r for r in timed_of(rows) if r["speedup"]]
+    drowned = (floor is not None and bool(timed) and not any(r["speedup_decision"] in ("faster", "slower")
+                                                             for r in timed)
+               and all(max(r["speedup"], 1 / r["speedup"]) <= math.exp(floor) for r in timed))
+    assert text.startswith("Nothing can be told apart here") == drowned, (text, rows, floor)
+    if not drowned:
+        assert (text, tone) == sweep_headline([r for r in rows if r["category"] == "all"])
+        return
+    assert tone == "bad" and "Best" not in text and "the best" not in text
+    xs = sorted(r["speedup"] for r in timed)
+    span = f"{xs[0]:.2f}x" if f"{xs[0]:.2f}" == f"{xs[-1]:.2f}" else f"{xs[0]:.2f}x to {xs[-1]:.2f}x"
+    assert f"differ by up to {noise['floor_pct']:.1f} %" in text and f"({span})" in text
+    assert ("The load average was" in text) == (load is not None)
+    assert load is None or f"The load average was {load:.2f}" in text
+    assert (f"on {cores} usable cores" in text) == (load is not None and cores is not None)
+    assert "Stop other work and run again" in text
+
+
 @FAST
 @given(sweep_rows())
 def test_the_best_the_sweep_names_is_faster_beyond_noise_and_the_fastest_of_those(rows):
