@@ -68,9 +68,11 @@ def compare(
     force: Annotated[bool, typer.Option("--force", help="Compare runs that differ in model or prompts anyway.")] = False,
 ) -> None:
     """Is B's difference from A real? Paired intervals per metric, and better / worse / within noise."""
-    from tabulate import tabulate
+    import textwrap
 
-    from mtpbench.compare import HEADERS, compare as run_compare, table_lines, unjudged_beyond, worse_beyond
+    from mtpbench.compare import compare as run_compare, terminal_table, unjudged_beyond, worse_beyond
+    from mtpbench.compare.page import headline as compare_headline
+    from mtpbench.sweep.table import WIDTH
     from mtpbench.compare.pair import check_pct, exit_code
 
     try:
@@ -79,10 +81,12 @@ def compare(
         result = run_compare(a, b, out, force)
     except MtpBenchError as e:
         fail(str(e))
+    # the answer first (report.html's headline, the same words), then what the reader must know before the table
+    typer.echo(textwrap.fill(compare_headline(result)[0], WIDTH, break_on_hyphens=False) + "\n")
     typer.echo("differs: " + ("; ".join(result["differences"]) or "nothing in settings or versions"))
-    typer.echo(tabulate(table_lines(result), headers=HEADERS, disable_numparse=True))
     for line in result["notes"]:
         typer.echo(f"note: {line}")
+    typer.echo("\n" + terminal_table(result))
     for f in result["failed"]:
         typer.echo(f"failed: {f['point']} in {f['failed_in']}: {f['error']}")
     wrote(out, "compare.csv", "compare.json", "compare.md", "compare.png", "report.html")

@@ -48,8 +48,10 @@ def check_same_workload(a: dict, b: dict, force: bool) -> None:
     problems = [f"{k} ({a['config'].get(k, OFF.get(k))!r} vs {b['config'].get(k, OFF.get(k))!r})" for k in keys
                 if a["config"].get(k, OFF.get(k)) != b["config"].get(k, OFF.get(k))]
     if pa and pb and pa != pb:
-        problems.insert(0, f"prompts ({a['config'].get('prompts')!r} vs {b['config'].get('prompts')!r}: "
-                           "other prompt texts)")
+        na, nb = a["config"].get("prompts"), b["config"].get("prompts")
+        problems.insert(0, f"prompts ({na!r} vs {nb!r})" if na != nb else
+                        f"prompt texts (both from {na!r}, but other texts: another --num-prompts, --chat-template, "
+                        f"--context-tokens or version of the set)")
     if problems and not force:
         raise MtpBenchError(f"A and B differ in {', '.join(problems)}: their numbers do not pair "
                             "(--force compares them anyway)")

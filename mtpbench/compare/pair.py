@@ -66,8 +66,9 @@ def _side(loaded: tuple[dict, list[dict], list[dict]], out: Path, with_mode: boo
         point = GridPoint.from_json(d["point"])
         key = _key(point, with_mode)
         if key in keyed:
-            raise MtpBenchError(f"{out}: two points pair as {key}: compare runs with one drafting mode each, "
-                                "or the same modes on both sides")
+            raise MtpBenchError(f"{out}: its points {keyed[key][0].name} and {point.name} differ only in drafting "
+                                f"mode, so neither pairs with one point of the other run: compare runs with one "
+                                f"drafting mode each, or the same modes on both sides")
         keyed[key] = (point, PointRun.from_json(d))
     fails = {_key(GridPoint.from_json(f["point"]), with_mode): (GridPoint.from_json(f["point"]).name, f["error"])
              for f in failures}

@@ -41,6 +41,32 @@ def table_lines(result: dict, category: str = "all") -> list[list[str]]:
 
 HEADERS = ["point", "metric", "A", "B", "B - A", "(B - A) / A", "interval of B - A", "verdict", "values from"]
 
+# the terminal's table leaves "values from" to the legend (the interval tells it) and says the intervals' level once
+LEGEND = ("interval: of B - A, at the level in its header (1 - 0.05 / the rows judged together); a timing's or "
+          "speedup's interval never narrower than the runs' A/A noise. verdict: better or worse where that interval "
+          "excludes 0, else within noise. Timings and speedups: the geometric means of each run's timed runs (the "
+          "delta method's t interval); acceptance: the same prompts paired across the runs (a bootstrap over them) "
+          "where an interval is shown, else each run's own table (compare.csv's values_from says which)")
+
+
+def terminal_table(result: dict) -> str:
+    """The table the terminal prints (all prompts), within 120 columns: without "values from" (the legend says
+    what an interval, or its absence, means), the level of the intervals, one for the rows judged together, in the
+    header; its legend under it."""
+    import textwrap
+
+    from tabulate import tabulate
+
+    rows = [r[:-1] for r in table_lines(result)]
+    levels = {r["level"] for r in result["rows"] if r["category"] == "all" and r.get("level")}
+    headers = HEADERS[:-1]
+    if len(levels) == 1:
+        at = f" at {level_text(levels.pop())}"
+        headers[6] = "interval" + at
+        rows = [[*r[:6], r[6].removesuffix(at), *r[7:]] for r in rows]
+    return (tabulate(rows, headers=headers, disable_numparse=True) + "\n"
+            + textwrap.fill(LEGEND, 120, subsequent_indent="  ", break_on_hyphens=False))
+
 
 def markdown(result: dict) -> str:
     from mtpbench.compare.page import headline  # the page's answer, so the two never disagree

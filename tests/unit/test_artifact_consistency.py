@@ -508,13 +508,21 @@ def test_compares_artifacts_and_its_gate_agree_with_the_numbers_beside_each_verd
         assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
         out = r.output
         rows = text_table(out, "point")
+        for row in rows:  # the interval's level, said once in the header where the rows share one
+            at = next(h for h in row if h.startswith("interval"))
+            row["interval of B - A"] = row.pop(at) + at.removeprefix("interval") if row[at] != "-" else row.pop(at)
         for row in rows:  # every verdict is what its printed interval says
             assert row["verdict"] == verdict_of(row), row
         drifted = "timings drifted between the runs" in out
         k0 = [x for x in rows if x["point"] == "k0" and x["metric"] == "output_tokens_per_sec"]
         moved = bool(k0 and k0[0]["verdict"] in ("better", "worse"))
         # the note needs the baseline made the same way in both runs (nothing in settings differs)
-        assert drifted == moved if out.startswith("differs: nothing") else not drifted or moved
+        assert drifted == moved if re.search(r"^differs: nothing", out, re.M) else not drifted or moved
+        # the answer first, the page's words; notes before the table; the table within 120 columns
+        assert " ".join(out.split("\n\n")[0].split()) == " ".join(Page((o / "report.html").read_text()).answer.split())
+        head = next(i for i, line in enumerate(out.splitlines()) if line.startswith("point "))
+        assert not any(line.startswith("note: ") for line in out.splitlines()[head:])
+        assert all(len(line) <= 120 for line in out.splitlines()[head:head + 2 + len(rows)])
         worse = [x for x in rows if x["verdict"] == "worse" and not (drifted and x["metric"] in RAW_TIMINGS)]
         rel = [abs(float(x["(B - A) / A"].rstrip(" %"))) for x in worse]
         if any(abs(v - pct) <= 0.005 for v in rel):

@@ -480,9 +480,27 @@ def test_a_point_failed_in_b_is_named_with_its_error_and_two_points_that_pair_al
     c = make_run(tmp_path / "c", STEADY, STEADY, HARD_AND_EASY)
     other = json.loads((c / "vllm-L1-k2.json").read_text())
     (c / "other.json").write_text(json.dumps({**other, "point": {**other["point"], "mode": "other"}}))
-    with pytest.raises(MtpBenchError, match="two points pair as .*: compare runs with one drafting mode each, "
-                                            "or the same modes on both sides"):
+    with pytest.raises(MtpBenchError, match="its points (vllm-L1-k2 and other-L1-k2|other-L1-k2 and vllm-L1-k2) "
+                                            "differ only in drafting mode, so neither pairs with one point of the "
+                                            "other run: compare runs with one drafting mode each, or the same modes "
+                                            "on both sides"):
         cmp.compare(c, a)
+
+
+def test_runs_of_one_prompt_set_with_other_texts_are_named_so(tmp_path):
+    """Issue 45 item 8: "prompts ('builtin' vs 'builtin': other prompt texts)" read as a contradiction; the same set
+    with other texts says what could make them differ."""
+    from mtpbench.errors import MtpBenchError
+
+    a = make_run(tmp_path / "a", STEADY, STEADY, HARD_AND_EASY)
+    b = make_run(tmp_path / "b", STEADY, STEADY, HARD_AND_EASY)
+    for d, sha in ((a, "1"), (b, "2")):
+        run = json.loads((d / "run.json").read_text())
+        (d / "run.json").write_text(json.dumps({**run, "prompts": {"sha256": sha}}))
+    with pytest.raises(MtpBenchError, match=r"A and B differ in prompt texts \(both from 'builtin', but other texts: "
+                                            r"another --num-prompts, --chat-template, --context-tokens or version of "
+                                            r"the set\): their numbers do not pair"):
+        cmp.compare(a, b)
 
 
 def test_one_drafting_mode_a_side_pairs_across_modes_and_two_a_side_pair_by_mode(tmp_path):
