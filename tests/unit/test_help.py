@@ -1,6 +1,8 @@
-"""Every command's --help as a user sees it (rendered by typer and Rich, one option a line): every default shown
-in one style, "[default: ...]" at the end of the option's help, and the values the commands really use; no help
-text that writes its own default (Rich reads "[default: ...]" there as markup and deletes it, leaving " .")."""
+"""Every command's help as a user sees it, plain text (mtpbench/cli/help.py): ``-h`` brief, one line an option,
+within about two screens at 80 columns, no name cut at any width; ``--help`` every option in full, its help text
+exactly as written (nothing eaten as markup) at 80 and 200 columns, every default shown in one style, "[default:
+...]" at the end of the option's help, and the values the commands really use; no help text that writes its own
+default."""
 
 from __future__ import annotations
 
@@ -20,20 +22,78 @@ NO_DEFAULT = {"--server", "--baseline-server", "--profile", "--draft-model", "--
               "--list", "--json", "--source"}
 
 
-def rendered(command: str) -> str:
-    r = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "3000"}, terminal_width=3000)
+def rendered(command: str, columns: int = 3000, flag: str = "--help") -> str:
+    args = [command, flag] if command else [flag]
+    r = CliRunner().invoke(app, args, env={"COLUMNS": str(columns)}, terminal_width=columns)
     assert r.exit_code == 0, r.output
     return r.output
 
 
 def rows(command: str) -> dict[str, str]:
-    """Each option's row of the rendered help: its first name -> the row's text, spaces collapsed."""
-    out = {}
+    """Each option of the full help: its first name -> its name line and the help under it, spaces collapsed."""
+    out, current = {}, None
     for line in rendered(command).splitlines():
-        m = re.match(r"│\s+(\*\s+)?(--[a-z0-9-]+)", line)
+        m = re.match(r"  (--[a-z0-9-]+)", line)
         if m:
-            out[m.group(2)] = " ".join(line.strip("│ ").split())
-    return out
+            current = m.group(1)
+            out[current] = line
+        elif current and line.startswith("      "):
+            out[current] += " " + line
+        else:
+            current = None
+    return {k: " ".join(v.split()) for k, v in out.items()}
+
+
+def params(command: str) -> list:
+    cmd = typer.main.get_command(app)
+    cmd = cmd.commands[command] if command else cmd
+    ctx = cmd.make_context(command or "mtpbench", [], resilient_parsing=True)
+    return [p for p in cmd.get_params(ctx) if not getattr(p, "hidden", False)]
+
+
+def names_of(p) -> list[str]:
+    return [*getattr(p, "opts", []), *getattr(p, "secondary_opts", [])] if p.param_type_name == "option" \
+        else [p.name.upper()]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_brief_help_fits_two_screens_at_80_columns_and_cuts_no_name(command):
+    """Issue 45 item 3: `sweep -h` was 478 lines at 80 columns, its description column ~20 characters, 14 names cut
+    ("--max-concurrency,…"). Now one line an option where it fits: at most 100 lines at 80 columns, none wider than
+    the terminal, every name whole at 80 and at 200 columns."""
+    for columns in (80, 200):
+        text = rendered(command, columns, "-h")
+        lines = text.splitlines()
+        assert all(len(line) <= columns for line in lines), [x for x in lines if len(x) > columns]
+        words = set(re.findall(r"[-\w]+", text.replace(",", " ").replace("/", " ")))
+        for p in params(command):
+            for name in names_of(p):
+                assert name in words, (command, columns, name)
+        if columns == 80:
+            assert len(lines) <= 100, (command, len(lines))
+
+
+@pytest.mark.parametrize("columns", [80, 200])
+@pytest.mark.parametrize("command", COMMANDS)
+def test_full_help_prints_every_help_text_as_written(command, columns):
+    """--help at 80 and 200 columns holds every option's help text, word for word as its source string (brackets,
+    parentheses and all: "uniform in [len x (1 - r), len x (1 + r)], r in [0, 1)" once read "uniform in , r in
+    [0, 1)"), every name whole, no line wider than the terminal."""
+    text = rendered(command, columns)
+    assert all(len(line) <= columns for line in text.splitlines())
+    flat = " ".join(text.split())
+    for p in params(command):
+        if p.help:
+            assert " ".join(p.help.split()) in flat, (command, p.name, p.help)
+        for name in names_of(p):
+            assert name in flat, (command, name)
+
+
+def test_the_top_level_help_is_brief_and_names_every_command():
+    text = rendered("", 80, "-h")
+    assert len(text.splitlines()) <= 40 and all(len(x) <= 80 for x in text.splitlines())
+    for command in COMMANDS:
+        assert re.search(rf"^  {command} ", text, re.M), command
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -99,3 +159,20 @@ def test_short_help_and_version():
     assert r.exit_code == 0 and "--max-tokens" in r.output
     r = CliRunner().invoke(app, ["--version"])
     assert r.exit_code == 0 and r.output.strip() == f"mtpbench {__version__}"
+
+
+def test_docs_options_md_is_the_code_s():
+    """docs/options.md lists every option by command, generated from the code: it is what the code says now
+    (regenerate with `python -m mtpbench.cli.help > docs/options.md`)."""
+    from pathlib import Path
+
+    from mtpbench.cli.help import options_markdown
+
+    group = typer.main.get_command(app)
+    want = options_markdown(group, list(group.commands))
+    got = (Path(__file__).parents[2] / "docs" / "options.md").read_text()
+    assert got == want, "docs/options.md is stale: python -m mtpbench.cli.help > docs/options.md"
+    for command in COMMANDS:  # every option of every command is in it
+        for p in params(command):
+            if p.param_type_name == "option":
+                assert f"`{', '.join(p.opts)}" in got, (command, p.opts)
