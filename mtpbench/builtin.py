@@ -40,7 +40,7 @@ def resolve_model_dir(model: str) -> Path:
         return Path(snapshot_download(model, local_files_only=True))
     except Exception:  # not cached, or huggingface_hub missing: say what to do
         raise MtpBenchError(f"model {model!r} is not a local directory nor in the Hugging Face cache: "
-                            f"download it first (huggingface-cli download {model}) or give a local path") from None
+                            f"download it first (hf download {model}) or give a local path") from None
 
 
 

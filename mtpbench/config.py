@@ -370,12 +370,24 @@ def validate_serving(cfg: SweepConfig) -> None:
         raise MtpBenchError(f"--port must be 0..65535, got {cfg.server_port}")
 
 
+def _local(name: str) -> Path | None:
+    """A model's directory where it is on this machine, else None."""
+    try:
+        path = resolve_model_dir(name)
+    except MtpBenchError:
+        return None
+    return path if path.is_dir() else None
+
+
 def check_parallel_layout(cfg: SweepConfig) -> None:
     """A layout vLLM refuses, or pipeline parallel certain to fail on it, before any engine starts (``layout``)."""
     if not info(cfg.backend).vllm or cfg.server:  # an attached server's layout is its own
         return
     drafter = None if "speculative_config" in cfg.engine_args else cfg.draft_model  # sharded as the target
-    models = {name: read_config(resolve_model_dir(name)) for name in filter(None, (cfg.model, drafter))}
+    # each model whose files are here (a dry run plans a model not on this machine: its layout is checked where
+    # it runs, by the sweep before its engine starts)
+    models = {name: read_config(path) for name in filter(None, (cfg.model, drafter))
+              for path in [_local(name)] if path is not None}
     machine = Machine(installed_vllm() if cpu_build() else None, len(os.sched_getaffinity(0)),
                       os.environ.get("VLLM_CPU_OMP_THREADS_BIND"))
     eager = bool(cfg.engine_args.get("enforce_eager") or (info(cfg.backend).offline_vllm and cfg.force_spec_step_idx))

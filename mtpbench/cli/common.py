@@ -100,8 +100,10 @@ def set_threads(threads: Optional[int]) -> None:
         torch.set_num_threads(threads)
 
 
-def model_or_profile(arg: Optional[str], profile: Optional[str]) -> tuple[Optional[str], Optional[str]]:
-    """A positional MODEL_OR_PROFILE is a model directory, a profile name or a .toml file."""
+def model_or_profile(arg: Optional[str], profile: Optional[str],
+                     absent_ok: bool = False) -> tuple[Optional[str], Optional[str]]:
+    """A positional MODEL_OR_PROFILE is a model directory, a profile name or a .toml file; ``absent_ok``: a path
+    not on this machine is taken as the model (a dry run plans without its files)."""
     if arg is None:
         return None, profile
     from mtpbench.builtin import BUILTIN_MODELS
@@ -114,6 +116,8 @@ def model_or_profile(arg: Optional[str], profile: Optional[str]) -> tuple[Option
         if profile:
             fail("give a profile either as MODEL_OR_PROFILE or with --profile, not both")
         return None, arg
+    if absent_ok and "/" in arg and not arg.endswith(".toml"):
+        return arg, profile
     fail(f"model directory or profile not found: {arg}")
 
 

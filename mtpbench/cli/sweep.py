@@ -82,7 +82,7 @@ def sweep(
     from mtpbench.sweep import run_sweep
     from mtpbench.sweep.servers import run_servers
 
-    model, profile = model_or_profile(model, profile)
+    model, profile = model_or_profile(model, profile, absent_ok=dry_run)
     extra, spec, _ = engine_args(engine_arg), speculative_overrides(speculative_config), set_threads(threads)
     if served.server and backend not in (None, "vllm-server"):
         fail(f"--server measures a running vLLM server: it takes --backend vllm-server, not {backend}")

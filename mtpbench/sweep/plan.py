@@ -26,32 +26,59 @@ def plan(cfg: SweepConfig) -> dict:
     from mtpbench.environment import provenance
     from mtpbench.sweep import store
 
-    n_layers = None if cfg.server else cfg.num_mtp_layers()
+    from mtpbench.environment import require_vllm
+
+    attached = bool(cfg.server or cfg.servers)
+    backend = info(cfg.backend)
+    if backend.vllm and not attached:
+        require_vllm()  # as the run would, before it plans anything: an engine here needs vLLM here
+    here = attached or model_here(cfg)
+    n_layers = cfg.num_mtp_layers() if here and not cfg.server else None
     validate(cfg, n_layers)
     check_rounds(cfg)
-    backend = info(cfg.backend)
     points = grid(cfg, n_layers, -1)  # an attached server's k is read when the sweep starts: -1 here
-    # what --out holds: points saved with the same settings are not run again (refused: other settings)
-    fp = store.sweep_fingerprint(with_runner(cfg).to_json(), provenance()["versions"],
-                                 run_prompts(cfg).describe()["sha256"])
-    attached = bool(cfg.server or cfg.servers)
-    held = store.claim(Path(cfg.out), fp, [] if attached else [p.name for p in points], cfg.replace, attached,
-                       dry_run=True)
+    held = store.Claim()
+    if here:  # what --out holds: points saved with the same settings are not run again (refused: other settings)
+        fp = store.sweep_fingerprint(with_runner(cfg).to_json(), provenance()["versions"],
+                                     run_prompts(cfg).describe()["sha256"])
+        held = store.claim(Path(cfg.out), fp, [] if attached else [p.name for p in points], cfg.replace, attached,
+                           dry_run=True)
     points = [p for p in points if p.name not in held.reused]
     if backend.interleaves_repeats and cfg.repeats > 1:
         points = [p for p, _ in with_aa(cfg, [(p, None) for p in points])]
     names = [_name(p) for p in points]
     if cfg.servers:  # each server's points
         points, names = points * len(cfg.servers), [f"{n} at {url}" for url in cfg.servers for n in names]
-    prompts = len(run_prompts(cfg).prompts)
+    prompts = len(run_prompts(cfg).prompts) if here else count_prompts(cfg)
     most = cfg.max_repeats or cfg.repeats
     runs = len(points) * (cfg.warmup * backend.interleaves_repeats + cfg.repeats)
     # the native engine is one for every point; vLLM one per (k, L); an attached server is started by nobody here
     engines = 0 if cfg.server else 1 if not backend.vllm else len({(p.k, p.mtp_layers) for p in points})
-    return {"points": names, "reused": list(held.reused), "replaced": held.moved_to, "engine_starts": engines,
+    return {"points": names, "model_here": here, "reused": list(held.reused), "replaced": held.moved_to,
+            "engine_starts": engines,
             "prompts": prompts,
             "timed_runs": runs, "timed_runs_at_most": len(points) * (cfg.warmup * backend.interleaves_repeats + most),
             "output_tokens": runs * prompts * cfg.max_tokens, "max_seconds": cfg.max_seconds}
+
+
+def model_here(cfg: SweepConfig) -> bool:
+    """Whether the model's files are on this machine (a directory, or a hub id in the local cache)."""
+    from mtpbench.errors import MtpBenchError
+
+    try:
+        return cfg.model_dir.is_dir()
+    except MtpBenchError:
+        return False
+
+
+def count_prompts(cfg: SweepConfig) -> int:
+    """The prompts a run of a model not here would send: --num-prompts of vLLM's random dataset (the built-in
+    set's count without it), or the named set's, counted without a tokenizer."""
+    from mtpbench.prompts import BUILTIN_DEFAULT_PROMPTS, prompt_set
+
+    if cfg.prompts == "random":
+        return cfg.num_prompts or BUILTIN_DEFAULT_PROMPTS
+    return len(prompt_set(cfg.prompts, cfg.num_prompts, None, "none").prompts)
 
 
 def _name(p: GridPoint) -> str:
@@ -85,7 +112,10 @@ def estimate(rows: list[dict], counts: dict) -> dict | None:
 def lines(counts: dict, guess: dict | None, out: str) -> list[str]:
     """The dry run as printed."""
     reused, replaced = counts.get("reused") or [], counts.get("replaced")
-    text = ([f"reused: {len(reused)} point{'s' * (len(reused) != 1)} measured before in {out} with the same settings, not run again: "
+    text = [] if counts.get("model_here", True) else [
+        "model: not on this machine, so the plan counts without it: its MTP layers are unknown (no L in the point "
+        "names; --mtp-layers names them), its prompts are counted, not tokenized; the run needs its files here"]
+    text += ([f"reused: {len(reused)} point{'s' * (len(reused) != 1)} measured before in {out} with the same settings, not run again: "
              f"{', '.join(reused)} (--replace measures them anew)"] if reused else [])
     text += [f"--replace: the earlier results in {out} would be moved to {replaced}"] if replaced else []
     text += [f"grid: {len(counts['points'])} points: {', '.join(counts['points']) or 'none'}",

@@ -108,3 +108,20 @@ def test_an_earlier_sweep_without_start_up_times_adds_none():
 
     guess = estimate([{"output_tokens_per_sec": 50.0, "startup_s": None}], {"output_tokens": 100, "engine_starts": 2})
     assert guess == {"seconds": 2.0, "tokens_per_sec": 50.0, "startup_s": 0.0}
+
+
+def test_a_dry_run_needing_vllm_here_is_refused_where_the_run_would_be(monkeypatch):
+    """Issue 45: a vllm-server dry run without vLLM installed said exit 0, then the real run failed: the plan makes
+    the run's check first (an attached server needs no vLLM here)."""
+    import importlib.util
+
+    from mtpbench.environment import INSTALL_HINT
+    from mtpbench.errors import MtpBenchError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    for backend in ("vllm", "vllm-server"):
+        with pytest.raises(MtpBenchError, match="need vLLM"):
+            plan(resolve(dict(backend=backend, k=(0, 1), out="/nonexistent-dir/x")))
+    assert "need vLLM" in INSTALL_HINT
+    assert plan(resolve(dict(k=(0, 1), out="/nonexistent-dir/x")))["points"]  # the native engine needs none
