@@ -349,9 +349,11 @@ def validate_serving(cfg: SweepConfig) -> None:
     if not backend.served:
         loads = [flag for flag, name, default in (("--server", "server", None), ("--max-concurrency", "concurrency", (1,)),
                                                   ("--request-rate", "request_rate", (math.inf,)),
-                                                  ("--api", "api", "completions")) if getattr(cfg, name) != default]
+                                                  ("--api", "api", "completions"), ("--port", "server_port", 0))
+                 if getattr(cfg, name) != default]
         if loads:
-            raise MtpBenchError(f"{', '.join(loads)} apply to served runs (--backend vllm-server); "
+            raise MtpBenchError(f"{', '.join(loads)} appl{'ies' if len(loads) == 1 else 'y'} to served runs "
+                                f"(--backend vllm-server); "
                                 f"the {cfg.backend} backend batches with --batch-size")
         return
     if cfg.force_spec_step_idx:
@@ -368,6 +370,9 @@ def validate_serving(cfg: SweepConfig) -> None:
             raise MtpBenchError(f"--server takes an http:// or https:// URL, got {url!r}")
     if not 0 <= cfg.server_port < 65536:
         raise MtpBenchError(f"--port must be 0..65535, got {cfg.server_port}")
+    if cfg.server_port and (cfg.server or cfg.servers):
+        raise MtpBenchError("--port is the port of a server mtpbench launches: an attached --server is reached at "
+                            "its URL")
 
 
 def _local(name: str) -> Path | None:

@@ -168,8 +168,27 @@ def _one_line(call, *args, **kwargs):
     except usage_error as e:
         if e.ctx is None or e.ctx.resilient_parsing:
             raise
-        typer.echo(f"error: {e.format_message()} (see: {e.ctx.command_path} --help)", err=True)
+        said = unknown_option(e) if type(e).__name__ == "NoSuchOption" else e.format_message()
+        typer.echo(f"error: {said} (see: {e.ctx.command_path} -h)", err=True)
         raise typer.Exit(2) from None
+
+
+def unknown_option(e) -> str:
+    """An option the command does not take: the names it does take that are close to it (difflib, strict: no
+    "--out" offered for "--bogus"), and the other commands that take it."""
+    import difflib
+
+    name, ctx = e.option_name, e.ctx
+
+    def opts(command, c) -> list[str]:
+        return [o for p in command.get_params(c) for o in (*getattr(p, "opts", ()), *getattr(p, "secondary_opts", ()))]
+
+    close = difflib.get_close_matches(name, opts(ctx.command, ctx), n=3, cutoff=0.8)
+    root = ctx.find_root()
+    others = [n for n in getattr(root.command, "commands", {}) if n != ctx.info_name
+              and name in opts(root.command.commands[n], root)]
+    return (f"{ctx.info_name} takes no option {name}" + (f"; did you mean {' or '.join(close)}?" if close else "")
+            + (f"; {name} is an option of {', '.join(others)}" if others else ""))
 
 
 def _help_options(command, ctx) -> list:
@@ -273,6 +292,42 @@ class Workload:
     random_range_ratio: Annotated[Optional[float], typer.Option(help="--prompts random: each prompt's length uniform in [len x (1 - r), len x (1 + r)], r in [0, 1). Input only: outputs all have --random-output-len tokens.", show_default=shown(BASE.random_range_ratio))] = None
     top_p: Annotated[Optional[float], typer.Option(help="vLLM top_p in (0, 1]: sample from the smallest head of the law holding this mass (1 = off).", show_default=shown(BASE.top_p))] = None
     top_k: Annotated[Optional[int], typer.Option(help="vLLM top_k: sample from the k most likely tokens (0 or -1 = off).", show_default=shown(BASE.top_k))] = None
+    # vllm bench serve's names for what mtpbench does anyway: every result saved, every request to its max tokens
+    save_result: Annotated[bool, typer.Option("--save-result", help="vllm bench serve's: mtpbench saves every run's results anyway (accepted, changes nothing).")] = False
+    ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="vllm bench serve's: mtpbench's requests always run to their max tokens (accepted, changes nothing).")] = False
+    random_prefix_len: Annotated[int, typer.Option(help="vllm bench serve's shared prefix of random tokens: mtpbench's random prompts have none, so only 0 is taken.")] = 0
+    # vllm bench serve's names for the same choice (issue 45): --dataset-name, --dataset-path
+    dataset_name: Annotated[Optional[str], typer.Option(help="vllm bench serve's name for --prompts: random, sharegpt or custom (with --dataset-path), or one of --prompts' sets.", show_default="none")] = None
+    dataset_path: Annotated[Optional[str], typer.Option(help="vllm bench serve's: the ShareGPT .json or JSONL file of --dataset-name sharegpt or custom (as --prompts FILE).", show_default="none")] = None
 
     def config(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(Workload)}
+        from mtpbench.errors import MtpBenchError
+
+        own = {f.name: getattr(self, f.name) for f in dataclasses.fields(Workload)}
+        name, path = own.pop("dataset_name"), own.pop("dataset_path")
+        del own["save_result"], own["ignore_eos"]
+        if own.pop("random_prefix_len"):
+            raise MtpBenchError(f"--random-prefix-len {self.random_prefix_len}: mtpbench's random prompts share no "
+                                f"prefix (vllm bench serve's prefix tokens); only 0")
+        return {**own, "prompts": prompts_from(own["prompts"], name, path)}
+
+
+def prompts_from(prompts: Optional[str], dataset_name: Optional[str], dataset_path: Optional[str]) -> Optional[str]:
+    """--prompts from vllm bench serve's --dataset-name / --dataset-path (the one choice under two vocabularies;
+    refused in one line where they disagree or name a dataset mtpbench does not read)."""
+    from mtpbench.errors import MtpBenchError
+
+    if dataset_name is None and dataset_path is None:
+        return prompts
+    if prompts is not None:
+        raise MtpBenchError("--prompts and --dataset-name/--dataset-path name the same thing: give one")
+    if dataset_name in (None, "sharegpt", "custom"):
+        if dataset_path is None:
+            raise MtpBenchError(f"--dataset-name {dataset_name} reads --dataset-path: give the file")
+        return dataset_path
+    if dataset_path is not None:
+        raise MtpBenchError(f"--dataset-path is read for --dataset-name sharegpt or custom, not {dataset_name}")
+    if dataset_name in ("random", "builtin", "spec-bench", "mt-bench"):
+        return dataset_name
+    raise MtpBenchError(f"--dataset-name {dataset_name}: mtpbench reads random, sharegpt and custom (or builtin, "
+                        f"spec-bench, mt-bench); give the file with --dataset-path, or --prompts")

@@ -46,7 +46,7 @@ def tune(
     parallel: Parallel = Parallel(),
     rounds: Rounds = Rounds(),
     runner: Runner = None,
-    server: Annotated[Optional[list[str]], typer.Option(help="An attached vLLM server (repeatable): one drafting and one of the same model without drafting (the k = 0 baseline).")] = None,
+    server: Annotated[Optional[list[str]], typer.Option("--server", "--base-url", help="An attached vLLM server (repeatable): one drafting and one of the same model without drafting (the k = 0 baseline). --base-url is vllm bench serve's name.")] = None,
     access: ServerAccess = ServerAccess(),
     reporting: Reporting = Reporting(),
     from_: Annotated[Optional[list[str]], typer.Option("--from", help="Read these sweep directories (or a tune's) instead of running sweeps (repeatable).")] = None,
@@ -54,7 +54,7 @@ def tune(
     goodput: Goodput = None,
     schedule: Annotated[Optional[str], typer.Option(help="With --validate: validate these ranges instead of the chosen ones, e.g. '[[1,2,3],[3,16,1]]'.")] = None,
     profile: Annotated[Optional[str], typer.Option(help="Profile name or .toml path (its sweep settings).")] = None,
-    out: Annotated[str, typer.Option(help="Output directory.")] = "tune",
+    out: Annotated[str, typer.Option("--out", "--result-dir", help="Output directory (--result-dir: vllm bench serve's name).")] = "tune",
     replace_earlier: Annotated[bool, typer.Option("--replace", help="Move an earlier tune in --out aside (to OUT.replaced-TIME) and measure afresh. Without it, a tune with the same settings resumes (its sweeps reuse what they saved) and other settings are refused.")] = False,
 ) -> None:
     """Choose the k to run at every load: measure k x load, choose with intervals, predict, write vLLM's schedule."""

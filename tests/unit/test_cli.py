@@ -32,7 +32,7 @@ def bad_inputs(tmp_path, no_mtp_model):
         "empty out": (["--out", ""], "--out is empty"),  # not the current directory
         "out is a file": (["--out", str(a_file)], "is a file: give a directory"),
         "wrong type": (["--max-tokens", "abc"], "Invalid value for '--max-tokens'"),  # not a boxed panel
-        "unknown option": (["--nope"], "No such option: --nope"),
+        "unknown option": (["--nope"], "sweep takes no option --nope"),
         "draft model with native": (["--draft-model", str(tmp_path)], "--draft-model is a vLLM speculative_config"),
         "draft model not a checkpoint": (["--backend", "vllm", "--draft-model", str(tmp_path)], "no config.json there"),
     }

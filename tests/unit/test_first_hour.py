@@ -5,6 +5,7 @@ per-request lines, --dry-run's plan, and vLLM's option names with the old ones k
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -334,3 +335,44 @@ def test_every_readme_example_runs_as_written_here(tmp_path, monkeypatch):
             assert re.search(r"^grid: \d+ points: ", r.output, re.M) and "nothing was loaded, run or written" \
                 in r.output, r.output
     assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_vllm_bench_serves_names_mean_what_mtpbench_does(tmp_path):
+    """Issue 45 item 4: vllm bench serve's names are taken where mtpbench does the same thing (--dataset-name /
+    --dataset-path for --prompts, --result-dir for --out, --base-url for --server; --save-result and --ignore-eos,
+    which mtpbench always does); what it does not do is refused in one line."""
+    from mtpbench.cli.options import prompts_from
+    from mtpbench.errors import MtpBenchError
+
+    assert prompts_from(None, "random", None) == "random" and prompts_from(None, "mt-bench", None) == "mt-bench"
+    assert prompts_from(None, "sharegpt", "c.json") == "c.json" == prompts_from(None, None, "c.json")
+    assert prompts_from(None, "custom", "q.jsonl") == "q.jsonl" and prompts_from("builtin", None, None) == "builtin"
+    for args, message in (((None, "hf", None), "--dataset-name hf: mtpbench reads random, sharegpt and custom"),
+                          ((None, "sharegpt", None), "reads --dataset-path: give the file"),
+                          (("random", "random", None), "name the same thing: give one"),
+                          ((None, "random", "x.json"), "--dataset-path is read for --dataset-name sharegpt")):
+        with pytest.raises(MtpBenchError, match=re.escape(message)):
+            prompts_from(*args)
+    cli = typer.main.get_command(app)
+    for command in ("sweep", "tune"):
+        sub = cli.commands[command]
+        ctx = sub.make_context(command, ["--base-url", "http://h:1", "--result-dir", "d", "--save-result",
+                                         "--ignore-eos"])
+        assert ctx.params["server"] == ["http://h:1"] and ctx.params["out"] == "d"
+    r = CliRunner().invoke(app, ["sweep", "--dataset-name", "random", "--k", "0", "--dry-run", "--out",
+                                 str(tmp_path / "o")])
+    assert r.exit_code == 0 and "grid: 2 points: k0, aa-k0" in r.output
+    one_line_error(CliRunner().invoke(app, ["sweep", "--random-prefix-len", "5", "--dry-run"]),
+                   "--random-prefix-len 5: mtpbench's random prompts share no prefix")
+
+
+@pytest.mark.parametrize("args, said, unsaid", [
+    (["sweep", "--bogus"], "sweep takes no option --bogus (see: ", "did you mean"),
+    (["sweep", "--goodput", "e2el:1"], "--goodput is an option of tune", "did you mean"),
+    (["sweep", "--max-token", "3"], "did you mean --max-tokens?", "is an option of"),
+])
+def test_an_unknown_option_is_answered_in_the_users_words(args, said, unsaid):
+    """Issue 45: "did you mean" offered --out for --bogus and for `sweep --goodput` (tune's option)."""
+    r = CliRunner().invoke(app, args)
+    one_line_error(r, said)
+    assert unsaid not in r.output
