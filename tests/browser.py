@@ -100,9 +100,10 @@ class Browser:
 
 
 def visit(exe: str, page: Path, screenshot: Path, selector: str = "#answer", width: int = 1280,
-          height: int = 1600) -> dict:
-    """Open ``page`` and return {"console_errors", "exceptions", "requests", "text", "height"}; the screenshot of
-    the top ``height`` pixels is written to ``screenshot``."""
+          height: int = 1600, probe: str | None = None) -> dict:
+    """Open ``page`` and return {"console_errors", "exceptions", "requests", "text", "height", "probe"}; the
+    screenshot of the top ``height`` pixels is written to ``screenshot``; ``probe``: a JavaScript expression
+    evaluated on the page (its JSON-able value under "probe")."""
     b = Browser(exe)
     try:
         target = b.send("Target.createTarget", {"url": "about:blank"})["targetId"]
@@ -119,6 +120,7 @@ def visit(exe: str, page: Path, screenshot: Path, selector: str = "#answer", wid
                                                          ".innerText||''", "returnByValue": True}, session=s)
         full = b.send("Runtime.evaluate", {"expression": "document.documentElement.scrollHeight",
                                            "returnByValue": True}, session=s)
+        probed = b.send("Runtime.evaluate", {"expression": probe, "returnByValue": True}, session=s) if probe else {}
         shot = b.send("Page.captureScreenshot", {"format": "png"}, session=s)
         Path(screenshot).write_bytes(base64.b64decode(shot["data"]))
         ev = b.events
@@ -129,6 +131,7 @@ def visit(exe: str, page: Path, screenshot: Path, selector: str = "#answer", wid
         return {"console_errors": console,
                 "exceptions": [e["params"] for e in ev if e.get("method") == "Runtime.exceptionThrown"],
                 "requests": [e["params"]["request"]["url"] for e in ev if e.get("method") == "Network.requestWillBeSent"],
-                "text": text.get("result", {}).get("value", ""), "height": full.get("result", {}).get("value")}
+                "text": text.get("result", {}).get("value", ""), "height": full.get("result", {}).get("value"),
+                "probe": probed.get("result", {}).get("value")}
     finally:
         b.close()

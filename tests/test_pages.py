@@ -144,6 +144,29 @@ def test_each_page_opens_in_chromium_with_no_error_and_no_request(runs, kind, br
     assert (shots / f"{kind}.png").stat().st_size > 10_000
 
 
+# at 1280 px: each table's first screen within its box (no sideways scroll), and each figure drawn at no less than
+# 0.6 of its pixels (its 7-10 pt text stays at least about 6 px tall); missing intervals marked
+FITS = """(() => ({
+  tables: [...document.querySelectorAll('.scroll')].filter(d => !d.closest('details'))
+            .map(d => [d.scrollWidth, d.clientWidth]),
+  figures: [...document.querySelectorAll('figure img')].map(i => [i.getAttribute('alt'), i.clientWidth,
+                                                                   i.naturalWidth])
+}))()"""
+
+
+def test_a_sweeps_page_fits_1280_px_and_its_figures_are_readable(runs, browser_exe, tmp_path):
+    """Issue 45 item 6: the sweep's table scrolled sideways and cut its speedup mid-number at 1280 px; the
+    histogram's text was ~5 px; a missing interval was a bare number. Its first table holds what a first read
+    needs (every column under "All columns"), fitting the window; every figure is drawn near its own size."""
+    seen = visit(browser_exe, runs["sweep"] / "report.html", tmp_path / "sweep.png", probe=FITS)
+    fits = seen["probe"]
+    assert fits["tables"] and all(scroll <= client for scroll, client in fits["tables"]), fits
+    assert fits["figures"] and all(shown >= 0.6 * natural for _, shown, natural in fits["figures"]), fits
+    page = (runs["sweep"] / "report.html").read_text()
+    assert "<summary>All columns</summary>" in page
+    assert ("* no interval:" in page) == bool(re.search(r"<td>[\d.]+\*</td>", page))
+
+
 @pytest.mark.vllm
 def test_a_matrix_page_counts_the_verdicts_per_runner_and_opens_cleanly(tmp_path):
     out = tmp_path / "matrix"

@@ -16,8 +16,9 @@ FIGURES = [("acceptance_length.png", "Acceptance length against k, with 95 % int
            ("per_position.png", "Acceptance rate at each draft position (joint), with 95 % intervals", False),
            ("throughput.png", "Tokens/s and speedup against k, with the theory overlay", True),
            ("serving.png", "Served runs: throughput and latency against load", True),
-           ("acceptance_vs_context.png", "Acceptance against context length", False),
-           ("al_histogram.png", "Acceptance length per request", False)]
+           ("acceptance_vs_context.png", "Acceptance against context length, and against the position in each run",
+            True),
+           ("al_histogram.png", "Acceptance length per request", True)]
 
 
 def label(r: dict) -> str:
@@ -143,8 +144,9 @@ def _ci(r: dict, name: str, nd: int = 2, null: float | None = None) -> str:
     v, lo, hi = r.get(name), r.get(f"{name}_ci_low"), r.get(f"{name}_ci_high")
     if v is None:
         return "-"
-    if lo is None or hi is None:
-        return f"{v:.{nd}f}"
+    if lo is None or hi is None:  # a figure without its interval says so (the note under the table)
+        by_definition = r.get("k") == 0 and name in ("speedup", "acceptance_length")  # 1 at k = 0: no interval due
+        return f"{v:.{nd}f}" + ("*" if name in MARKED and not by_definition else "")
     if null is None:
         return f"{v:.{nd}f} [{lo:.{nd}f}, {hi:.{nd}f}]"
     return f"{v:.{nd}f} {interval_text(lo, hi, null, nd, 'f')}"
@@ -163,7 +165,17 @@ def _positions(r: dict) -> str:
     return "; ".join(out)
 
 
-def rows_table(rows: list[dict]) -> str:
+# the figures whose missing interval is marked with "*" (too few prompts or timed runs to give one)
+MARKED = ("acceptance_length", "output_tokens_per_sec", "speedup", "ttft_ms_p50", "tpot_ms_p50")
+# the page's first table fits a 1280 px window: these columns; every column is in the table under "All columns"
+COMPACT = ("point", "AL [95 %]", "tokens/s [95 %]", "speedup", "TPOT p50 ms", "status")
+NO_INTERVAL_NOTE = ("* no interval: too few prompts (AL) or timed runs (tokens/s, speedup, TTFT, TPOT) to give one "
+                    "(--repeats 3 gives speedup intervals, 6 the timings')")
+
+
+def rows_table(rows: list[dict], compact: bool = False) -> str:
+    """The rows as a table: every column, or (``compact``) those of ``COMPACT``; a note under it where a figure
+    is shown without its interval."""
     levels = sorted({r["speedup_level"] for r in rows if r.get("speedup_level")})
     at = " / ".join(level_text(x) for x in levels) or "95 %"
     headers = ["point", "category", "runner", "AL [95 %]", "acceptance per position (joint) [95 %]", "alpha",
@@ -175,7 +187,11 @@ def rows_table(rows: list[dict]) -> str:
              _ci(r, "ttft_ms_p50", 1), _ci(r, "tpot_ms_p50", 2),
              "-" if r.get("greedy_match_k0") is None else f"{r['greedy_match_k0']:.2f}",
              r["status"] + (f": {r['error']}" if r.get("error") else "")] for r in rows]
-    return table(headers, body)
+    if compact:
+        keep = [i for i, h in enumerate(headers) if h.split(" [")[0] in [c.split(" [")[0] for c in COMPACT]]
+        headers, body = [headers[i] for i in keep], [[row[i] for i in keep] for row in body]
+    marked = any(str(c).endswith("*") or "* " in str(c) for row in body for c in row)
+    return table(headers, body) + (f'<p class="note">{esc(NO_INTERVAL_NOTE)}</p>' if marked else "")
 
 
 def page(out: Path) -> Path:
@@ -188,7 +204,8 @@ def page(out: Path) -> Path:
     figs = '<div class="figs">' + "".join(figure(out / n, caption, wide) for n, caption, wide in FIGURES) + "</div>"
     notes = sorted({f"{label(r)}: {r['notes']}" for r in every if r.get("notes")})
     said = [x for x in [noise_line(summary.get("noise"))] + load_change(summary.get("provenance") or {}) if x]
-    body = (f"<h2>Figures</h2>{figs}<h2>All prompts</h2>{rows_table(every)}"
+    body = (f"<h2>Figures</h2>{figs}<h2>All prompts</h2>{rows_table(every, compact=True)}"
+            + f"<details><summary>All columns</summary>{rows_table(every)}</details>"
             + "".join(f'<p class="note">{esc(x)}</p>' for x in said)
             + (f"<h2>By category</h2>{rows_table([r for r in rows if r['category'] != 'all'])}"
                if len(every) < len(rows) else "")

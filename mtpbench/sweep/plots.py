@@ -107,15 +107,45 @@ def throughput_plot(out: Path, rows: list[PointResult], lines: dict[tuple, list[
         if any(r.theoretical_speedup is not None for r in pts if r.k):
             a2.plot([r.k for r in pts], [r.theoretical_speedup for r in pts], "--", color=line.get_color(),
                     label=f"{label} theoretical")
+    clipped = [clip_whiskers(a, [r.output_tokens_per_sec for key in order for r in lines[key]]) for a in (a1,)]
+    clipped += [clip_whiskers(a2, [r.speedup for key in order for r in lines[key]] +
+                              [r.theoretical_speedup for key in order for r in lines[key]])]
     a1.set(xlabel="k", ylabel="output tokens/sec", title="Throughput")
     a2.set(xlabel="k", ylabel="speedup vs k=0", title="Speedup (dashed: (1-a^(k+1))/((1-a)(kc+1)))")
     for a in (a1, a2):
         a.set_xticks(_ks(lines))
         a.grid(alpha=0.3)
         a.legend(fontsize=7)
-    if any(bare):
-        fig.suptitle("hollow markers: " + NO_INTERVAL, fontsize=7)
+    said = (["hollow markers: " + NO_INTERVAL] if any(bare) else []) + \
+        (["a triangle at the edge: an interval that runs past the axis (every end is in the table)"] if any(clipped)
+         else [])
+    if said:
+        fig.suptitle("\n".join(said), fontsize=7)
     return _save(fig, out / "throughput.png", plt, rows)
+
+
+def clip_whiskers(ax, values: list) -> bool:
+    """Axis limits that show the points, not the widest interval: the points' range with a margin of at least
+    half of it (and 5 % of the largest); an interval running past an edge is cut there and marked by a triangle
+    at that edge. Whether any was."""
+    vs = [v for v in values if v is not None]
+    if not vs:
+        return False
+    lo, hi = min(vs), max(vs)
+    pad = max((hi - lo) / 2, 0.05 * max(abs(lo), abs(hi)), 1e-9)
+    bottom, top = lo - pad, hi + pad
+    cut = False
+    for line in ax.get_lines():  # the whiskers' ends are the caps: a cap beyond an edge marks it
+        xs, ys = line.get_xdata(), line.get_ydata()
+        if line.get_marker() != "_" or not len(ys):
+            continue
+        for x, y in zip(xs, ys):
+            if y > top or y < bottom:
+                cut = True
+                ax.plot([x], [top if y > top else bottom], marker="^" if y > top else "v", color=line.get_color(),
+                        markersize=6, clip_on=False, zorder=5)
+    ax.set_ylim(bottom, top)
+    return cut
 
 
 def per_position_plot(out: Path, rows: list[PointResult], lines: dict[tuple, list[PointResult]], order: list[tuple],
@@ -150,29 +180,37 @@ def context_plot(out: Path, rows: list[PointResult], plt) -> Path:
     """AL vs the context before the prompt (the --context-tokens dimension), and AL vs the position in the
     sequence where the drafts were verified (inside every run, from per-request data)."""
     ok = [r for r in rows if r.status == "ok" and r.category == "all" and r.k > 0]
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    with_context = any(r.context_tokens is not None for r in ok)
+    with_position = any(r.position_bucket_start for r in ok)
+    if with_context and with_position:
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    else:  # one panel only: never an empty one beside it
+        fig, ax = plt.subplots(figsize=(11, 4))
+        a1, a2 = (ax, None) if with_context else (None, ax)
     groups = sorted({(r.mode, r.mtp_layers, r.k, r.concurrency, r.request_rate) for r in ok},
                     key=lambda x: tuple(-1 if v is None else v for v in x[1:]) + (x[0],))
     for mode, L, k, c, rate in groups:
         pts = sorted((r for r in ok if (r.mode, r.mtp_layers, r.k, r.concurrency, r.request_rate) == (mode, L, k, c, rate)
                       and r.context_tokens is not None), key=lambda r: r.context_tokens)
-        if pts:
+        if pts and a1 is not None:
             a1.errorbar([r.context_tokens_actual for r in pts], [r.acceptance_length for r in pts], capsize=3,
                         yerr=_yerr(pts, "acceptance_length"), marker="o",
                         label=_line_label(mode, L, c, rate) + f", k={k}")
     for r in ok:
-        if r.position_bucket_start:
+        if r.position_bucket_start and a2 is not None:
             err = [[0 if lo is None else v - lo for v, lo in zip(r.acceptance_length_by_position,
                                                                 r.acceptance_length_by_position_ci_low)],
                    [0 if hi is None else hi - v for v, hi in zip(r.acceptance_length_by_position,
                                                                 r.acceptance_length_by_position_ci_high)]]
             a2.errorbar(r.position_bucket_start, r.acceptance_length_by_position, yerr=err, capsize=2,
                         marker=".", label=row_label(r))
-    a1.set(xlabel="tokens of held-out text before the prompt (actual)", ylabel="acceptance length",
-           title="AL vs context length (--context-tokens)")
-    a2.set(xlabel="sequence position when the drafts were verified (bucket start)", ylabel="acceptance length",
-           title="AL vs position inside each run")
-    for a in (a1, a2):
+    if a1 is not None:
+        a1.set(xlabel="tokens of held-out text before the prompt (actual)", ylabel="acceptance length",
+               title="AL vs context length (--context-tokens)")
+    if a2 is not None:
+        a2.set(xlabel="sequence position when the drafts were verified (bucket start)", ylabel="acceptance length",
+               title="AL vs position inside each run")
+    for a in (x for x in (a1, a2) if x is not None):
         a.grid(alpha=0.3)
         if a.get_legend_handles_labels()[0]:
             a.legend(fontsize=7)
@@ -268,7 +306,7 @@ def al_histogram(out: Path, points: list[dict], rows: list[PointResult]) -> Path
 
     cols = min(4, len(per_point))
     rows_n = -(-len(per_point) // cols)
-    fig, axes = plt.subplots(rows_n, cols, figsize=(3.2 * cols, 2.6 * rows_n), squeeze=False)
+    fig, axes = plt.subplots(rows_n, cols, figsize=(11, 3.2 * rows_n), squeeze=False)  # the page's full width
     for ax, (point, als, al) in zip(axes.flat, per_point):
         ax.hist(als, bins=min(20, max(5, len(als) // 2)), range=(1, point.k + 1), color="tab:blue", alpha=0.8)
         if al is not None:
@@ -276,7 +314,7 @@ def al_histogram(out: Path, points: list[dict], rows: list[PointResult]) -> Path
             ax.legend(fontsize=7)
         ax.set(title=f"{point.name} ({len(als)} requests)", xlabel="acceptance length per request (line: AL)",
                ylabel="requests")
-        ax.title.set_fontsize(8)
+        ax.title.set_fontsize(9)
     for ax in list(axes.flat)[len(per_point):]:
         ax.axis("off")
     return _save(fig, out / "al_histogram.png", plt, rows)

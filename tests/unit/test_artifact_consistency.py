@@ -229,7 +229,7 @@ def report(d: Path, pngs: bool = True) -> tuple[int, str]:
 # ---- a sweep: terminal, summary.csv, summary.json, report.html ------------------------------------------------
 
 TERM_SPEEDUP = re.compile(rf"({NUM})\*?(?: \[({NUM}), ({NUM})\])?")
-PAGE_SPEEDUP = re.compile(rf"({NUM})(?: \[({NUM}), ({NUM})\] (\w+), n = (\d+))?")
+PAGE_SPEEDUP = re.compile(rf"({NUM})\*?(?: \[({NUM}), ({NUM})\] (\w+), n = (\d+))?")
 WORDS = {"above": "faster", "below": "slower", "open": "open"}
 ENDS = 1e-4  # the files keep interval ends rounded outward to 4 decimals; the tables print them rounded
 
@@ -318,6 +318,7 @@ def test_a_sweeps_artifacts_agree_with_the_numbers_beside_each_claim(plan, pngs)
             k = next(k for k in by_k if page_label(k) == r["point"])
             if by_k[k]["status"] == "ok" and k > 0 and by_k[k]["speedup"] is not None:
                 printed[r["point"]] = check_speedup(r[head], PAGE_SPEEDUP, by_k[k])
+                assert r[head].endswith("*") == (by_k[k]["speedup_ci_low"] is None), r  # a missing interval marked
         event(f"sweep headline: {page.answer.split(':')[0]}")
         check_headline(page.answer, printed)
         check_first_screen(out, page.answer)
