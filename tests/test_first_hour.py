@@ -6,6 +6,7 @@ vLLM server."""
 from __future__ import annotations
 
 import csv
+import re
 import json
 from pathlib import Path
 
@@ -110,3 +111,51 @@ def test_a_launched_server_takes_the_first_hour_options(tmp_path):
     assert [r["concurrency"] for r in summary["rows"] if r["category"] == "all"] == [1, 2]
     check_table(output)
     assert json.loads((out / "run.json").read_text())["fingerprint"]["warmup"] == 2
+
+
+NEWCOMER = ["--num-prompts", "2", "--max-tokens", "16", "--repeats", "3"]  # the main job, small
+
+
+def mtpbench(cwd: Path, *args: str) -> tuple[int, str, str]:
+    """``mtpbench ARGS`` as a person runs it, through a pipe (no terminal: 80 columns), in ``cwd``."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    p = subprocess.run([sys.executable, "-m", "mtpbench", *args], cwd=cwd, capture_output=True, text=True, env=env,
+                       timeout=900)
+    return p.returncode, p.stdout, p.stderr
+
+
+def snapshot(d: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+def test_a_newcomers_path(tmp_path):
+    """Issue 45: a newcomer's first hour as one test (its output is in docs/first-hour.md): the main job (small),
+    a rerun into the same folder (nothing measured, said, not a file changed), a second sweep with other settings
+    (refused there, run elsewhere), compare, report, and help at 80 columns through a pipe. Each answer comes first,
+    every table line within 120 columns."""
+    code, out, err = mtpbench(tmp_path, "sweep", *NEWCOMER)
+    assert code == 0, err
+    first = out.split("\n\n")[0]
+    assert re.match(r"(Best: |No k is faster|Drafting is slower|Nothing can be told apart)", first), out
+    assert all(len(line) <= 120 for line in out.splitlines() if not line.startswith(("wrote", "open"))), out
+    results = tmp_path / "results"
+    before = snapshot(results)
+    code, out2, err2 = mtpbench(tmp_path, "sweep", *NEWCOMER)  # the same again: old results, said
+    assert code == 0 and "nothing to measure: all " in err2 and "--replace measures them anew" in err2, err2
+    assert {k: v for k, v in snapshot(results).items() if k.endswith(".json") and not k.startswith("summary")} == \
+        {k: v for k, v in before.items() if k.endswith(".json") and not k.startswith("summary")}
+    code, out3, err3 = mtpbench(tmp_path, "sweep", *NEWCOMER, "--max-tokens", "24")  # other settings, same folder
+    assert code == 2 and err3.startswith("error: --out results holds a sweep measured with other settings "
+                                         "(max_tokens 16 there, 24 now)"), err3
+    code, _, err = mtpbench(tmp_path, "sweep", *NEWCOMER, "--mode", "chain", "--out", "second")
+    assert code == 0, err
+    code, out4, err4 = mtpbench(tmp_path, "compare", "results", "second", "--out", "cmp")
+    assert code == 0 and out4.startswith("B against A: "), (out4, err4)
+    code, out5, _ = mtpbench(tmp_path, "report", "results")
+    assert code == 0 and out5.split("\n\n")[0] == first  # the same answer, rebuilt from the files
+    code, out6, _ = mtpbench(tmp_path, "sweep", "-h")
+    assert code == 0 and len(out6.splitlines()) <= 100 and max(map(len, out6.splitlines())) <= 80

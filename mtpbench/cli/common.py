@@ -166,7 +166,8 @@ def show(rows, out, wide: bool = False) -> None:
                                    tuple(config.get("metric_percentiles") or ())), None if wide else WIDTH))
     lines = notices(out)
     if lines:
-        typer.echo("\n" + "\n".join(lines))
+        typer.echo("\n" + "\n".join(textwrap.fill(x, WIDTH, subsequent_indent="  ", break_on_hyphens=False)
+                                     for x in lines))
 
 
 def wrote(out, *names: str) -> None:

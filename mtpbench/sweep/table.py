@@ -134,7 +134,7 @@ def table(rows: list[PointResult], latency: list[tuple[str, str]] | None = None,
         cols = [c for c in cols if c[0] != name]
         text, marked = _render(rows, cols)
     if marked:
-        text += f"\n* {NO_INTERVAL}"
+        text += "\n" + _wrap(f"* {NO_INTERVAL}", width)
     if any(r.speedup_decision for r in rows):
         levels = sorted({r.speedup_level for r in rows if r.speedup_level})
         text += f"\n{_wrap(decided_legend(levels), width)}"
@@ -142,8 +142,9 @@ def table(rows: list[PointResult], latency: list[tuple[str, str]] | None = None,
         text += "\n" + legend(cols, width, EXPLAINED if any(r.speedup_decision for r in rows) else ())
         if dropped:
             text += "\n" + _wrap(f"more columns with --wide and in summary.csv: {', '.join(dropped)}", width)
-    errors = [f"{row_label(r)}: {r.error}" for r in rows if r.error]
-    notes = sorted({f"{row_label(r)}: {r.notes}" for r in rows if r.notes and r.category == "all"})
+    errors = [_wrap(f"{row_label(r)}: {r.error}", width) for r in rows if r.error]
+    notes = [_wrap(n, width) for n in sorted({f"{row_label(r)}: {r.notes}" for r in rows
+                                               if r.notes and r.category == "all"})]
     return text + ("\n\nnotes:\n" + "\n".join(notes) if notes else "") + \
         ("\n\nfailed points:\n" + "\n".join(errors) if errors else "")
 
