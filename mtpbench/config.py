@@ -378,10 +378,9 @@ def validate_serving(cfg: SweepConfig) -> None:
 def _local(name: str) -> Path | None:
     """A model's directory where it is on this machine, else None."""
     try:
-        path = resolve_model_dir(name)
+        return path if (path := resolve_model_dir(name)).is_dir() else None
     except MtpBenchError:
         return None
-    return path if path.is_dir() else None
 
 
 def check_parallel_layout(cfg: SweepConfig) -> None:

@@ -163,9 +163,9 @@ def commands_brief(usage: str, about: str, commands: list[tuple[str, str]], w: i
 def options_markdown(root, commands: list[str]) -> str:
     """docs/options.md: every option of every command, by command (its help in full, its value and default), and
     an index of the option names that several commands share. ``root``: the click group; the text is what
-    ``python -m mtpbench.cli.help`` prints, and tests/unit/test_help.py checks the file against it."""
+    ``benchmarks/options_md.py`` prints, and tests/unit/test_help.py checks the file against it."""
     lines = ["# Every option, by command", "",
-             "Generated from the code (`python -m mtpbench.cli.help > docs/options.md`; tests/unit/test_help.py "
+             "Generated from the code (`python benchmarks/options_md.py > docs/options.md`; tests/unit/test_help.py "
              "checks this file against it). `mtpbench COMMAND -h` lists a command's options one line each; "
              "`--help` prints them as below.", ""]
     seen: dict[str, list[tuple[str, str]]] = {}
@@ -192,12 +192,3 @@ def options_markdown(root, commands: list[str]) -> str:
               for label, cs in shared] + [""]
     return "\n".join(lines + body)
 
-
-if __name__ == "__main__":
-    import typer
-
-    from mtpbench.cli import app
-    from mtpbench.cli.help import options_markdown as render  # the module the commands filled in, not __main__
-
-    group = typer.main.get_command(app)
-    print(render(group, list(group.commands)), end="")

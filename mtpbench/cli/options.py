@@ -21,7 +21,7 @@ from typing import Annotated, Optional
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from mtpbench.cli import help as help_text
+import mtpbench.cli.help as help_text
 from mtpbench.config import SweepConfig
 
 BASE = SweepConfig()  # the defaults every command shares unless it sets its own: what --help shows for them

@@ -163,7 +163,7 @@ def test_short_help_and_version():
 
 def test_docs_options_md_is_the_code_s():
     """docs/options.md lists every option by command, generated from the code: it is what the code says now
-    (regenerate with `python -m mtpbench.cli.help > docs/options.md`)."""
+    (regenerate with `python benchmarks/options_md.py > docs/options.md`)."""
     from pathlib import Path
 
     from mtpbench.cli.help import options_markdown
@@ -171,7 +171,7 @@ def test_docs_options_md_is_the_code_s():
     group = typer.main.get_command(app)
     want = options_markdown(group, list(group.commands))
     got = (Path(__file__).parents[2] / "docs" / "options.md").read_text()
-    assert got == want, "docs/options.md is stale: python -m mtpbench.cli.help > docs/options.md"
+    assert got == want, "docs/options.md is stale: python benchmarks/options_md.py > docs/options.md"
     for command in COMMANDS:  # every option of every command is in it
         for p in params(command):
             if p.param_type_name == "option":
