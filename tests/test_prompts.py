@@ -28,8 +28,9 @@ def test_a_sweep_on_a_chat_checkpoint_applies_its_template_and_says_so(tmp_path,
     r = CliRunner().invoke(app, ["sweep", str(chat_model), "--prompts", "spec-bench", "--num-prompts", "13",
                                  "--k", "0,1", "--mode", "reuse", "--max-tokens", "4", "--repeats", "1", "--out", str(out)])
     assert r.exit_code == 0, r.output
-    assert "prompts: spec-bench, 13 in 13 categories" in r.output
-    assert "the checkpoint's chat template was applied" in r.output
+    said = " ".join(r.output.split())  # the terminal wraps its lines at 120 columns
+    assert "prompts: spec-bench, 13 in 13 categories" in said
+    assert "the checkpoint's chat template was applied" in said
     rows = json.loads((out / "summary.json").read_text())["rows"]
     assert {x["category"] for x in rows if x["k"] == 1} == {"all", *{p.category for p in load_prompts("spec-bench", 13)}}
     k0 = json.loads((out / "k0.json").read_text())
