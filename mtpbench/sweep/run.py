@@ -76,12 +76,9 @@ def run_sweep(cfg: SweepConfig, on_point: Callable[[int, int, str], None] | None
     prov = provenance()
     prompts_info = pset.describe()  # as in the set, without context
     fp = store.sweep_fingerprint(cfg.to_json(), prov["versions"], prompts_info["sha256"])
-    # before the engine starts and before any write: reuse, refuse or move aside what --out holds
-    names = [] if cfg.server else [p.name for p in grid(cfg, n_layers)]
-    held = store.claim(out, fp, names, cfg.replace, attached=bool(cfg.server))
-    store.tell(held, cfg.out, say)
-    if names and set(held.reused) == set(names) and (out / "run.json").is_file():
-        if on_point:  # every point measured before with these settings: no engine, no file touched
+    held = claim_out(cfg, n_layers, fp, say)
+    if held is None:  # every point measured before with these settings: no engine, no file touched
+        if on_point:
             on_point(1, 1, "report")
         return build(out)
     t0 = time.perf_counter()
@@ -125,6 +122,16 @@ def run_sweep(cfg: SweepConfig, on_point: Callable[[int, int, str], None] | None
     if on_point:
         on_point(1, 1, "report")
     return build(out)
+
+
+def claim_out(cfg: SweepConfig, n_layers: int | None, fp: dict, say) -> store.Claim | None:
+    """Before the engine starts and before any write: reuse, refuse or move aside what --out holds (said); None
+    where every point of the grid was measured there before with these settings."""
+    out = Path(cfg.out)
+    names = [] if cfg.server else [p.name for p in grid(cfg, n_layers)]
+    held = store.claim(out, fp, names, cfg.replace, attached=bool(cfg.server))
+    store.tell(held, cfg.out, say)
+    return None if names and set(held.reused) == set(names) and (out / "run.json").is_file() else held
 
 
 def check_rounds(cfg: SweepConfig) -> None:
