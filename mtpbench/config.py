@@ -375,8 +375,8 @@ def validate_serving(cfg: SweepConfig) -> None:
                             "its URL")
 
 
-def _local(name: str) -> Path | None:
-    """A model's directory where it is on this machine, else None."""
+def local_model_dir(name: str) -> Path | None:
+    """A model's directory where it is on this machine (a directory, or a hub id in the local cache), else None."""
     try:
         return path if (path := resolve_model_dir(name)).is_dir() else None
     except MtpBenchError:
@@ -391,7 +391,7 @@ def check_parallel_layout(cfg: SweepConfig) -> None:
     # each model whose files are here (a dry run plans a model not on this machine: its layout is checked where
     # it runs, by the sweep before its engine starts)
     models = {name: read_config(path) for name in filter(None, (cfg.model, drafter))
-              for path in [_local(name)] if path is not None}
+              for path in [local_model_dir(name)] if path is not None}
     machine = Machine(installed_vllm() if cpu_build() else None, len(os.sched_getaffinity(0)),
                       os.environ.get("VLLM_CPU_OMP_THREADS_BIND"))
     eager = bool(cfg.engine_args.get("enforce_eager") or (info(cfg.backend).offline_vllm and cfg.force_spec_step_idx))

@@ -22,25 +22,22 @@ def plan(cfg: SweepConfig) -> dict:
     from mtpbench.sweep.rounds import with_aa
     from mtpbench.sweep.run import check_rounds, grid
 
-    from mtpbench.config import with_runner
-    from mtpbench.environment import provenance
+    from mtpbench.config import local_model_dir, with_runner
+    from mtpbench.environment import provenance, require_vllm
     from mtpbench.sweep import store
-
-    from mtpbench.environment import require_vllm
 
     attached = bool(cfg.server or cfg.servers)
     backend = info(cfg.backend)
     if backend.vllm and not attached:
         require_vllm()  # as the run would, before it plans anything: an engine here needs vLLM here
-    here = attached or model_here(cfg)
+    here = attached or local_model_dir(cfg.model) is not None
     n_layers = cfg.num_mtp_layers() if here and not cfg.server else None
     validate(cfg, n_layers)
     check_rounds(cfg)
     points = grid(cfg, n_layers, -1)  # an attached server's k is read when the sweep starts: -1 here
-    held = store.Claim()
+    held, pset = store.Claim(), run_prompts(cfg) if here else None
     if here:  # what --out holds: points saved with the same settings are not run again (refused: other settings)
-        fp = store.sweep_fingerprint(with_runner(cfg).to_json(), provenance()["versions"],
-                                     run_prompts(cfg).describe()["sha256"])
+        fp = store.sweep_fingerprint(with_runner(cfg).to_json(), provenance()["versions"], pset.describe()["sha256"])
         held = store.claim(Path(cfg.out), fp, [] if attached else [p.name for p in points], cfg.replace, attached,
                            dry_run=True)
     points = [p for p in points if p.name not in held.reused]
@@ -49,7 +46,7 @@ def plan(cfg: SweepConfig) -> dict:
     names = [_name(p) for p in points]
     if cfg.servers:  # each server's points
         points, names = points * len(cfg.servers), [f"{n} at {url}" for url in cfg.servers for n in names]
-    prompts = len(run_prompts(cfg).prompts) if here else count_prompts(cfg)
+    prompts = len(pset.prompts) if here else count_prompts(cfg)
     most = cfg.max_repeats or cfg.repeats
     runs = len(points) * (cfg.warmup * backend.interleaves_repeats + cfg.repeats)
     # the native engine is one for every point; vLLM one per (k, L); an attached server is started by nobody here
@@ -59,16 +56,6 @@ def plan(cfg: SweepConfig) -> dict:
             "prompts": prompts,
             "timed_runs": runs, "timed_runs_at_most": len(points) * (cfg.warmup * backend.interleaves_repeats + most),
             "output_tokens": runs * prompts * cfg.max_tokens, "max_seconds": cfg.max_seconds}
-
-
-def model_here(cfg: SweepConfig) -> bool:
-    """Whether the model's files are on this machine (a directory, or a hub id in the local cache)."""
-    from mtpbench.errors import MtpBenchError
-
-    try:
-        return cfg.model_dir.is_dir()
-    except MtpBenchError:
-        return False
 
 
 def count_prompts(cfg: SweepConfig) -> int:
