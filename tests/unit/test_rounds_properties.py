@@ -232,3 +232,22 @@ def test_a_round_costs_its_batches_one_after_another():
     assert [round_cost(SweepConfig(num_prompts=16, batch_size=b)) for b in (1, 2, 4, 16, 32)] == [16, 8, 4, 1, 1]
     assert round_cost(SweepConfig(batch_size=2)) == 4  # the built-in set's 8 prompts
     assert budget_share(-5.0, [1.0, 1.0]) > 0  # over budget: the sweep still runs its first rounds
+
+
+def test_a_point_decided_on_its_raw_interval_stays_timed_while_the_aa_floor_covers_it():
+    """The rounds stop a point on the interval its row shows, never narrower than the A/A floor: k = 1 at a tight
+    x1.3 over k = 0 is decided on its own repeats, but with an A/A copy of k = 0 that differs by 40 % (a floor wider
+    than log 1.3) it is still open and stays timed, with its baseline and the copy; the look reports that floor. At
+    alpha 1e-9 the same tight x1.3 with no A/A stays open too (the level is the one passed)."""
+    import math
+
+    tokps = {"k0": [100.0, 101.0, 99.0, 100.5], "k1": [130.0, 131.0, 129.0, 130.5],
+             "aa": [140.0, 60.0, 150.0, 70.0]}
+    partner = {"k1": "k0", "aa": "k0"}
+    keep, look = still_timed({"k0", "k1"}, {k: v for k, v in tokps.items() if k != "aa"}, partner, None, 1, 0.05)
+    assert keep == set() and look["floor"] == 0.0  # decided without the copy
+    keep, look = still_timed({"k0", "k1", "aa"}, tokps, partner, "aa", 1, 0.05)
+    assert look["floor"] > math.log(1.3) and keep == {"k0", "k1", "aa"}, look
+    steady = {"k0": [100.0, 103.0, 97.0], "k1": [112.0, 108.0, 110.0]}
+    assert still_timed({"k0", "k1"}, steady, partner, None, 1, 0.05)[0] == set()
+    assert still_timed({"k0", "k1"}, steady, partner, None, 1, 1e-9)[0] == {"k0", "k1"}
