@@ -237,8 +237,9 @@ def test_a_round_costs_its_batches_one_after_another():
 def test_a_point_decided_on_its_raw_interval_stays_timed_while_the_aa_floor_covers_it():
     """The rounds stop a point on the interval its row shows, never narrower than the A/A floor: k = 1 at a tight
     x1.3 over k = 0 is decided on its own repeats, but with an A/A copy of k = 0 that differs by 40 % (a floor wider
-    than log 1.3) it is still open and stays timed, with its baseline and the copy; the look reports that floor. At
-    alpha 1e-9 the same tight x1.3 with no A/A stays open too (the level is the one passed)."""
+    than log 1.3) it is still open and stays timed, with its baseline and the copy; the look reports that floor. A
+    steady x1.1 is decided at alpha 0.05 and stays open at 1e-9, or over 10^8 looks or comparisons (the level is
+    1 - alpha / (family x looks))."""
     import math
 
     tokps = {"k0": [100.0, 101.0, 99.0, 100.5], "k1": [130.0, 131.0, 129.0, 130.5],
@@ -251,3 +252,6 @@ def test_a_point_decided_on_its_raw_interval_stays_timed_while_the_aa_floor_cove
     steady = {"k0": [100.0, 103.0, 97.0], "k1": [112.0, 108.0, 110.0]}
     assert still_timed({"k0", "k1"}, steady, partner, None, 1, 0.05)[0] == set()
     assert still_timed({"k0", "k1"}, steady, partner, None, 1, 1e-9)[0] == {"k0", "k1"}
+    # and at 1 - 0.05 / (family x looks): many looks, or a large family, ask as much
+    assert still_timed({"k0", "k1"}, steady, partner, None, 10 ** 8, 0.05)[0] == {"k0", "k1"}
+    assert still_timed({"k0", "k1"}, steady, partner, None, 1, 0.05, family=10 ** 8)[0] == {"k0", "k1"}
