@@ -145,3 +145,24 @@ def req_s_cell(row: PointResult) -> str:
     names = [header[a:b].strip() for a, b in spans]
     a, b = spans[names.index("req/s")]
     return line[a:b].strip()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(st.none(), st.integers(0, 9)), st.one_of(st.none(), st.integers(0, 9)), st.integers(1, 8),
+       st.one_of(st.none(), st.integers(1, 20)), st.lists(st.integers(0, 3), max_size=6),
+       st.lists(st.integers(0, 3), max_size=3))
+def test_a_sweeps_family_and_looks_are_what_run_json_saved_else_what_its_points_and_rounds_give(
+        family, looks, repeats, max_repeats, ks, failed_ks):
+    """The family and looks every speedup of a sweep is judged at (issue 44): run.json's, saved before any point
+    was measured; for a sweep from before that, its k > 0 points (failed ones too) and one look a round from
+    max(--repeats, 3) to --max-repeats (1 without more rounds than --repeats); never below 1."""
+    from mtpbench.sweep.load import judge_of
+
+    saved = {k: v for k, v in (("family", family), ("looks", looks)) if v is not None}
+    run = {"config": {"repeats": repeats, "max_repeats": max_repeats}, **({"judge": saved} if saved else {})}
+    points = [{"point": {"k": k}} for k in ks]
+    failures = [{"point": {"k": k}} for k in failed_ks]
+    want_family = family if family is not None else sum(k > 0 for k in ks + failed_ks)
+    most = max_repeats or repeats
+    want_looks = looks if looks is not None else (max(1, most - max(repeats, 3) + 1) if most > repeats else 1)
+    assert judge_of(run, points, failures) == (max(1, want_family), max(1, want_looks))
