@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -173,3 +174,37 @@ def test_case_8_a_steady_machine_is_called_drifted_at_most_5_percent_of_five_swe
     assert all(c["family"] == 5 for c in controls(pts))
     assert flagged / trials <= 0.05 + 2 * math.sqrt(0.05 * 0.95 / trials)
     assert old / trials > 0.03  # each sweep's own test alone: 5 % a control, the flag above 15 % a tune
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.floats(50, 200), min_size=0, max_size=6),
+                          st.lists(st.floats(50, 200), min_size=0, max_size=6)), min_size=1, max_size=4),
+       st.booleans())
+def test_the_drift_controls_are_each_sweeps_aa_judged_as_one_family(sweeps, distractor):
+    """tune's "the machine drifted" (analyse.controls), against the rule written here: one control a sweep (the
+    A/A copy beside its k = 0, read once however many points share it), in load order, each the ratio of the
+    copy's geometric mean over k = 0's on their common rounds, judged at a family of every sweep's control; a
+    sweep whose runs give no ratio (fewer than 3 common rounds) has none. A k > 0 point's runs are never a control."""
+    import math
+
+    from mtpbench.tune.analyse import controls
+    from mtpbench.tune.model import Measured
+
+    def runs(xs):
+        return [{"output_tokens_per_sec": x} for x in xs]
+
+    points, want = [], []
+    for i, (k0, aa) in enumerate(sweeps):
+        load = 2 ** i
+        noise = (runs(k0), runs(aa))
+        points += [Measured(load, 0, k0 or [1.0], noise=noise), Measured(load, 1, [1.0], noise=noise)]
+        n = min(len(k0), len(aa))
+        if n >= 3:
+            ratio = math.exp(sum(map(math.log, aa[:n])) / n - sum(map(math.log, k0[:n])) / n)
+            want.append((load, ratio))
+    if distractor:  # a drafting point with runs of its own: never read as a control
+        points.append(Measured(99, 2, [1.0], noise=(runs([100.0] * 3), runs([300.0] * 3))))
+    got = controls(list(reversed(points)))
+    assert [c["load"] for c in got] == [load for load, _ in want]
+    assert all(c["estimate"] == pytest.approx(r, rel=1e-4) for c, (_, r) in zip(got, want))  # saved to 5 digits
+    assert all(c["family"] == len(sweeps) for c in got)
