@@ -156,7 +156,7 @@ def show(rows, out, wide: bool = False) -> None:
     from mtpbench.sweep.load import read_json
     from mtpbench.sweep.page import answer
     from mtpbench.sweep.report import notices
-    from mtpbench.sweep.table import WIDTH, table
+    from mtpbench.sweep.table import WIDTH, table, wrap
 
     run, summary = Path(out) / "run.json", Path(out) / "summary.json"
     config = (read_json(run).get("config") or {}) if run.is_file() else {}
@@ -166,8 +166,7 @@ def show(rows, out, wide: bool = False) -> None:
                                    tuple(config.get("metric_percentiles") or ())), None if wide else WIDTH))
     lines = notices(out)
     if lines:
-        typer.echo("\n" + "\n".join(textwrap.fill(x, WIDTH, subsequent_indent="  ", break_on_hyphens=False)
-                                     for x in lines))
+        typer.echo("\n" + "\n".join(map(wrap, lines)))
 
 
 def wrote(out, *names: str) -> None:

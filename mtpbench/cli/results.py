@@ -72,7 +72,7 @@ def compare(
 
     from mtpbench.compare import compare as run_compare, terminal_table, unjudged_beyond, worse_beyond
     from mtpbench.compare.page import headline as compare_headline
-    from mtpbench.sweep.table import WIDTH
+    from mtpbench.sweep.table import WIDTH, wrap
     from mtpbench.compare.pair import check_pct, exit_code
 
     try:
@@ -85,7 +85,7 @@ def compare(
     typer.echo(textwrap.fill(compare_headline(result)[0], WIDTH, break_on_hyphens=False) + "\n")
     typer.echo("differs: " + ("; ".join(result["differences"]) or "nothing in settings or versions"))
     for line in result["notes"]:
-        typer.echo(textwrap.fill(f"note: {line}", WIDTH, subsequent_indent="  ", break_on_hyphens=False))
+        typer.echo(wrap(f"note: {line}"))
     typer.echo("\n" + terminal_table(result))
     for f in result["failed"]:
         typer.echo(f"failed: {f['point']} in {f['failed_in']}: {f['error']}")

@@ -53,9 +53,9 @@ def terminal_table(result: dict) -> str:
     """The table the terminal prints (all prompts), within 120 columns: without "values from" (the legend says
     what an interval, or its absence, means), the level of the intervals, one for the rows judged together, in the
     header; its legend under it."""
-    import textwrap
-
     from tabulate import tabulate
+
+    from mtpbench.sweep.table import wrap
 
     rows = [r[:-1] for r in table_lines(result)]
     levels = {r["level"] for r in result["rows"] if r["category"] == "all" and r.get("level")}
@@ -65,7 +65,7 @@ def terminal_table(result: dict) -> str:
         headers[6] = "interval" + at
         rows = [[*r[:6], r[6].removesuffix(at), *r[7:]] for r in rows]
     return (tabulate(rows, headers=headers, disable_numparse=True) + "\n"
-            + textwrap.fill(LEGEND, 120, subsequent_indent="  ", break_on_hyphens=False))
+            + wrap(LEGEND))
 
 
 def markdown(result: dict) -> str:

@@ -110,7 +110,7 @@ EXPLAINED = ("speedup", "num_repeats", "speedup_decision")
 def legend(cols: list[tuple[str, str]], width: int = WIDTH, explained: tuple[str, ...] = ()) -> str:
     """The legend of the columns shown (less those ``explained`` elsewhere), wrapped to ``width``."""
     text = "; ".join(f"{head}: {meaning(name)}" for name, head in cols if name not in explained)
-    return _wrap("columns: " + text, width)
+    return wrap("columns: " + text, width)
 
 
 def table(rows: list[PointResult], latency: list[tuple[str, str]] | None = None, width: int | None = None) -> str:
@@ -134,22 +134,23 @@ def table(rows: list[PointResult], latency: list[tuple[str, str]] | None = None,
         cols = [c for c in cols if c[0] != name]
         text, marked = _render(rows, cols)
     if marked:
-        text += "\n" + _wrap(f"* {NO_INTERVAL}", width)
+        text += "\n" + wrap(f"* {NO_INTERVAL}", width)
     if any(r.speedup_decision for r in rows):
         levels = sorted({r.speedup_level for r in rows if r.speedup_level})
-        text += f"\n{_wrap(decided_legend(levels), width)}"
+        text += f"\n{wrap(decided_legend(levels), width)}"
     if width is not None:
         text += "\n" + legend(cols, width, EXPLAINED if any(r.speedup_decision for r in rows) else ())
         if dropped:
-            text += "\n" + _wrap(f"more columns with --wide and in summary.csv: {', '.join(dropped)}", width)
-    errors = [_wrap(f"{row_label(r)}: {r.error}", width) for r in rows if r.error]
-    notes = [_wrap(n, width) for n in sorted({f"{row_label(r)}: {r.notes}" for r in rows
+            text += "\n" + wrap(f"more columns with --wide and in summary.csv: {', '.join(dropped)}", width)
+    errors = [wrap(f"{row_label(r)}: {r.error}", width) for r in rows if r.error]
+    notes = [wrap(n, width) for n in sorted({f"{row_label(r)}: {r.notes}" for r in rows
                                                if r.notes and r.category == "all"})]
     return text + ("\n\nnotes:\n" + "\n".join(notes) if notes else "") + \
         ("\n\nfailed points:\n" + "\n".join(errors) if errors else "")
 
 
-def _wrap(text: str, width: int | None) -> str:
+def wrap(text: str, width: int | None = WIDTH) -> str:
+    """A line of the terminal's, wrapped to ``width`` with its continuation lines indented (None: as it is)."""
     import textwrap
 
     return text if width is None else textwrap.fill(text, width, subsequent_indent="  ", break_on_hyphens=False)
