@@ -166,3 +166,58 @@ def test_a_sweeps_family_and_looks_are_what_run_json_saved_else_what_its_points_
     most = max_repeats or repeats
     want_looks = looks if looks is not None else (max(1, most - max(repeats, 3) + 1) if most > repeats else 1)
     assert judge_of(run, points, failures) == (max(1, want_family), max(1, want_looks))
+
+
+def _runs(speeds: list[float], rounds: list[int | None]) -> list[dict]:
+    return [{"output_tokens_per_sec": s, "round": r} for s, r in zip(speeds, rounds)]
+
+
+_speed = st.floats(50.0, 200.0, allow_nan=False)
+_round = st.one_of(st.none(), st.integers(0, 4))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(_speed, _round), min_size=1, max_size=6),
+       st.lists(st.tuples(_speed, _round), min_size=1, max_size=8),
+       st.one_of(st.none(), st.tuples(st.lists(st.tuples(_speed, _round), max_size=8),
+                                      st.lists(st.tuples(_speed, _round), max_size=8))),
+       st.integers(1, 6), st.integers(1, 5))
+def test_a_sweeps_speedup_reads_both_points_and_the_floor_up_to_the_points_last_round(
+        point, base, noise_runs, family, looks):
+    """A sweep row's speedup (issue 44) is the comparison its rounds made at the point's last look: the point's
+    runs over its k = 0's runs up to the last round the point was timed in (all of them where any run has no
+    round), the interval widened to the A/A floor from the control's runs up to that round (the two copies cut to
+    the same count; 0 without a control), at the sweep's family and looks. The runs are chosen here by hand;
+    ``judge.ratio`` and ``noise.floor`` (tested on their own) give the figures of the chosen runs."""
+    from mtpbench.stats import judge, noise
+    from mtpbench.sweep.load import speedup_comparison
+
+    rounds = [r for _, r in point]
+    last = None if None in rounds else max(rounds)
+
+    def upto(runs):
+        return [s for s, r in runs if last is None or r is None or r <= last]
+
+    if noise_runs:
+        a, b = upto(noise_runs[0]), upto(noise_runs[1])
+        n = min(len(a), len(b))
+        floor = noise.floor(a[:n], b[:n]) or 0.0
+    else:
+        floor = 0.0
+    want = judge.ratio([s for s, _ in point], upto(base), floor, family, looks)
+    got = speedup_comparison(_runs(*zip(*point)), _runs(*zip(*base)),
+                             None if noise_runs is None else tuple(_runs(*zip(*x)) if x else [] for x in noise_runs),
+                             family, looks)
+    assert (got.family, got.looks, got.level) == (family, looks, judge.level(family, looks))
+    assert got.floor == pytest.approx(floor)
+    assert got == want
+
+
+def test_a_k0_run_after_the_points_last_round_is_not_in_its_speedup():
+    """k = 0 timed again in round 2 at half speed; the point stopped at round 1: its speedup reads k = 0's rounds
+    0 and 1 only (x1.5 exactly, not the x2 the slow run would pull it toward)."""
+    from mtpbench.sweep.load import speedup_comparison
+
+    point = _runs([150.0, 150.0, 150.0], [0, 0, 1])
+    base = _runs([100.0, 100.0, 100.0, 50.0, 50.0], [0, 0, 1, 2, 2])
+    assert speedup_comparison(point, base, None, 1, 1).estimate == pytest.approx(1.5)
