@@ -46,7 +46,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=24)
     a = ap.parse_args()
-    common = [a.model, "--backend", a.backend, "--k", str(a.k), "--num-prompts", str(a.prompts),
+    common = [a.model, "--backend", a.backend, "--num-speculative-tokens", str(a.k), "--num-prompts", str(a.prompts),
               "--max-tokens", str(a.max_tokens)] + (["--runner", a.runner] if a.backend != "native" else [])
     print(f"CPU: {cpu_summary()}; torch threads as each command sets them; load before: {os.getloadavg()[0]:.2f}")
     walls: dict[str, list[float]] = {"trace-layers": [], "check-drafter": []}

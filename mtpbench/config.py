@@ -259,9 +259,9 @@ def validate(cfg: SweepConfig, checkpoint_layers: int | None) -> None:
             raise no_mtp_layers(cfg.model_dir)
         for L in cfg.mtp_layers:
             if not 1 <= L <= checkpoint_layers:
-                raise MtpBenchError(f"--mtp-layers {L}: the checkpoint has {checkpoint_layers} MTP layer(s)")
+                raise MtpBenchError(f"{L} MTP layers asked for: the checkpoint has {checkpoint_layers} MTP layer(s)")
             if cfg.draft_model and L != checkpoint_layers:
-                raise MtpBenchError(f"--mtp-layers {L}: a separate draft checkpoint runs whole "
+                raise MtpBenchError(f"{L} MTP layers asked for: a separate draft checkpoint runs whole "
                                     f"({checkpoint_layers} layers)")
     check_draft_model(cfg)
     check_runner_option(cfg)
@@ -285,7 +285,7 @@ def check_speculative_config(cfg: SweepConfig) -> None:
         raise MtpBenchError("--speculative-config cannot change an attached --server's speculative config (it is "
                             "the server's own)")
     if "num_speculative_tokens" in cfg.speculative_config:
-        raise MtpBenchError("--speculative-config: num_speculative_tokens is what --k sweeps; give it as --k")
+        raise MtpBenchError("--speculative-config: give num_speculative_tokens as --k or --num-speculative-tokens")
 
 
 def check_sampling(cfg: SweepConfig) -> None:

@@ -73,7 +73,7 @@ def _cfg(model: str, out, **kw):
 @pytest.mark.parametrize("name", ["builtin", "builtin-glm"])
 def test_check_drafter_finds_parity_on_the_native_engine(name, tmp_path):
     out = tmp_path / "d"
-    r = CliRunner().invoke(app, ["check-drafter", name, "--backend", "native", "--dtype", "float32", "--k", "2",
+    r = CliRunner().invoke(app, ["check-drafter", name, "--backend", "native", "--dtype", "float32", "--num-speculative-tokens", "2",
                                  "--out", str(out)])
     assert r.exit_code == 0, r.output
     s = json.loads((out / "drafter.json").read_text())
@@ -120,7 +120,7 @@ def test_bad_inputs_are_one_line_refusals(no_mtp_model, tmp_path):
     run = CliRunner().invoke
     one_line_error(run(app, ["check-drafter", str(no_mtp_model), "--backend", "native", "--out", str(tmp_path / "a")]),
                    "no MTP layers")
-    one_line_error(run(app, ["check-drafter", "builtin", "--backend", "native", "--k", "0",
+    one_line_error(run(app, ["check-drafter", "builtin", "--backend", "native", "--num-speculative-tokens", "0",
                              "--out", str(tmp_path / "b")]), "needs draft steps")
     one_line_error(run(app, ["check-drafter", "builtin", "--backend", "native", "--max-tokens", "1",
                              "--out", str(tmp_path / "e")]), "the engine made no draft call in 2 requests")

@@ -40,7 +40,7 @@ def assert_parity(s: dict, runner: str, independent_block: bool) -> None:
 
 @pytest.mark.parametrize("arch,runner,k", CASES, ids=[f"{a}-{r}" for a, r, _ in CASES])
 def test_the_engines_draft_steps_equal_the_reference(arch, runner, k, tmp_path):
-    s = check(["--synthetic", arch, "--runner", runner, "--k", str(k)], tmp_path / "d")
+    s = check(["--synthetic", arch, "--runner", runner, "--num-speculative-tokens", str(k)], tmp_path / "d")
     assert_parity(s, runner, independent_block=arch == "mimo")
 
 
@@ -49,7 +49,7 @@ def test_the_engines_draft_steps_equal_the_reference(arch, runner, k, tmp_path):
 def test_built_in_models_parity_and_the_acceptance_the_reference_implies(model, runner, k, tmp_path):
     """The reference's whole chain (its own decoder layer) drafts the engine's tokens: its acceptance per
     position equals the engine's drafts', and position 0 is the trained drafter's (> 0.5)."""
-    s = check([model, "--backend", "vllm", "--runner", runner, "--k", str(k)], tmp_path / "d")
+    s = check([model, "--backend", "vllm", "--runner", runner, "--num-speculative-tokens", str(k)], tmp_path / "d")
     assert_parity(s, runner, independent_block=True)
     assert s["reference_acceptance"] == s["engine_acceptance"] and s["engine_acceptance"][0] > 0.5
 

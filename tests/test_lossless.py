@@ -26,7 +26,7 @@ def run(*args):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--k", "0"], "--k takes one value >= 1"),
+    (["--num-speculative-tokens", "0"], "--num-speculative-tokens takes one value >= 1"),
     (["--temperature", "0", "--samples-per-prompt", "4"], "--samples-per-prompt applies to sampling"),
     (["--backend", "tensorrt"], "unknown backend 'tensorrt'"),
     (["--backend", "vllm", "--planted-lossy"], "--planted-lossy is the native engine's planted rule"),
@@ -93,7 +93,7 @@ def test_a_logit_gap_is_numerical_only_within_the_threshold_and_the_verdicts_fol
 
 def test_greedy_check_on_the_builtin_model_is_lossless_and_writes_three_files(tmp_path):
     out = tmp_path / "g"
-    r = run("--temperature", "0", "--k", "2", "--num-prompts", "2", "--max-tokens", "8", "--fail-if-lossy",
+    r = run("--temperature", "0", "--num-speculative-tokens", "2", "--num-prompts", "2", "--max-tokens", "8", "--fail-if-lossy",
             "--out", out)
     assert r.exit_code == 0, r.output
     assert all((out / f).is_file() for f in FILES) and not list(out.glob("*.tmp*"))
@@ -129,7 +129,7 @@ def bad_drafter(tmp_path_factory):
     return d
 
 
-SMALL = ["--k", "2", "--temperature", "1", "--num-prompts", "4", "--samples-per-prompt", "8", "--max-tokens",
+SMALL = ["--num-speculative-tokens", "2", "--temperature", "1", "--num-prompts", "4", "--samples-per-prompt", "8", "--max-tokens",
          "12", "--seed", "0"]
 
 
@@ -439,7 +439,7 @@ def test_the_native_check_calls_a_near_tie_left_for_a_far_token_divergent(tmp_pa
     "numerical only" and --fail-if-lossy exited 0."""
     _plant(monkeypatch, "spec", 0)
     out = tmp_path / "g"
-    r = run("--temperature", "0", "--k", "2", "--num-prompts", "2", "--max-tokens", "8", "--dtype", "bfloat16",
+    r = run("--temperature", "0", "--num-speculative-tokens", "2", "--num-prompts", "2", "--max-tokens", "8", "--dtype", "bfloat16",
             "--fail-if-lossy", "--out", out)
     rec = json.loads((out / "lossless.json").read_text())
     d = rec["per_prompt"][0]["divergence"]
@@ -450,7 +450,7 @@ def test_the_native_check_calls_a_near_tie_left_for_a_far_token_divergent(tmp_pa
 def test_the_native_check_is_inconclusive_when_its_aa_control_diverges(tmp_path, monkeypatch):
     _plant(monkeypatch, "aa", 3)
     out = tmp_path / "g"
-    r = run("--temperature", "0", "--k", "2", "--num-prompts", "2", "--max-tokens", "8", "--out", out)
+    r = run("--temperature", "0", "--num-speculative-tokens", "2", "--num-prompts", "2", "--max-tokens", "8", "--out", out)
     assert r.exit_code == 0, r.output
     rec = json.loads((out / "lossless.json").read_text())
     assert rec["verdict"] == "inconclusive" and rec["identical_share"] == 1.0
@@ -465,7 +465,7 @@ def test_the_aa_control_of_one_prompt_runs_it_beside_a_copy_and_can_fail(tmp_pat
     prompt beside a copy of itself, and the summary says so; an engine whose k = 0 tokens change in a batch of two
     is caught (inconclusive, exit 3), where the blind control called it lossless."""
     out = tmp_path / "one"
-    r = run("--temperature", "0", "--k", "2", "--num-prompts", "1", "--max-tokens", "8", "--fail-if-lossy", "--out", out)
+    r = run("--temperature", "0", "--num-speculative-tokens", "2", "--num-prompts", "1", "--max-tokens", "8", "--fail-if-lossy", "--out", out)
     assert r.exit_code == 0, r.output
     rec = json.loads((out / "lossless.json").read_text())
     assert rec["verdict"] == "lossless" and rec["aa_batch_sizes"] == [1, 2] and rec["aa_copies"] == 2
@@ -474,7 +474,7 @@ def test_the_aa_control_of_one_prompt_runs_it_beside_a_copy_and_can_fail(tmp_pat
     assert "A/A control (k = 0 at batch sizes 1 and 2, the prompt beside a copy of itself): identical 100.0%" in r.output
     _plant(monkeypatch, "batched", 3)
     out = tmp_path / "planted"
-    r = run("--temperature", "0", "--k", "2", "--num-prompts", "1", "--max-tokens", "8", "--fail-if-lossy", "--out", out)
+    r = run("--temperature", "0", "--num-speculative-tokens", "2", "--num-prompts", "1", "--max-tokens", "8", "--fail-if-lossy", "--out", out)
     rec = json.loads((out / "lossless.json").read_text())
     assert rec["verdict"] == "inconclusive" and r.exit_code == 3, r.output
     assert rec["why"].startswith("the A/A control (k = 0 at batch sizes 1 and 2, the prompt beside a copy of itself) "

@@ -39,7 +39,7 @@ K = 2
 RAY = ["--tensor-parallel-size", "2", "--distributed-executor-backend", "ray"]
 SWEEP = ["--backend", "vllm", "--k", f"0,{K}", "--dtype", "float32", "--runner", "v1", "--num-prompts", "2",
          "--max-tokens", "16", "--max-model-len", "512"]
-TRACE = ["--backend", "vllm", "--k", str(K), "--dtype", "float32", "--runner", "v1", "--num-prompts", "2",
+TRACE = ["--backend", "vllm", "--num-speculative-tokens", str(K), "--dtype", "float32", "--runner", "v1", "--num-prompts", "2",
          "--max-tokens", "32"]
 STARTED = "Ray runtime started."
 ADDRESS = r"ray start --address='([^']+)'"  # what the head tells a joining node: this machine's IP and the port
@@ -248,7 +248,7 @@ def test_ray_sweep_at_tp_2_as_at_tp_1(runs):
 
 
 def test_ray_trace_at_tp_2_as_at_tp_1_on_both_ranks(runs):
-    """``trace-layers --k 2 --tensor-parallel-size 2 --distributed-executor-backend ray``: TP = 1's verdict,
+    """``trace-layers --num-speculative-tokens 2 --tensor-parallel-size 2 --distributed-executor-backend ray``: TP = 1's verdict,
     evidence (plus the line that both ranks agree), per-step table and acceptance by layer; trace.json's "ranks"
     two drafting ranks, 0 and 1, with TP = 1's draft calls each: mtpbench's plugin ran inside both Ray actors.
     Two engines, ~2.5 min under load (measured: 143 s)."""

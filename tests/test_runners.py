@@ -54,7 +54,7 @@ def test_v2_trace_of_a_deepseek_checkpoint_is_multi_module(tmp_path):
     the same checkpoint on V1 is layer-0 reuse (tests/test_synth.py::test_trace_layers_synthetic).
     engine_models() reached the drafter through the speculator: the wrapper traced is DeepSeekMTP."""
     out = tmp_path / "t"
-    r = run("trace-layers", "--synthetic", "deepseek-v3", "--k", "4", "--num-prompts", "1", "--max-tokens", "4",
+    r = run("trace-layers", "--synthetic", "deepseek-v3", "--num-speculative-tokens", "4", "--num-prompts", "1", "--max-tokens", "4",
             "--max-model-len", "256", "--runner", "v2", "--out", out)
     assert r.exit_code == 0, r.output
     s = json.loads((out / "trace.json").read_text())

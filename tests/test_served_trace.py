@@ -22,7 +22,7 @@ from mtpbench.cli import app
 pytestmark = pytest.mark.vllm
 
 KEY = "mtpb-key-" + secrets.token_hex(12)
-COMMON = ["--k", "2", "--dtype", "float32", "--num-prompts", "2", "--max-tokens", "16"]
+COMMON = ["--num-speculative-tokens", "2", "--dtype", "float32", "--num-prompts", "2", "--max-tokens", "16"]
 
 
 def trace(*args: str, env: dict | None = None):

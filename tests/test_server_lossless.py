@@ -57,7 +57,7 @@ def check(*args: str, size=TINY):
 
 def test_launched_greedy_check_starts_and_stops_both_servers(tmp_path):
     out = tmp_path / "greedy"
-    r = check("--backend", "vllm-server", "--k", "2", "--temperature", "0", "--max-model-len", "512",
+    r = check("--backend", "vllm-server", "--num-speculative-tokens", "2", "--temperature", "0", "--max-model-len", "512",
               "--engine-arg", "enforce_eager=true", "--out", str(out))
     assert r.exit_code == 0, r.output
     assert_no_server_left(out)
@@ -285,8 +285,16 @@ def test_attached_pair_greedy_check(tmp_path, pair):
     assert r.exit_code == 0, r.output
     rec = json.loads((out / "lossless.json").read_text())
     assert rec["num_divergent"] == 0 and rec["verdict"] in ("lossless", "numerical only"), rec["per_prompt"]
-    assert rec["config"]["k"] == 2  # the server's k, with no --k given
+    assert rec["config"]["k"] == 2  # the server's k, with no --num-speculative-tokens given
     assert not list(out.glob("*.server.log"))
+    # the same pair as two --server, the one without drafting first: told apart by their /metrics (one vocabulary:
+    # --server is repeatable in every command, each server's k read from it)
+    r = check("--server", base_url, "--server", spec_url, "--temperature", "0", "--num-prompts", "2",
+              "--max-tokens", "8", "--out", str(tmp_path / "two"))
+    assert r.exit_code == 0, r.output
+    two = json.loads((tmp_path / "two" / "lossless.json").read_text())
+    assert (two["config"]["server"], two["config"]["baseline_server"]) == (spec_url, base_url), two["config"]
+    assert two["config"]["k"] == 2 and two["num_divergent"] == 0
 
 
 def test_attached_refusals_are_one_line_and_write_nothing(tmp_path, pair):
@@ -296,7 +304,10 @@ def test_attached_refusals_are_one_line_and_write_nothing(tmp_path, pair):
     cases = [
         (["--server", dead, "--baseline-server", base_url], f"cannot reach a server at {dead}"),
         (["--server", spec_url, "--baseline-server", dead], f"--baseline-server: cannot reach a server at {dead}"),
-        (["--server", spec_url], "give --baseline-server URL"),
+        (["--server", spec_url], "give a second --server or --baseline-server URL"),
+        (["--server", spec_url, "--server", spec_url], f"the servers {spec_url} and {spec_url}: both draft"),
+        (["--server", base_url, "--base-url", base_url], f"the servers {base_url} and {base_url}: neither drafts"),
+        (["--server", spec_url, "--server", base_url, "--baseline-server", base_url], "two servers at most"),
         (["--server", spec_url, "--baseline-server", spec_url], f"the --baseline-server at {spec_url} drafts "
                                                                 "(num_speculative_tokens=2)"),
         (["--server", base_url, "--baseline-server", base_url], f"the --server at {base_url} does not draft"),

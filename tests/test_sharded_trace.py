@@ -32,7 +32,7 @@ NOT_KEPT_PER_RANK = {"rank"}  # a record's fields, all equal on every rank of an
 
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory):
-    """``trace-layers builtin-glm-tp --backend vllm --k 2 --dtype float32`` through the CLI (its engine in
+    """``trace-layers builtin-glm-tp --backend vllm --num-speculative-tokens 2 --dtype float32`` through the CLI (its engine in
     mtpbench's vLLM worker process), each layout run once: ``traces(tp)`` -> (trace.json, trace.csv's rows, the
     command's output)."""
     done = {}
@@ -40,7 +40,7 @@ def traces(tmp_path_factory):
     def get(tp: int):
         if tp not in done:
             out = tmp_path_factory.mktemp(f"trace_tp{tp}_") / "t"
-            args = ["trace-layers", "builtin-glm-tp", "--backend", "vllm", "--k", str(K), "--dtype", "float32",
+            args = ["trace-layers", "builtin-glm-tp", "--backend", "vllm", "--num-speculative-tokens", str(K), "--dtype", "float32",
                     "--runner", "v1", "--num-prompts", "2", "--max-tokens", "32", "--out", str(out)]
             with pytest.MonkeyPatch.context() as mp:
                 if tp > 1:
@@ -158,7 +158,7 @@ def test_model_runner_v2_at_tp_2_chains_the_layers_on_both_ranks(tmp_path):
     """V2 (Triton's interpreter on a CPU, mtpbench's shim) at TP = 2 with the options of their own name: GLM's MTP
     honours the index V2 passes, so step s runs layer s mod 3 on both ranks (2 min under load here; untimed)."""
     out = tmp_path / "v2"
-    r = CliRunner().invoke(app, ["trace-layers", "builtin-glm-tp", "--backend", "vllm", "--runner", "v2", "--k", "2",
+    r = CliRunner().invoke(app, ["trace-layers", "builtin-glm-tp", "--backend", "vllm", "--runner", "v2", "--num-speculative-tokens", "2",
                                  "--dtype", "float32", "--tensor-parallel-size", "2", "--num-prompts", "2",
                                  "--max-tokens", "8", "--out", str(out)])
     assert r.exit_code == 0, (r.output, r.exception)

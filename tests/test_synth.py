@@ -226,7 +226,7 @@ def test_synth_cli(tmp_path):
         line = next(x for x in r.output.splitlines() if x.startswith(key + " "))
         assert "synthesised and traced" in line or "cannot run on this build" in line, line
     out = tmp_path / "ds"
-    r = runner.invoke(app, ["synth", "deepseek-v3", "--mtp-layers", "1", "--out", str(out)])
+    r = runner.invoke(app, ["synth", "deepseek-v3", "--num-mtp-layers", "1", "--out", str(out)])
     assert r.exit_code == 0, r.output
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["num_nextn_predict_layers"] == 1 and cfg["architectures"] == ["DeepseekV3ForCausalLM"]
@@ -242,7 +242,7 @@ def test_synth_cli(tmp_path):
 
 def test_trace_layers_synthetic(tmp_path):
     out = tmp_path / "t"
-    r = runner.invoke(app, ["trace-layers", "--synthetic", "deepseek-v3", "--k", "4", "--num-prompts", "1",
+    r = runner.invoke(app, ["trace-layers", "--synthetic", "deepseek-v3", "--num-speculative-tokens", "4", "--num-prompts", "1",
                             "--max-tokens", "8", "--max-model-len", "256", "--out", str(out)])
     assert r.exit_code == 0, r.output
     s = json.loads((out / "trace.json").read_text())
@@ -255,7 +255,7 @@ def test_a_separate_drafter_through_draft_model(tmp_path):
     """Gemma 4's assistant is a checkpoint of its own: --synthetic passes it as --draft-model
     (speculative_config["model"]); its layers count as the drafter's MTP layers."""
     out = tmp_path / "g"
-    r = runner.invoke(app, ["trace-layers", "--synthetic", "gemma-4", "--k", "2", "--num-prompts", "1",
+    r = runner.invoke(app, ["trace-layers", "--synthetic", "gemma-4", "--num-speculative-tokens", "2", "--num-prompts", "1",
                             "--max-tokens", "6", "--max-model-len", "256", "--out", str(out)])
     assert r.exit_code == 0, r.output
     s = json.loads((out / "trace.json").read_text())

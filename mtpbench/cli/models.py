@@ -9,15 +9,15 @@ from typing import Annotated, Optional
 import typer
 
 from mtpbench.cli.common import fail
-from mtpbench.cli.options import ALIAS_NOTE
+from mtpbench.cli.options import OUT
 from mtpbench.errors import MtpBenchError
 
 
 def synth(
     arch: Annotated[Optional[str], typer.Argument(help="Architecture name (see --list).")] = None,
     list_: Annotated[bool, typer.Option("--list", help="Every MTP class of the installed vLLM's registry, with its status here.")] = False,
-    mtp_layers: Annotated[Optional[int], typer.Option("--num-mtp-layers", "--mtp-layers", help="MTP layers to build into the checkpoint (its num_nextn_predict_layers or the family's name for it; elsewhere --mtp-layers is how many of a checkpoint's layers a run uses)." + ALIAS_NOTE, show_default="the architecture's, 2 where vLLM allows")] = None,
-    out: Annotated[Optional[str], typer.Option(help="Output directory (new or empty).", show_default='synth-ARCH')] = None,
+    mtp_layers: Annotated[Optional[int], typer.Option("--num-mtp-layers", help="MTP layers to build into the checkpoint (its num_nextn_predict_layers or the family's name for it; a run's --num-mtp-layers N drafts with the first N).", show_default="the architecture's, 2 where vLLM allows")] = None,
+    out: Annotated[Optional[str], typer.Option(*OUT, help="Output directory (new or empty).", show_default='synth-ARCH')] = None,
 ) -> None:
     """Write the smallest checkpoint of a real vLLM MTP architecture (random weights, built-in tokenizer)."""
     from tabulate import tabulate
@@ -39,7 +39,7 @@ def synth(
 
 
 def make_model(
-    out: Annotated[Path, typer.Option(help="Checkpoint directory to write.")] = Path("tiny-mtp"),
+    out: Annotated[str, typer.Option(*OUT, help="Checkpoint directory to write.")] = "tiny-mtp",
     steps: Annotated[Optional[int], typer.Option(help="Training steps.", show_default="900; --format glm: the shipped fine-tune's")] = None,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
     batch: Annotated[int, typer.Option(help="Sequences per step.")] = 16,
@@ -60,11 +60,11 @@ def make_model(
 
     try:
         if fmt == "glm":
-            info = make_glm(source, out, steps=steps, log=typer.echo)
+            info = make_glm(source, Path(out), steps=steps, log=typer.echo)
         else:
             if threads:
                 torch.set_num_threads(threads)
-            info = train(out, steps=900 if steps is None else steps, batch=batch, seq_len=seq_len, seed=seed,
+            info = train(Path(out), steps=900 if steps is None else steps, batch=batch, seq_len=seq_len, seed=seed,
                          log=typer.echo)
     except MtpBenchError as e:
         fail(str(e))

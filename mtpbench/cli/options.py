@@ -55,9 +55,26 @@ Threads = Annotated[Optional[int], typer.Option(
 SpeculativeConfig = Annotated[Optional[str], typer.Option(
     help="vLLM only: a JSON object merged into the drafting engines' speculative_config (k > 0), e.g. "
          "'{\"rejection_sample_method\": \"synthetic\", \"synthetic_acceptance_rates\": [0.9, 0.8]}' (vLLM's lossy "
-         "control; V2 only on a CPU) or '{\"rejection_sample_method\": \"block\"}'; num_speculative_tokens is --k's.")]
+         "control; V2 only on a CPU) or '{\"rejection_sample_method\": \"block\"}'; num_speculative_tokens is set by --k (--num-speculative-tokens where one k runs).")]
 # a load of served runs: requests in flight at most (vllm bench serve's name; --concurrency, the old one, still works)
 MAX_CONCURRENCY = ("--max-concurrency", "--concurrency")
+# --num-speculative-tokens' default in every command that runs one k (one_k)
+ONE_K_DEFAULT = "2L: twice the MTP layers drafted with"
+
+
+def one_k(cfg):
+    """--num-speculative-tokens' default, the same in every command that runs one k (trace-layers, trace-matrix,
+    check-lossless, check-drafter): twice the MTP layers drafted with, so that every layer drafts at two steps and
+    step s's layer (s mod L) wraps once. A k given (or a profile's) stays; an attached server's k is its own."""
+    if cfg.k or cfg.server:
+        return cfg
+    return dataclasses.replace(cfg, k=(2 * (min(cfg.mtp_layers) if cfg.mtp_layers else cfg.num_mtp_layers()),))
+# every command's output directory (--result-dir: vllm bench serve's name)
+OUT = ("--out", "--result-dir")
+# an attached server, in every command that takes one: repeatable, each server's k read from the server itself
+SERVER = ("--server", "--base-url")
+SERVER_HELP = ("URL of a running vLLM server (implies --backend vllm-server; mtpbench neither starts nor stops it; "
+               "--base-url is vllm bench serve's name). Repeatable; each server's k is read from it. ")
 BATCH_SIZE = ("--batch-size", "--max-num-seqs")  # sequences decoded together (vLLM's max_num_seqs)
 ALIAS_NOTE = " The second name is an alias (saved command lines keep working)."
 
@@ -173,9 +190,22 @@ def _one_line(call, *args, **kwargs):
         raise typer.Exit(2) from None
 
 
+# one vocabulary (issue 45): a name means one thing of one type in every command; where one command takes a list and
+# another one value, the names differ, and each is pointed to from the other
+COUNTERPARTS = {
+    "--k": "--num-speculative-tokens", "--num-speculative-tokens": "--k",
+    "--mtp-layers": "--num-mtp-layers", "--num-mtp-layers": "--mtp-layers",
+    "--batch-size": "--batch-sizes", "--max-num-seqs": "--batch-sizes", "--batch-sizes": "--batch-size",
+}
+ONE_OR_LIST = {"--k": "a list of k", "--num-speculative-tokens": "one k", "--mtp-layers": "a list of MTP layer counts",
+               "--num-mtp-layers": "one MTP layer count", "--batch-size": "one batch size",
+               "--max-num-seqs": "one batch size", "--batch-sizes": "a list of batch sizes"}
+
+
 def unknown_option(e) -> str:
-    """An option the command does not take: the names it does take that are close to it (difflib, strict: no
-    "--out" offered for "--bogus"), and the other commands that take it."""
+    """An option the command does not take: its counterpart where the command takes the same thing under the
+    other name (one value or a list, COUNTERPARTS), else the names it does take that are close to it (difflib,
+    strict: no "--out" offered for "--bogus"); and the other commands that take it."""
     import difflib
 
     name, ctx = e.option_name, e.ctx
@@ -183,10 +213,15 @@ def unknown_option(e) -> str:
     def opts(command, c) -> list[str]:
         return [o for p in command.get_params(c) for o in (*getattr(p, "opts", ()), *getattr(p, "secondary_opts", ()))]
 
-    close = difflib.get_close_matches(name, opts(ctx.command, ctx), n=3, cutoff=0.8)
+    here = opts(ctx.command, ctx)
     root = ctx.find_root()
     others = [n for n in getattr(root.command, "commands", {}) if n != ctx.info_name
               and name in opts(root.command.commands[n], root)]
+    twin = COUNTERPARTS.get(name)
+    if twin in here:
+        return (f"{ctx.info_name} takes {ONE_OR_LIST[twin]}: {twin}" + (f" ({name}, {ONE_OR_LIST[name]}, is an "
+                                                                        f"option of {', '.join(others)})" if others else ""))
+    close = difflib.get_close_matches(name, here, n=3, cutoff=0.8)
     return (f"{ctx.info_name} takes no option {name}" + (f"; did you mean {' or '.join(close)}?" if close else "")
             + (f"; {name} is an option of {', '.join(others)}" if others else ""))
 

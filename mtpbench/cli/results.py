@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from mtpbench.cli.common import fail, show, wrote
-from mtpbench.cli.options import Wide
+from mtpbench.cli.options import OUT, Wide
 from mtpbench.errors import MtpBenchError
 
 
@@ -63,7 +63,7 @@ def report(out: Annotated[Path, typer.Argument(help="A sweep, tune, trace-matrix
 def compare(
     a: Annotated[Path, typer.Argument(help="Sweep directory A (the reference).")],
     b: Annotated[Path, typer.Argument(help="Sweep directory B (the change).")],
-    out: Annotated[Path, typer.Option(help="Where compare.csv/json/md/png go.")] = Path("compare"),
+    out: Annotated[str, typer.Option(*OUT, help="Where compare.csv/json/md/png go.")] = "compare",
     fail_if_worse: Annotated[Optional[float], typer.Option(help="Exit 1 when a metric of B is worse beyond noise by more than this many percent.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Compare runs that differ in model or prompts anyway.")] = False,
 ) -> None:
@@ -78,7 +78,7 @@ def compare(
     try:
         if fail_if_worse is not None:
             check_pct(fail_if_worse)  # before the comparison: a refused threshold writes nothing
-        result = run_compare(a, b, out, force)
+        result = run_compare(a, b, Path(out), force)
     except MtpBenchError as e:
         fail(str(e))
     # the answer first (report.html's headline, the same words), then what the reader must know before the table

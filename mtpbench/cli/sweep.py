@@ -9,7 +9,7 @@ import typer
 
 from mtpbench.cli.common import (connection_options, engine_args, fail, ints, model_or_profile, rates,
                                  reporting_options, set_threads, show, speculative_overrides, strs, wrote)
-from mtpbench.cli.options import (ALIAS_NOTE, BASE, BATCH_SIZE, MAX_CONCURRENCY, Dtype, EngineArg, ForceSpecStepIdx, MaxModelLen, ModelOrProfile, Parallel,
+from mtpbench.cli.options import (ALIAS_NOTE, BASE, BATCH_SIZE, MAX_CONCURRENCY, OUT, SERVER, SERVER_HELP, Dtype, EngineArg, ForceSpecStepIdx, MaxModelLen, ModelOrProfile, Parallel,
                                   Reporting, Rounds, Runner, Seed, ServerAccess, SpeculativeConfig, Threads, Wide, Workload,
                                   grouped, shown)
 from mtpbench.cli.progress import with_progress
@@ -19,7 +19,7 @@ from mtpbench.errors import MtpBenchError
 @dataclass(frozen=True)
 class Served:
     """A served run: the server (attached or launched), its API and the load put on it."""
-    server: Annotated[Optional[list[str]], typer.Option("--server", "--base-url", help="URL of a running vLLM server to measure (implies --backend vllm-server; mtpbench neither starts nor stops it). Repeatable: several servers of one model, each serving its own k (read from each), make one sweep. --base-url is vllm bench serve's name.")] = None
+    server: Annotated[Optional[list[str]], typer.Option(*SERVER, help=SERVER_HELP + "Here: several servers of one model, each at its own k, make one sweep.")] = None
     api: Annotated[Optional[str], typer.Option(help="Served runs: completions (/v1/completions) or chat (/v1/chat/completions).", show_default=BASE.api)] = None
     concurrency: Annotated[Optional[str], typer.Option(*MAX_CONCURRENCY, help="Served runs: requests in flight at most, e.g. 1,4,16 (closed loop)." + ALIAS_NOTE, show_default=shown(BASE.concurrency))] = None
     request_rate: Annotated[Optional[str], typer.Option(help="Served runs: Poisson arrivals per second, e.g. 2,8,inf (inf = all at once).", show_default="inf")] = None
@@ -72,7 +72,7 @@ def sweep(
     access: ServerAccess = ServerAccess(),
     reporting: Reporting = Reporting(),
     profile: Annotated[Optional[str], typer.Option(help="Profile name (see `mtpbench profiles`) or .toml path.")] = None,
-    out: Annotated[Optional[str], typer.Option("--out", "--result-dir", help="Output directory for point files, summary and plots (--result-dir: vllm bench serve's name).", show_default=BASE.out)] = None,
+    out: Annotated[Optional[str], typer.Option(*OUT, help="Output directory for point files, summary and plots (--result-dir: vllm bench serve's name).", show_default=BASE.out)] = None,
     replace_earlier: Annotated[bool, typer.Option("--replace", help="Move an earlier sweep in --out aside (to OUT.replaced-TIME) and measure every point afresh. Without it, points saved there with the same settings are reused (and said so) and other settings are refused.")] = False,
     wide: Wide = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the grid, the engines, timed runs and tokens it would take, and a time estimated from an earlier sweep in --out; load, run and write nothing.")] = False,

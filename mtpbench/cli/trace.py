@@ -11,11 +11,11 @@ import typer
 from dataclasses import asdict, replace
 
 from mtpbench.cli.common import connection_options, engine_args, fail, model_or_profile, strs, wrote
-from mtpbench.cli.options import (BASE, RUNNER_HELP, Dtype, ForceSpecStepIdx, MaxModelLen, ModelOrProfile, Parallel,
+from mtpbench.cli.options import (BASE, ONE_K_DEFAULT, OUT, RUNNER_HELP, one_k, SERVER, SERVER_HELP, Dtype, ForceSpecStepIdx, MaxModelLen, ModelOrProfile, Parallel,
                                   Runner, ServerAccess, grouped, shown)
 from mtpbench.errors import MtpBenchError
 
-TRACE_DEFAULTS = {"k": (3,), "mode": ("reuse",), "num_prompts": 2, "max_tokens": 32, "out": "trace"}
+TRACE_DEFAULTS = {"k": (), "mode": ("reuse",), "num_prompts": 2, "max_tokens": 32, "out": "trace"}
 EXPECTED = {"multi-module": "multi-module", "layer-0-reuse": "layer-0 reuse", None: None}
 
 
@@ -23,9 +23,9 @@ EXPECTED = {"multi-module": "multi-module", "layer-0-reuse": "layer-0 reuse", No
 def trace_layers(
     model: ModelOrProfile = None,
     backend: Annotated[Optional[str], typer.Option(help="native, vllm (offline engine) or vllm-server (a server mtpbench launches with its trace plugin).", show_default=BASE.backend)] = None,
-    server: Annotated[Optional[str], typer.Option(help="URL of a running vLLM server to trace: it must serve mtpbench's trace plugin (VLLM_PLUGINS=mtpbench_trace, --enforce-eager; docs/trace-layers.md). Implies --backend vllm-server.")] = None,
-    k: Annotated[Optional[int], typer.Option("--k", help="num_speculative_tokens (draft steps per proposal).", show_default=shown(TRACE_DEFAULTS["k"]))] = None,
-    mtp_layers: Annotated[Optional[int], typer.Option(help="MTP layers to load.", show_default='all the checkpoint has')] = None,
+    server: Annotated[Optional[list[str]], typer.Option(*SERVER, help=SERVER_HELP + "Here: one, serving mtpbench's trace plugin (VLLM_PLUGINS=mtpbench_trace, --enforce-eager; docs/trace-layers.md).")] = None,
+    k: Annotated[Optional[int], typer.Option("--num-speculative-tokens", help="num_speculative_tokens: draft steps per proposal (one k; sweep and tune take a list, --k).", show_default=ONE_K_DEFAULT)] = None,
+    mtp_layers: Annotated[Optional[int], typer.Option("--num-mtp-layers", help="MTP layers to draft with: the checkpoint's first N (its num_nextn_predict_layers as loaded; sweep takes a list, --mtp-layers).", show_default='all the checkpoint has')] = None,
     mode: Annotated[Optional[str], typer.Option(help="Native drafting mode: reuse or chain.", show_default=shown(TRACE_DEFAULTS["mode"]))] = None,
     force_spec_step_idx: ForceSpecStepIdx = None,
     runner: Runner = None,
@@ -41,7 +41,7 @@ def trace_layers(
     parallel: Parallel = Parallel(),
     access: ServerAccess = ServerAccess(),
     profile: Annotated[Optional[str], typer.Option(help="Profile name or .toml path.")] = None,
-    out: Annotated[Optional[str], typer.Option(help="Output directory for trace.csv, trace.json, layers.png.", show_default=shown(TRACE_DEFAULTS["out"]))] = None,
+    out: Annotated[Optional[str], typer.Option(*OUT, help="Output directory for trace.csv, trace.json, layers.png.", show_default=shown(TRACE_DEFAULTS["out"]))] = None,
 ) -> None:
     """Record which MTP layer ran at every draft step on every rank, and say whether drafting is right."""
     from mtpbench.config import resolve
@@ -52,6 +52,9 @@ def trace_layers(
     model, profile = model_or_profile(model, profile)
     if server and backend not in (None, "vllm-server"):
         fail(f"--server traces a running vLLM server: it takes --backend vllm-server, not {backend}")
+    if len(server or ()) > 1:
+        fail(f"trace-layers traces one server at a time: give one --server (got {len(server)})")
+    server = server[0] if server else None
     reach, header_values = connection_options(access)
     engine = dict(model=model, backend="vllm-server" if server else backend, method=None, draft_model=draft_model,
                   dtype=dtype, engine_args=engine_args(engine_arg), server=server, **asdict(parallel), **reach)
@@ -66,6 +69,7 @@ def trace_layers(
         cfg = replace(cfg, header_values=header_values)
         if cfg.server and k is None:  # an attached server's k is its own, whatever a profile or default says
             cfg = replace(cfg, k=())
+        cfg = one_k(cfg)
         # a profile may list several k and modes: trace the largest k, first mode
         summary = run_trace(cfg, max(cfg.k) if cfg.k else None, cfg.mode[0])
     except MtpBenchError as e:
@@ -116,12 +120,12 @@ def print_trace(summary: dict) -> None:
 @grouped
 def trace_matrix(
     arch: Annotated[Optional[str], typer.Option(help="Comma-separated architectures.", show_default='every one mtpbench synth --list can run')] = None,
-    k: Annotated[Optional[int], typer.Option("--k", help="num_speculative_tokens.", show_default='2L per architecture')] = None,
+    k: Annotated[Optional[int], typer.Option("--num-speculative-tokens", help="num_speculative_tokens: draft steps per proposal (one k; sweep and tune take a list, --k).", show_default=ONE_K_DEFAULT + ', per architecture')] = None,
     jobs: Annotated[Optional[int], typer.Option(help="Engines side by side.", show_default="one per core (a core a rank when sharded), as free memory allows")] = None,
     max_tokens: Annotated[int, typer.Option(help="Output tokens of the traced prompt.")] = 12,
     runner: Annotated[Optional[str], typer.Option(help="Comma-separated vLLM model runners, e.g. v1,v2. " + RUNNER_HELP, show_default='the one vLLM picks here')] = None,
     parallel: Parallel = Parallel(),
-    out: Annotated[str, typer.Option(help="Output directory for matrix.csv, .json, .md, .png.")] = "matrix",
+    out: Annotated[str, typer.Option(*OUT, help="Output directory for matrix.csv, .json, .md, .png.")] = "matrix",
 ) -> None:
     """Every runnable vLLM MTP architecture x {as vLLM drafts, forced spec_step_idx}: one verdict per cell, at any
     tensor parallel size (every rank load-checked and traced; ranks that disagree are a verdict). Ctrl-C stops the

@@ -10,7 +10,7 @@ import typer
 
 from mtpbench.cli.common import (connection_options, engine_args, fail, ints, json_value, model_or_profile,
                                  reporting_options, set_threads, speculative_overrides, strs, wrote)
-from mtpbench.cli.options import (ALIAS_NOTE, BASE, BATCH_SIZE, MAX_CONCURRENCY, ROUNDS, Dtype, EngineArg, Goodput,
+from mtpbench.cli.options import (ALIAS_NOTE, BASE, MAX_CONCURRENCY, OUT, ROUNDS, SERVER, SERVER_HELP, Dtype, EngineArg, Goodput,
                                   MaxModelLen, ModelOrProfile, Parallel, Reporting, Rounds, Runner, Seed, ServerAccess,
                                   SpeculativeConfig, Threads, Workload, grouped, shown)
 from mtpbench.cli.progress import with_progress
@@ -20,17 +20,17 @@ from mtpbench.tune.run import DEFAULT_LOADS
 # a tune's own defaults (its sweeps otherwise take the sweep's): k 0-4, enough prompts for the largest batch,
 # short outputs, the repeats a ratio of tokens/s needs for an interval, and more for the points still undecided
 # within a budget for the whole tune (docs/measure-until-decided.md: what they cost and decide on this machine)
-DEFAULTS = {"k": (0, 1, 2, 3, 4), "num_prompts": 16, "max_tokens": 64, "repeats": 3}
+DEFAULTS = {"k": (0, 1, 2, 3), "num_prompts": 16, "max_tokens": 64, "repeats": 3}
 
 
 @grouped
 def tune(
     model: ModelOrProfile = None,
-    backend: Annotated[Optional[str], typer.Option(help="native or vllm (over --batch-size), vllm-server (over --max-concurrency; launched, or attached with --server).", show_default=BASE.backend)] = None,
+    backend: Annotated[Optional[str], typer.Option(help="native or vllm (over --batch-sizes), vllm-server (over --max-concurrency; launched, or attached with --server).", show_default=BASE.backend)] = None,
     k: Annotated[Optional[str], typer.Option("--k", help="num_speculative_tokens values to measure, with 0.", show_default=shown(DEFAULTS["k"]))] = None,
-    batch_size: Annotated[Optional[str], typer.Option(*BATCH_SIZE, help="Offline backends: the loads, sequences decoded together (vLLM's max_num_seqs), one sweep each." + ALIAS_NOTE, show_default=shown(DEFAULT_LOADS["batch"]))] = None,
+    batch_size: Annotated[Optional[str], typer.Option("--batch-sizes", help="Offline backends: the loads, sequences decoded together (vLLM's max_num_seqs), one sweep each, e.g. 1,4,16 (sweep takes one, --batch-size).", show_default=shown(DEFAULT_LOADS["batch"]))] = None,
     concurrency: Annotated[Optional[str], typer.Option(*MAX_CONCURRENCY, help="vllm-server: the loads, requests in flight at most, one sweep each." + ALIAS_NOTE, show_default=shown(DEFAULT_LOADS["concurrency"]))] = None,
-    mtp_layers: Annotated[Optional[int], typer.Option(help="MTP layers of the drafter.", show_default='all the checkpoint has')] = None,
+    mtp_layers: Annotated[Optional[int], typer.Option("--num-mtp-layers", help="MTP layers to draft with: the checkpoint's first N (its num_nextn_predict_layers as loaded; sweep takes a list, --mtp-layers).", show_default='all the checkpoint has')] = None,
     mode: Annotated[Optional[str], typer.Option(help="native backend: the drafting mode to tune, reuse (as vLLM's V1 drafts) or chain.", show_default='reuse')] = None,
     workload: Workload = Workload(),
     num_prompts: Annotated[Optional[int], typer.Option(help="Prompts per point.", show_default=f"{DEFAULTS['num_prompts']}, at least the largest batch")] = None,
@@ -46,7 +46,7 @@ def tune(
     parallel: Parallel = Parallel(),
     rounds: Rounds = Rounds(),
     runner: Runner = None,
-    server: Annotated[Optional[list[str]], typer.Option("--server", "--base-url", help="An attached vLLM server (repeatable): one drafting and one of the same model without drafting (the k = 0 baseline). --base-url is vllm bench serve's name.")] = None,
+    server: Annotated[Optional[list[str]], typer.Option(*SERVER, help=SERVER_HELP + "Here: one that drafts and the same model without drafting (the k = 0 baseline).")] = None,
     access: ServerAccess = ServerAccess(),
     reporting: Reporting = Reporting(),
     from_: Annotated[Optional[list[str]], typer.Option("--from", help="Read these sweep directories (or a tune's) instead of running sweeps (repeatable).")] = None,
@@ -54,7 +54,7 @@ def tune(
     goodput: Goodput = None,
     schedule: Annotated[Optional[str], typer.Option(help="With --validate: validate these ranges instead of the chosen ones, e.g. '[[1,2,3],[3,16,1]]'.")] = None,
     profile: Annotated[Optional[str], typer.Option(help="Profile name or .toml path (its sweep settings).")] = None,
-    out: Annotated[str, typer.Option("--out", "--result-dir", help="Output directory (--result-dir: vllm bench serve's name).")] = "tune",
+    out: Annotated[str, typer.Option(*OUT, help="Output directory (--result-dir: vllm bench serve's name).")] = "tune",
     replace_earlier: Annotated[bool, typer.Option("--replace", help="Move an earlier tune in --out aside (to OUT.replaced-TIME) and measure afresh. Without it, a tune with the same settings resumes (its sweeps reuse what they saved) and other settings are refused.")] = False,
 ) -> None:
     """Choose the k to run at every load: measure k x load, choose with intervals, predict, write vLLM's schedule."""
@@ -86,11 +86,11 @@ def tune(
 
 
 def loads_of(tc, batch_size: Optional[str], concurrency: Optional[str]) -> tuple[int, ...]:
-    """The tune's loads: --max-concurrency on a served backend, --batch-size on the others (the other refused)."""
+    """The tune's loads: --max-concurrency on a served backend, --batch-sizes on the others (the other refused)."""
     served = tc.unit == "concurrency"
     if batch_size if served else concurrency:
-        fail(f"--{'batch-size' if served else 'max-concurrency'} is the load of {'offline' if served else 'served'} "
-             f"runs; {tc.sweep.backend} takes --{'max-concurrency' if served else 'batch-size'}")
+        fail(f"--{'batch-sizes' if served else 'max-concurrency'} is the load of {'offline' if served else 'served'} "
+             f"runs; {tc.sweep.backend} takes --{'max-concurrency' if served else 'batch-sizes'}")
     return ints(concurrency if served else batch_size, "--load") or DEFAULT_LOADS[tc.unit]
 
 

@@ -82,7 +82,7 @@ def run_check(cfg, k: int, mode: str = "reuse", backend=None, plant=None) -> dic
     from mtpbench.prompts import prompt_set
 
     if k < 1:
-        raise MtpBenchError(f"--k {k}: check-drafter needs draft steps (k >= 1)")
+        raise MtpBenchError(f"--num-speculative-tokens {k}: check-drafter needs draft steps (k >= 1)")
     ref = reference_for(cfg.model_dir)
     prompts = prompt_set(cfg.prompts, cfg.num_prompts, cfg.model_dir, cfg.chat_template).prompts
     started = backend is None

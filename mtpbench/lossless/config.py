@@ -39,7 +39,7 @@ DEFAULT_MAX_MDE = 0.10
 # --planted-subtle: the acceptance ratio's p at 0.95 T (engine.Faults.ratio_temperature_factor)
 SUBTLE_FACTOR = 0.95
 # float32 on every backend: the check compares the arms' numbers (greedy divergences, log-probs) to a rounding bound
-CHECK_DEFAULTS = {"k": (2,), "mode": ("reuse",), "num_prompts": DEFAULT_PROMPTS, "max_tokens": DEFAULT_MAX_TOKENS,
+CHECK_DEFAULTS = {"k": (), "mode": ("reuse",), "num_prompts": DEFAULT_PROMPTS, "max_tokens": DEFAULT_MAX_TOKENS,
                   "temperature": 1.0, "batch_size": DEFAULT_BATCH_SIZE, "dtype": "float32", "out": "lossless"}
 
 
@@ -127,8 +127,9 @@ def check_config(cfg: CheckConfig) -> None:
     if cfg.baseline_server and not e.server:
         raise MtpBenchError("--baseline-server is the drafting-off arm of an attached --server: give --server too")
     if e.server and not cfg.baseline_server:
-        raise MtpBenchError("an attached --server has a fixed k and no drafting-off arm: give --baseline-server URL "
-                            "(the same model served without drafting), or leave out --server to launch servers")
+        raise MtpBenchError("an attached --server has a fixed k and no drafting-off arm: give a second --server or "
+                            "--baseline-server URL (the same model served without drafting), or leave out --server to "
+                            "launch servers")
     if not supports_check(e.backend):
         raise MtpBenchError(f"check-lossless: --backend {e.backend} is not supported yet")
     if cfg.speculative_overrides is not None and e.server:
@@ -137,7 +138,7 @@ def check_config(cfg: CheckConfig) -> None:
     if e.server and not e.k:
         pass  # an attached server's k is read from the server (run_check)
     elif len(e.k) != 1 or e.k[0] < 1:
-        raise MtpBenchError(f"--k takes one value >= 1 (the drafting arm; k = 0 is the baseline it is checked "
+        raise MtpBenchError(f"--num-speculative-tokens takes one value >= 1 (the drafting arm; k = 0 is the baseline it is checked "
                             f"against), got {','.join(map(str, e.k)) or 'none'}")
     if len(e.mode) != 1:
         raise MtpBenchError(f"--mode takes one drafting mode, got {','.join(e.mode)}")

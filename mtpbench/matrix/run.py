@@ -105,7 +105,7 @@ def _checked_names(names: list[str] | None, table: dict, k: int | None, jobs: in
     if unknown:
         raise MtpBenchError(f"unknown architecture(s) {', '.join(unknown)}: choose from {', '.join(sorted(table))}")
     if k is not None and k < 1:
-        raise MtpBenchError(f"--k must be >= 1, got {k}")
+        raise MtpBenchError(f"--num-speculative-tokens must be >= 1, got {k}")
     if jobs is not None and jobs < 1:
         raise MtpBenchError(f"--jobs must be >= 1, got {jobs}")
     if max_tokens < 1:

@@ -104,9 +104,9 @@ def build(arch: str | Arch, out: Path, mtp_layers: int | None = None) -> Path:
     arch = get_arch(arch) if isinstance(arch, str) else arch
     n = arch.mtp_layers if mtp_layers is None else mtp_layers
     if n < 1:
-        raise MtpBenchError(f"--mtp-layers must be >= 1, got {n}")
+        raise MtpBenchError(f"--num-mtp-layers must be >= 1, got {n}")
     if arch.max_mtp_layers is not None and n > arch.max_mtp_layers:
-        raise MtpBenchError(f"--mtp-layers {n}: vLLM's {arch.mtp_class} loads at most {arch.max_mtp_layers} "
+        raise MtpBenchError(f"--num-mtp-layers {n}: vLLM's {arch.mtp_class} loads at most {arch.max_mtp_layers} "
                             "MTP layer(s)")
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):

@@ -42,7 +42,7 @@ def run_trace(cfg, k: int | None, mode: str = "reuse", backend=None) -> dict:
         k = backend.grid_k()
         if not k:
             raise MtpBenchError(f"the server at {cfg.server} does not expose num_speculative_tokens in /metrics: "
-                                "give --k")
+                                "give --num-speculative-tokens")
     mode = facts.drafting_mode or mode
     try:
         data = backend.trace_point(cfg, mode, k, L, prompts)
@@ -73,7 +73,7 @@ def _traceable(cfg, k: int):
 
     n_layers = cfg.num_mtp_layers()
     if k is not None and k < 1:
-        raise MtpBenchError(f"--k must be >= 1 to trace drafting, got {k}")
+        raise MtpBenchError(f"--num-speculative-tokens must be >= 1 to trace drafting, got {k}")
     validate(cfg, n_layers)
     cfg = with_runner(cfg)
     facts = info(cfg.backend)

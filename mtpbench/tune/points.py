@@ -21,7 +21,7 @@ class Sweeps:
 
     points: list[Measured]
     backend: str
-    unit: str  # "batch" (offline: --batch-size) or "concurrency" (served)
+    unit: str  # "batch" (offline: tune's --batch-sizes) or "concurrency" (served)
     mode: str | None
     mtp_layers: int | None
     dirs: list[str]
@@ -125,7 +125,7 @@ def check(s: Sweeps) -> None:
     loads = sorted({m.load for m in s.points})
     where = ", ".join(s.dirs) if len(s.dirs) < 4 else f"{s.dirs[0]} and {len(s.dirs) - 1} more"
     if len(loads) < 2:
-        flag = "--max-concurrency" if s.unit == "concurrency" else "--batch-size"
+        flag = "--max-concurrency" if s.unit == "concurrency" else "--batch-sizes"
         raise MtpBenchError(f"{where}: covers one load only ({s.unit} {loads[0]}); tune chooses k across loads "
                             f"(run it with {flag} 1,2,4,8, or give sweeps at several)")
     for b in loads:

@@ -223,4 +223,4 @@ def test_the_cli_takes_every_builtin_name():
     assert "builtin-glm-tp" in BUILTIN_MODELS
     for name in BUILTIN_MODELS:
         assert model_or_profile(name, None) == (name, None)
-        assert refuse(name, None, None, None, None, False, False) is None
+        assert refuse(name, None, (), None, None, None, False, False) == ()

@@ -215,21 +215,19 @@ def test_vllms_names_and_the_old_ones_mean_the_same(new, old, tmp_path):
 def test_the_help_names_each_alias():
     for command, names in (("sweep", ("--max-concurrency", "--concurrency", "--num-warmups", "--warmup",
                                       "--batch-size", "--max-num-seqs")),
-                           ("tune", ("--max-concurrency", "--concurrency", "--batch-size", "--max-num-seqs")),
-                           ("synth", ("--num-mtp-layers", "--mtp-layers"))):
+                           ("tune", ("--max-concurrency", "--concurrency"))):
         cmd = typer.main.get_command(app).commands[command]
         opts = {o for p in cmd.params for o in getattr(p, "opts", [])}
         assert set(names) <= opts, (command, names)
     synth = typer.main.get_command(app).commands["synth"]
-    for flag in ("--num-mtp-layers", "--mtp-layers"):
-        assert synth.make_context("synth", ["glm4_moe", flag, "3"]).params["mtp_layers"] == 3
+    assert synth.make_context("synth", ["glm4_moe", "--num-mtp-layers", "3"]).params["mtp_layers"] == 3
     r = CliRunner().invoke(app, ["sweep", "--help"], env={"COLUMNS": "3000"}, terminal_width=3000)
     assert r.output.count("The second name is an alias (saved command lines keep working).") >= 2
 
 
 @pytest.mark.parametrize("args, message", [
     (["--speculative-config", '{"rejection_sample_method": "block"}'], "--speculative-config is merged into vLLM's"),
-    (["--backend", "vllm", "--speculative-config", '{"num_speculative_tokens": 3}'], "give it as --k"),
+    (["--backend", "vllm", "--speculative-config", '{"num_speculative_tokens": 3}'], "give num_speculative_tokens as --k or --num-speculative-tokens"),
     (["--backend", "vllm", "--speculative-config", "[1]"], "--speculative-config takes a JSON object, got list"),
     (["--threads", "0"], "--threads must be >= 1, got 0"),
     (["--metric-percentiles", "99,x"], "--metric-percentiles takes comma-separated numbers"),

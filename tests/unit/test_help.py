@@ -123,6 +123,7 @@ def test_the_defaults_shown_are_the_ones_the_commands_use():
     from mtpbench.cli.drafter import DRAFTER_DEFAULTS
     from mtpbench.cli.trace import TRACE_DEFAULTS
     from mtpbench.cli.tune import DEFAULTS, ROUNDS
+    from mtpbench.cli.options import ONE_K_DEFAULT
     from mtpbench.config import SweepConfig
     from mtpbench.lossless.config import CHECK_DEFAULTS
 
@@ -140,6 +141,9 @@ def test_the_defaults_shown_are_the_ones_the_commands_use():
         r = rows(command)
         for field, value in defaults.items():
             opt = "--" + field.replace("_", "-")
+            if command != "tune" and field == "k":  # one k: vLLM's name (sweep and tune take a list, --k)
+                assert shown(r["--num-speculative-tokens"]) == ONE_K_DEFAULT and value == ()  # the rule, one_k
+                continue
             if field == "dtype" or (field in ("repeats", "num_prompts") and command == "tune"):  # and what more
                 assert shown(r[opt]).startswith(text(value)), (command, opt, r[opt])
             else:
@@ -176,3 +180,74 @@ def test_docs_options_md_is_the_code_s():
         for p in params(command):
             if p.param_type_name == "option":
                 assert f"`{', '.join(p.opts)}" in got, (command, p.opts)
+
+
+def _options_by_name() -> dict[str, dict[str, tuple]]:
+    """Every option name (each alias too) -> {command: (its value as help names it, the other names it goes by)}."""
+    from mtpbench.cli.help import _metavar
+
+    group = typer.main.get_command(app)
+    seen: dict[str, dict[str, tuple]] = {}
+    for command, cmd in group.commands.items():
+        for p in cmd.params:
+            if getattr(p, "param_type_name", "") != "option" or "--help" in p.opts or "-h" in p.opts:
+                continue
+            names = (*p.opts, *p.secondary_opts)
+            for n in names:
+                seen.setdefault(n, {})[command] = ("" if p.is_flag else _metavar(p), tuple(sorted(names)))
+    return seen
+
+
+def test_one_name_takes_one_kind_of_value_in_every_command():
+    """One vocabulary (issue 45): an option name takes the same kind of value (one INT, a TEXT list, a repeatable
+    TEXT, a switch) and goes by the same other names in every command that has it. Where one command takes a list
+    and another one value, the names differ (--k / --num-speculative-tokens, --mtp-layers / --num-mtp-layers,
+    --batch-sizes / --batch-size)."""
+    mixed = {name: by for name, by in _options_by_name().items() if len(set(by.values())) > 1}
+    assert not mixed, mixed
+
+
+def test_the_list_and_the_one_value_names_are_where_the_issue_put_them():
+    seen = _options_by_name()
+    assert set(seen["--k"]) == {"sweep", "tune"} and {v for v, _ in seen["--k"].values()} == {"TEXT"}
+    assert set(seen["--num-speculative-tokens"]) == {"trace-layers", "trace-matrix", "check-lossless",
+                                                      "check-drafter"}
+    assert set(seen["--mtp-layers"]) == {"sweep"}
+    assert set(seen["--num-mtp-layers"]) == {"trace-layers", "synth", "check-lossless", "tune"}
+    assert set(seen["--batch-sizes"]) == {"tune"} and "tune" not in seen["--batch-size"]
+    assert {v for v, _ in seen["--server"].values()} == {"TEXT (repeatable)"}
+    assert set(seen["--server"]) == {"sweep", "tune", "trace-layers", "check-lossless"}
+
+
+@pytest.mark.parametrize("command, given, wanted, meaning", [
+    ("check-lossless", "--k", "--num-speculative-tokens", "one k"),
+    ("trace-layers", "--k", "--num-speculative-tokens", "one k"),
+    ("sweep", "--num-speculative-tokens", "--k", "a list of k"),
+    ("trace-layers", "--mtp-layers", "--num-mtp-layers", "one MTP layer count"),
+    ("synth", "--mtp-layers", "--num-mtp-layers", "one MTP layer count"),
+    ("tune", "--batch-size", "--batch-sizes", "a list of batch sizes"),
+    ("tune", "--max-num-seqs", "--batch-sizes", "a list of batch sizes"),
+    ("sweep", "--batch-sizes", "--batch-size", "one batch size"),
+])
+def test_the_other_commands_name_for_a_value_is_pointed_to_in_one_line(command, given, wanted, meaning):
+    """A saved command line with the name another command uses (one value or a list) is refused in one line, exit
+    2, that names this command's option for it."""
+    r = CliRunner().invoke(app, [command, given, "2"])
+    assert r.exit_code == 2, r.output
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and f"{command} takes {meaning}: {wanted}" in lines[0], lines
+
+
+def test_one_k_is_twice_the_layers_drafted_with_unless_a_k_or_a_server_is_given():
+    """--num-speculative-tokens' default (one_k): 2 x the fewest MTP layers asked for, else 2 x the checkpoint's
+    (the built-in model has 3); a k given, or an attached server's (its own), stays."""
+    from dataclasses import replace
+
+    from mtpbench.cli.options import one_k
+    from mtpbench.config import SweepConfig
+
+    base = SweepConfig(k=())
+    assert one_k(base).k == (6,)
+    assert one_k(replace(base, mtp_layers=(2, 1))).k == (2,)
+    assert one_k(replace(base, k=(5,), mtp_layers=(1,))).k == (5,)
+    assert one_k(replace(base, server="http://127.0.0.1:9")).k == ()

@@ -120,7 +120,7 @@ def test_label():
     (["sweep", "--backend", "vllm", "--runner", "v3"], "--runner must be one of v1, v2, got 'v3'"),
     (["sweep", "--backend", "native", "--runner", "v2"], "--runner picks vLLM's model runner"),
     (["sweep", "--server", "http://127.0.0.1:9", "--runner", "v2"], "cannot choose the model runner of an attached"),
-    (["trace-layers", "--backend", "vllm", "--runner", "v3", "--k", "2"], "--runner must be one of v1, v2"),
+    (["trace-layers", "--backend", "vllm", "--runner", "v3", "--num-speculative-tokens", "2"], "--runner must be one of v1, v2"),
     (["trace-matrix", "--runner", "v1,v3"], "--runner must be one of v1, v2, got 'v3'"),
 ])
 def test_bad_runner_is_one_line_exit_2(tmp_path, args, message):

@@ -49,7 +49,7 @@ def engine_model(cfg: SweepConfig, k: int, mtp_layers: int) -> str:
             raise RuntimeError(problem)
         if cfg.draft_model:
             if mtp_layers != cfg.num_mtp_layers():
-                raise RuntimeError(f"--mtp-layers {mtp_layers}: a separate draft checkpoint runs whole "
+                raise RuntimeError(f"{mtp_layers} MTP layers asked for: a separate draft checkpoint runs whole "
                                    f"({cfg.num_mtp_layers()} layers)")
         else:
             model = str(derived_checkpoint(cfg.model_dir, mtp_layers))

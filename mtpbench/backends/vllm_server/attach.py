@@ -159,12 +159,26 @@ def _server_k(cfg: SweepConfig, url: str, m: dict) -> int | None:
     if given and k_server is not None and given != {k_server}:
         if k_server == 0:
             raise MtpBenchError(f"the server at {url} runs without speculative decoding, "
-                                f"but --k {cfg.k[0]} was asked for")
+                                f"but k = {cfg.k[0]} was asked for")
         raise MtpBenchError(f"the server at {url} runs num_speculative_tokens={k_server}, "
-                            f"but --k {cfg.k[0]} was asked for")
+                            f"but k = {cfg.k[0]} was asked for")
     if k_server is None and not given:
-        raise MtpBenchError(f"the server at {url} drafts but does not expose k: give it with --k")
+        raise MtpBenchError(f"the server at {url} drafts but does not expose k: give it with --k (--num-speculative-tokens where one k runs)")
     return k_server
+
+
+def drafting_first(conn, urls: tuple[str, str]) -> tuple[str, str]:
+    """Two attached servers given as --server, in either order: (the one that drafts, the one that does not), told
+    apart by their /metrics (vllm:spec_decode counters); MtpBenchError when both or neither draft. ``conn``: the
+    connection to the first (the second gets the same credentials)."""
+    drafts = [probe(c)["metrics"]["spec_decode"] for c in (conn, conn.for_server(urls[1].rstrip("/")))]
+    if drafts == [True, False]:
+        return urls
+    if drafts == [False, True]:
+        return urls[1], urls[0]
+    both = "both draft" if drafts[0] else "neither drafts"
+    raise MtpBenchError(f"the servers {urls[0]} and {urls[1]}: {both}; check-lossless takes one that drafts and the "
+                        "same model served without drafting (its k = 0 arms)")
 
 
 def attach_pair(conn, server_url: str, baseline_url: str) -> tuple[Server, dict]:
