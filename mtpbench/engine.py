@@ -101,6 +101,9 @@ class Generation:
         # k = 0), for the cost ratio c
         self.draft_time_s = self.target_time_s = 0.0
         self.num_draft_calls = self.num_target_calls = 0
+        # every draft position a verify step reached (its earlier drafts accepted): (row, position, accepted, the
+        # law's acceptance probability, sum min(p, q), p at q's argmax) (issue 46; stats.acceptance)
+        self.law_steps: list[tuple] = []
 
     def _clock(self) -> float:
         if self.dev.type == "cuda":
@@ -183,8 +186,9 @@ class Generation:
         h = self.target(X[rows[:, None], vpos], vpos, tcache)
         Ht[rows[:, None], vpos] = h
         logits = self.target.compute_logits(h)
+        law: dict = {}
         accepted, bonus = verify(logits, drafts, qprobs, self.temperature, self.gen, self.faults, self.top_k,
-                                 self.top_p)
+                                 self.top_p, law)
         self.target_time_s += self._clock() - t0
         self.num_target_calls += 1
         new = []
@@ -201,9 +205,19 @@ class Generation:
             for i in range(ab):
                 c.num_accepted_tokens_per_pos[i] += 1
             c.steps.append((nb, ab))
+            self._law_steps(b, ab, law)
             new.append(X[b, nb: nb + ab + 1].tolist())
             n[b] = nb + ab + 1
         return new
+
+    def _law_steps(self, b: int, ab: int, law: dict) -> None:
+        """Row b's positions this verify step reached: every accepted draft and the first rejected one."""
+        cols = {key: law[key][b].tolist() for key in ("accepted", "probability", "probabilistic", "greedy")
+                if key in law}
+        for i in range(min(ab + 1, self.k)):
+            self.law_steps.append((b, i, int(cols["accepted"][i]), cols["probability"][i],
+                                   cols["probabilistic"][i] if "probabilistic" in cols else None,
+                                   cols["greedy"][i] if "greedy" in cols else None))
 
     def _emit(self, new: list[list[int]]) -> None:
         for b, t in enumerate(new):

@@ -47,18 +47,22 @@ def draw(p: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
 
 def verify(logits: torch.Tensor, drafts: torch.Tensor, qprobs: torch.Tensor | None, temperature: float,
            gen: torch.Generator | None, faults=None, top_k: int = TOP_K_OFF,
-           top_p: float = TOP_P_OFF) -> tuple[torch.Tensor, torch.Tensor]:
+           top_p: float = TOP_P_OFF, law: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One verify step: the accepted-draft count [B] and the bonus/correction token [B] per row.
 
     ``logits`` [B, k+1, V] are the target's at the k+1 verified positions, ``drafts`` [B, k] the proposed
     tokens, ``qprobs`` [B, k, V] the drafter's probabilities (None at temperature 0, where top-k and top-p do
     nothing: greedy takes the argmax, as vLLM's greedy requests). ``faults``: ``engine.Faults`` (planted rules).
+    ``law``: a dict filled with what each position's verdict was and what the law says it should be
+    (``expected_acceptance``: issue 46), whatever rule (or planted fault) decided.
     """
     B, k = drafts.shape
     rows = torch.arange(B, device=drafts.device)
     if temperature <= 0:
         target = logits.argmax(-1)  # [B, k+1]
         ok = (target[:, :k] == drafts).long()
+        if law is not None:
+            law.update(expected_acceptance(logits, drafts, None, temperature, top_k, top_p), accepted=ok.bool())
         accepted = ok.cumprod(1).sum(1)
         return accepted, target[rows, accepted]
     p = probs(logits, temperature, top_k, top_p)  # [B, k+1, V]
@@ -70,6 +74,8 @@ def verify(logits: torch.Tensor, drafts: torch.Tensor, qprobs: torch.Tensor | No
     ok = (u * qd <= pd) & (pd > 0)  # accept with probability min(1, p/q); never a token p' excludes
     if faults is not None and faults.accept_draft_argmax:
         ok = ok | (drafts == qprobs.argmax(-1))
+    if law is not None:
+        law.update(expected_acceptance(logits, drafts, qprobs, temperature, top_k, top_p, p), accepted=ok)
     accepted = ok.long().cumprod(1).sum(1)
     bonus = torch.empty(B, dtype=torch.long, device=drafts.device)
     for b in range(B):
@@ -82,3 +88,21 @@ def verify(logits: torch.Tensor, drafts: torch.Tensor, qprobs: torch.Tensor | No
                 dist = p[b, a]
         bonus[b] = draw(dist / dist.sum(), gen)
     return accepted, bonus
+
+
+def expected_acceptance(logits: torch.Tensor, drafts: torch.Tensor, qprobs: torch.Tensor | None, temperature: float,
+                        top_k: int = TOP_K_OFF, top_p: float = TOP_P_OFF, p: torch.Tensor | None = None) -> dict:
+    """What the law says of each draft [B, k] (issue 46): ``probability``, the chance standard rejection sampling
+    accepts it given the draft, min(1, p(d) / q(d)) (0 where p excludes d), and at temperature 0 1 exactly where d
+    is the target's argmax; where the drafter's law is known, ``probabilistic`` = sum_x min(p(x), q(x)) (the
+    acceptance over drafts drawn from q; 1 - the total-variation distance between p and q) and ``greedy`` = p at
+    q's argmax (the acceptance a greedy draft proposal would get). ``p``: the filtered target law, if computed."""
+    k = drafts.shape[1]
+    if temperature <= 0:
+        return {"probability": (logits[:, :k].argmax(-1) == drafts).float()}
+    p = (p if p is not None else probs(logits, temperature, top_k, top_p))[:, :k]
+    pd = p.gather(-1, drafts[..., None]).squeeze(-1)
+    qd = qprobs.gather(-1, drafts[..., None]).squeeze(-1)
+    a = torch.where(pd > 0, (pd / qd.clamp(min=1e-30)).clamp(max=1.0), torch.zeros_like(pd))
+    return {"probability": a, "probabilistic": torch.minimum(p, qprobs).sum(-1),
+            "greedy": p.gather(-1, qprobs.argmax(-1, keepdim=True)).squeeze(-1)}

@@ -1,0 +1,55 @@
+"""Acceptance against its exact law on the native engine (issue 46): every draft position a verify step reached,
+its accept/reject and the law's acceptance probability (mtpbench.sampling.expected_acceptance), tested position by
+position (mtpbench.stats.acceptance). The correct engine follows the law at five seeds, greedy, T = 1 and top-p < 1;
+the planted over-acceptance (--planted-lossy's rule) is named. The built-in model, 8 prompts x 64 tokens, k = 3."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mtpbench.builtin import BUILTIN_MODEL_DIR
+from mtpbench.engine import Faults, generate
+from mtpbench.model import load_model
+from mtpbench.prompts import load_prompts, load_tokenizer
+from mtpbench.stats.acceptance import FOLLOWS, law_test
+
+
+@pytest.fixture(scope="module")
+def model_and_prompts():
+    torch.set_num_threads(1)
+    tok = load_tokenizer(BUILTIN_MODEL_DIR)
+    return load_model(BUILTIN_MODEL_DIR), [tok.encode(p.text).ids for p in load_prompts("builtin", 8)]
+
+
+def steps_of(model_and_prompts, seed, **kw):
+    model, prompts = model_and_prompts
+    g = generate(model, prompts, 64, k=3, seed=seed, **kw)
+    return [(i, x, a) for _, i, x, a, *_ in g.law_steps]
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("sampling", [{}, {"temperature": 1.0}, {"temperature": 1.0, "top_p": 0.8}],
+                         ids=["greedy", "T=1", "top-p 0.8"])
+def test_the_correct_engine_follows_the_law_at_every_position(model_and_prompts, seed, sampling):
+    steps = steps_of(model_and_prompts, seed, **sampling)
+    verdict, tests = law_test(steps)
+    assert verdict == FOLLOWS, [(t.position, t.steps, t.observed, t.expected, t.z) for t in tests]
+    assert {t.position for t in tests} == {0, 1, 2, None} and len(steps) > 300
+    for t in tests:  # observed and expected acceptance agree within the interval at every position
+        assert t.low <= 0 <= t.high, t
+
+
+def test_greedy_accepts_exactly_the_targets_argmax(model_and_prompts):
+    """At temperature 0 the law is certain: every reached position's probability is 0 or 1 and the engine's
+    verdict equals it, step by step."""
+    steps = steps_of(model_and_prompts, 0)
+    assert all(a in (0.0, 1.0) and x == a for _, x, a in steps)
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_a_planted_over_acceptance_is_named(model_and_prompts, seed):
+    """Faults.accept_draft_argmax (check-lossless --planted-lossy's rule: a sampled draft that is the drafter's
+    argmax is accepted without the ratio) over-accepts; the test names it at a position, over."""
+    verdict, _ = law_test(steps_of(model_and_prompts, seed, temperature=1.0, faults=Faults(accept_draft_argmax=True)))
+    assert verdict.startswith("over-accepts at position"), verdict
