@@ -173,6 +173,16 @@ def test_a_sweeps_page_fits_1280_px_and_its_figures_are_readable(runs, browser_e
     assert ("* no interval:" in page) == bool(re.search(r"<td>[\d.]+\*</td>", page))
 
 
+@pytest.mark.parametrize("kind", [k for k in KINDS if k != "sweep"])
+def test_every_other_page_fits_1280_px_and_its_figures_are_readable(runs, kind, browser_exe, tmp_path):
+    """Issue 45 item 6 on the other pages (compare, trace, lossless, tune): at 1280 px no table's first screen
+    scrolls sideways and every figure is drawn at no less than 0.6 of its own pixels."""
+    seen = visit(browser_exe, runs[kind] / "report.html", tmp_path / f"{kind}.png", probe=FITS)
+    fits = seen["probe"]
+    assert all(scroll <= client for scroll, client in fits["tables"]), fits
+    assert all(shown >= 0.6 * natural for _, shown, natural in fits["figures"]), fits
+
+
 @pytest.mark.vllm
 def test_a_matrix_page_counts_the_verdicts_per_runner_and_opens_cleanly(tmp_path):
     out = tmp_path / "matrix"

@@ -53,7 +53,7 @@ def page(out: Path) -> Path:
     result = json.loads((out / "compare.json").read_text())
     text, tone = headline(result)
     md = (out / "compare.md").read_text() if (out / "compare.md").is_file() else ""
-    body = figure(out / "compare.png", "B - A relative to A, with 95 % intervals") + to_html(md)
+    body = figure(out / "compare.png", "B - A relative to A, each line its interval at the level of the table below") + to_html(md)
     for side in ("a", "b"):
         run = Path(str(result.get(side, ""))) / "run.json"
         prov = json.loads(run.read_text()).get("provenance") if run.is_file() else None

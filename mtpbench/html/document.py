@@ -24,7 +24,8 @@ figcaption{color:#5b6475;font-size:13px}
 .scroll{overflow-x:auto;margin:8px 0 16px}
 table{border-collapse:collapse;font-size:13px;font-variant-numeric:tabular-nums}
 th,td{border:1px solid #e3e6ea;padding:4px 8px;text-align:right;white-space:nowrap}
-th{background:#f1f3f6;position:sticky;top:0;cursor:pointer} td:first-child,th:first-child{text-align:left}
+th{background:#f1f3f6;position:sticky;top:0;cursor:pointer;white-space:normal}
+td:first-child,td:last-child{white-space:normal;min-width:6em} td:first-child,th:first-child{text-align:left}
 tr:nth-child(even) td{background:#fafbfc}
 code,pre{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:13px}
 pre{background:#f6f7f9;padding:10px;overflow-x:auto;border:1px solid #e3e6ea}

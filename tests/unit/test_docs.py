@@ -231,3 +231,55 @@ def test_the_content_checks_see_what_they_should(tmp_path):
     assert ("x \\| y") in [c for _, c in table_cells(page)]
     assert len(diary_phrases(page)) == 1
     assert first_sentence(page) == "One two three."
+
+
+# issue 45 item 3: each page opens with an example run and a short table; the specification below in short
+# paragraphs. Pages that are generated (options.md), a record (mutation.md, first-hour.md: a session's own run) or
+# a map of the code (layout.md) are not guides.
+NOT_GUIDES = {"options.md", "mutation.md", "first-hour.md", "layout.md"}
+GUIDES = sorted(p.name for p in (ROOT / "docs").glob("*.md") if p.name not in NOT_GUIDES)
+
+
+def opening(text: str) -> tuple[str | None, bool]:
+    """The first fenced block's first line and whether a Markdown table follows it, before the page's first
+    `##` section."""
+    head = text.split("\n## ")[0]
+    block = re.search(r"^```[a-z]*\n(.*?)\n", head, re.M)
+    table = block is not None and re.search(r"^\|.*\|\n\|[-:| ]+\|$", head[block.end():], re.M) is not None
+    return (block.group(1) if block else None), table
+
+
+def long_paragraphs(text: str, most: int = 8) -> list[str]:
+    """Prose paragraphs (not code, tables, headings or HTML; each list item on its own) longer than ``most`` lines,
+    by their first words."""
+    text = re.sub(r"^\s*```.*?^\s*```", "", text, flags=re.S | re.M)
+    out = []
+    for para in re.split(r"\n\s*\n|\n(?=\s{0,3}(?:[*-]|\d+\.) )", text):
+        lines = [x for x in para.splitlines() if x.strip()]
+        if lines and not lines[0].lstrip().startswith(("|", "#", "<", "!")) and len(lines) > most:
+            out.append(" ".join(lines[0].split()[:8]))
+    return out
+
+
+@pytest.mark.parametrize("page", GUIDES)
+def test_each_guide_opens_with_an_example_run_and_a_short_table(page):
+    first, table = opening((ROOT / "docs" / page).read_text())
+    assert first is not None and first.startswith("$ mtpbench "), (page, first)
+    assert table, page
+
+
+@pytest.mark.parametrize("page", GUIDES)
+def test_no_paragraph_runs_over_eight_lines(page):
+    assert long_paragraphs((ROOT / "docs" / page).read_text()) == []
+
+
+def test_the_opening_and_paragraph_checks_see_what_they_should():
+    good = "# T\n\nWhat it is.\n\n```console\n$ mtpbench env\nout\n```\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n## More\n"
+    assert opening(good) == ("$ mtpbench env", True)
+    assert opening(good.replace("| a | b |\n|---|---|\n| 1 | 2 |\n", "")) == ("$ mtpbench env", False)
+    assert opening("# T\n\n## A\n```\n$ mtpbench env\n```\n") == (None, False)
+    assert long_paragraphs("\n".join(["word"] * 9)) == ["word"]
+    assert long_paragraphs("\n".join(["word"] * 8)) == []
+    assert long_paragraphs("```\n" + "\n".join(["x"] * 20) + "\n```\n") == []
+    assert long_paragraphs("\n".join(["* item", *["  more"] * 7] * 2)) == []  # two items of 8 lines
+    assert long_paragraphs("\n".join(["* item", *["  more"] * 8])) == ["* item"]
