@@ -73,11 +73,15 @@ def _cfg(model: str, out, **kw):
 @pytest.mark.parametrize("name", ["builtin", "builtin-glm"])
 def test_check_drafter_finds_parity_on_the_native_engine(name, tmp_path):
     out = tmp_path / "d"
-    r = CliRunner().invoke(app, ["check-drafter", name, "--backend", "native", "--dtype", "float32", "--num-speculative-tokens", "2",
+    r = CliRunner().invoke(app, ["check-drafter", name, "--backend", "native", "--dtype", "float32",
+                                 "--num-speculative-tokens", "2",
                                  "--out", str(out)])
     assert r.exit_code == 0, r.output
     s = json.loads((out / "drafter.json").read_text())
     assert s["first_difference"] is None and s["headline"].startswith("parity")
+    from mtpbench.drafter.page import answer
+
+    assert r.stdout.split("\n\n")[0].strip() == answer(s)[0]  # the page's answer, first on the terminal
     assert s["decoder"].startswith("independent")
     assert all(e is not None and e <= s["tolerance"] for e in s["errors"].values()), s["errors"]
     assert s["reference_acceptance"] == s["engine_acceptance"] and s["engine_acceptance"][0] > 0.5

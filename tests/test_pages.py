@@ -25,6 +25,7 @@ def run(*args) -> None:
     assert r.exit_code in (0, 1), r.output  # check-lossless may exit 1 by design; the page is written either way
     out = Path(str(args[args.index("--out") + 1]))
     assert f"open {out / 'report.html'}" in r.output.splitlines()[-3:], r.output  # the page to open is named
+    out.with_name(out.name + ".stdout").write_text(r.stdout)
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +45,11 @@ def answer_in(page: Path) -> str:
     import html
 
     return html.unescape(m.group(1)) if m else ""
+
+
+def first_paragraph(text: str) -> str:
+    """The terminal's first paragraph (up to its first blank line), its wrapped lines joined."""
+    return " ".join(text.strip().split("\n\n")[0].split())
 
 
 def tone_in(page: Path) -> str:
@@ -126,6 +132,14 @@ def test_report_rebuilds_the_page(runs, kind, tmp_path):
     assert r.output.rstrip().splitlines()[-1] == f"open {copy / 'report.html'}"  # the file to open, named last
     assert answer_in(copy / "report.html") == answer_in(runs[kind] / "report.html") != ""
     assert tone_in(copy / "report.html") == tone_in(runs[kind] / "report.html") != ""
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_terminal_says_the_pages_answer_first(runs, kind):
+    """Issue 45 item 2: every command's terminal output starts with its answer, the page's headline, word for
+    word (stdout; progress goes to stderr)."""
+    said = first_paragraph(runs[kind].with_name(kind + ".stdout").read_text())
+    assert said == " ".join(answer_in(runs[kind] / "report.html").split()), said
 
 
 @pytest.fixture(scope="module")

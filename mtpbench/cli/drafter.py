@@ -68,12 +68,12 @@ def check_drafter(
 def print_check(s: dict) -> None:
     from tabulate import tabulate
 
-    from mtpbench.drafter.page import acceptance_rows, stage_rows
+    from mtpbench.drafter.page import acceptance_rows, answer, stage_rows
 
+    typer.echo(answer(s)[0] + "\n")  # the page's answer, first
     typer.echo(f"{s['family']} family, {s['dtype']} (tolerance {s['tolerance']:.3g}); decoder layer: {s['decoder']}")
     typer.echo(tabulate(stage_rows(s), headers=["stage", "error", "verdict"]))
     for note in s["notes"]:
         typer.echo(f"note: {note}")
     typer.echo("\n" + tabulate(acceptance_rows(s), headers=["position", "reference", "engine drafts",
                                                             "engine counters"]))
-    typer.echo(f"\n{s['headline']}")

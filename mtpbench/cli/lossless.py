@@ -81,7 +81,9 @@ def check_lossless(
 def said(record: dict, out: str, fail_if_lossy: bool, allow_inconclusive: bool) -> None:
     """The verdict on the terminal, the files written, and --fail-if-lossy's exit code."""
     from mtpbench.lossless import exit_code, summary
+    from mtpbench.lossless.page import headline
 
+    typer.echo(headline(record)[0] + "\n")  # the page's answer, first
     typer.echo(summary(record))
     wrote(out, "lossless.json", "lossless.md", "lossless.png", "report.html")
     if fail_if_lossy and (code := exit_code(record, allow_inconclusive)):

@@ -68,7 +68,12 @@ def one_k(cfg):
     step s's layer (s mod L) wraps once. A k given (or a profile's) stays; an attached server's k is its own."""
     if cfg.k or cfg.server:
         return cfg
-    return dataclasses.replace(cfg, k=(2 * (min(cfg.mtp_layers) if cfg.mtp_layers else cfg.num_mtp_layers()),))
+    layers = min(cfg.mtp_layers) if cfg.mtp_layers else cfg.num_mtp_layers()
+    if not layers:
+        from mtpbench.checkpoint import no_mtp_layers
+
+        raise no_mtp_layers(cfg.mtp_dir)
+    return dataclasses.replace(cfg, k=(2 * layers,))
 # every command's output directory (--result-dir: vllm bench serve's name)
 OUT = ("--out", "--result-dir")
 # an attached server, in every command that takes one: repeatable, each server's k read from the server itself

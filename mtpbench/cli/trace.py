@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Optional
 
+import json
+
 import typer
 
 from dataclasses import asdict, replace
@@ -99,8 +101,10 @@ def print_trace(summary: dict) -> None:
     """Who drafted, the per-step table, acceptance by position and layer, the verdict and its evidence."""
     from tabulate import tabulate
 
+    from mtpbench.trace.page import headline
     from mtpbench.trace.report import STEP_HEADERS
 
+    typer.echo(headline(summary)[0] + "\n")  # the page's answer, first
     if summary.get("runner"):
         from mtpbench.runners import label
 
@@ -150,5 +154,8 @@ def trace_matrix(
         typer.echo(f"interrupted: engines stopped; wrote a PARTIAL matrix ({e.finished} of {e.total} architectures "
                    f"finished) to {out}/matrix.csv, matrix.json, matrix.md, matrix.png", err=True)
         raise typer.Exit(130) from None
+    from mtpbench.matrix.page import headline
+
+    typer.echo(headline(json.loads(Path(out, "matrix.json").read_text())["cells"]) + "\n")  # the page's answer, first
     typer.echo(Path(out, "matrix.md").read_text())
     wrote(out, "matrix.csv", "matrix.json", "matrix.md", "matrix.png")

@@ -126,7 +126,9 @@ def parse_schedule(text: Optional[str]) -> Optional[tuple]:
 
 def show_result(result: dict, out: str) -> None:
     from mtpbench.tune.markdown import measured_table, schedule_ratio_text, why_not
+    from mtpbench.tune.page import headline
 
+    typer.echo(headline(result)[0] + "\n")  # the page's answer, first
     typer.echo("\n".join(measured_table(result)))
     p = result["prediction"]
     typer.echo(f"\nprediction: held-out error median {p['held_out_abs_error_median']:.1%}, worst "

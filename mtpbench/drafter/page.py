@@ -31,15 +31,20 @@ def acceptance_rows(s: dict) -> list[list]:
              _num(ctr[i]) if i < len(ctr) else "-"] for i in range(s["k"])]
 
 
+def answer(s: dict) -> tuple[str, str]:
+    """(the answer, its tone) from the saved errors by today's rule (a drafter.json from before "inconclusive" said
+    "parity" with no stage checked); green only for parity, never for a check that could not tell. The page and the
+    terminal say it first."""
+    errors, tol = s["errors"], s["tolerance"]
+    tone = {"parity": "good", "differs": "bad"}.get(verdict(errors, tol), "warn")
+    return headline(first_difference(errors, tol), [st for st in STAGES if errors.get(st) is not None],
+                    s.get("reference_acceptance"), s.get("engine_acceptance") or [], s.get("num_calls")), tone
+
+
 def page(out: Path) -> Path:
     out = Path(out)
     s = json.loads((out / "drafter.json").read_text())
-    # the answer from the saved errors by today's rule (a drafter.json from before "inconclusive" said "parity"
-    # with no stage checked); green only for parity, never for a check that could not tell
-    errors, tol = s["errors"], s["tolerance"]
-    tone = {"parity": "good", "differs": "bad"}.get(verdict(errors, tol), "warn")
-    answer = headline(first_difference(errors, tol), [st for st in STAGES if errors.get(st) is not None],
-                      s.get("reference_acceptance"), s.get("engine_acceptance") or [], s.get("num_calls"))
+    said, tone = answer(s)
     body = ("<h2>Stage by stage</h2>"
             + table(["stage", "max |engine - reference| / max |reference|", f"tolerance {s['tolerance']:.3g}"],
                     stage_rows(s), caption=f"{s['dtype']}; decoder layer: {s['decoder']}")
@@ -56,7 +61,7 @@ def page(out: Path) -> Path:
                                 "draft calls": s["num_calls"], "requests": s["num_requests"]}))
     sub = f"{s['model']} on {s['backend']}{' (' + s['runner'] + ')' if s.get('runner') else ''}, k = {s['k']}."
     return write(out / "report.html", document(f"mtpbench check-drafter: {out.name}", "check-drafter",
-                                              answer, tone, body, sub))
+                                              said, tone, body, sub))
 
 
 def write_page(out: Path, summary: dict | None = None) -> Path | None:

@@ -11,11 +11,21 @@ from mtpbench.html.document import document, figure, provenance, write
 from mtpbench.html.markdown import to_html
 
 
+def headline(result: dict) -> tuple[str, str]:
+    """(the decision in a sentence, its tone): what the page and the terminal say first; a decision that is not
+    reliable says so first, never in green."""
+    text = result["decision"][0].upper() + result["decision"][1:] + "."
+    tone = "good" if result["speculative_config"] and not result.get("unmeasured") else "warn"
+    if result.get("unreliable_because"):
+        return f"Not reliable: {text[0].lower() + text[1:]}", "warn"
+    return text, tone
+
+
 def page(out: Path) -> Path:
     out = Path(out)
     result = json.loads((out / "tune.json").read_text())["result"]
     spec = result["speculative_config"]
-    text = result["decision"][0].upper() + result["decision"][1:] + "."
+    text, tone = headline(result)
     sub = f"--speculative-config '{json.dumps(spec)}'" if spec else "No --speculative-config: don't draft."
     note = result.get("decision_note")
     if note:  # why it is not the schedule of the per-load choices, or what validated it
@@ -27,10 +37,8 @@ def page(out: Path) -> Path:
     md = (out / "tune.md").read_text() if (out / "tune.md").is_file() else ""
     body = (figure(out / "tune.png", "Tokens/s against load, one line per k; the schedule's envelope; the validated "
                    "schedule starred") + to_html(md) + provenance(result.get("provenance")))
-    tone = "good" if spec and not result.get("unmeasured") else "warn"
     why = result.get("unreliable_because")
-    if why:  # the answer carries its noise: said first, and never in green
-        text, tone = f"Not reliable: {text[0].lower() + text[1:]}", "warn"
+    if why:  # the answer carries its noise: said first (headline), and why right under it
         sub = "Why not: " + "; ".join(why) + ". " + sub
     return write(out / "report.html", document(f"mtpbench tune: {out.name}", "tune", text, tone,
                                               body, sub))
