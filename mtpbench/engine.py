@@ -76,7 +76,7 @@ class Generation:
     def __init__(self, model: MiMoModel, prompts: list[list[int]], max_tokens: int, k: int,
                  mode: str = "reuse", num_mtp_layers: int | None = None, temperature: float = 0.0,
                  seed: int = 0, faults: Faults | None = None, force_spec_step_idx: bool = False,
-                 top_p: float = 1.0, top_k: int = 0):
+                 top_p: float = 1.0, top_k: int = 0, record_law: bool = False):
         if k > 0 and mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}")
         a = model.args
@@ -101,8 +101,10 @@ class Generation:
         # k = 0), for the cost ratio c
         self.draft_time_s = self.target_time_s = 0.0
         self.num_draft_calls = self.num_target_calls = 0
-        # every draft position a verify step reached (its earlier drafts accepted): (row, position, accepted, the
-        # law's acceptance probability, sum min(p, q), p at q's argmax) (issue 46; stats.acceptance)
+        # with record_law, every draft position a verify step reached (its earlier drafts accepted): (row, position,
+        # accepted, the law's acceptance probability, sum min(p, q), p at q's argmax) (issue 46; stats.acceptance);
+        # off by default: a timed run does none of that work in its verify steps
+        self.record_law = record_law
         self.law_steps: list[tuple] = []
 
     def _clock(self) -> float:
@@ -186,7 +188,7 @@ class Generation:
         h = self.target(X[rows[:, None], vpos], vpos, tcache)
         Ht[rows[:, None], vpos] = h
         logits = self.target.compute_logits(h)
-        law: dict = {}
+        law: dict | None = {} if self.record_law else None
         accepted, bonus = verify(logits, drafts, qprobs, self.temperature, self.gen, self.faults, self.top_k,
                                  self.top_p, law)
         self.target_time_s += self._clock() - t0
@@ -205,7 +207,8 @@ class Generation:
             for i in range(ab):
                 c.num_accepted_tokens_per_pos[i] += 1
             c.steps.append((nb, ab))
-            self._law_steps(b, ab, law)
+            if law is not None:
+                self._law_steps(b, ab, law)
             new.append(X[b, nb: nb + ab + 1].tolist())
             n[b] = nb + ab + 1
         return new

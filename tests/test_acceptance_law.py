@@ -24,7 +24,7 @@ def model_and_prompts():
 
 def steps_of(model_and_prompts, seed, **kw):
     model, prompts = model_and_prompts
-    g = generate(model, prompts, 64, k=3, seed=seed, **kw)
+    g = generate(model, prompts, 64, k=3, seed=seed, record_law=True, **kw)
     return [(i, x, a) for _, i, x, a, *_ in g.law_steps]
 
 
@@ -45,6 +45,8 @@ def test_greedy_accepts_exactly_the_targets_argmax(model_and_prompts):
     verdict equals it, step by step."""
     steps = steps_of(model_and_prompts, 0)
     assert all(a in (0.0, 1.0) and x == a for _, x, a in steps)
+    model, prompts = model_and_prompts  # not asked for, nothing is recorded (a timed run does none of that work)
+    assert generate(model, prompts, 16, k=3).law_steps == []
 
 
 @pytest.mark.parametrize("seed", range(2))
