@@ -54,7 +54,7 @@ def test_mt_bench_prompts_and_category_rows(tmp_path):
     lines = MT_BENCH.read_text().splitlines()
     sub.write_text("\n".join([lines[0], lines[1], lines[10], lines[11]]) + "\n")
     out = tmp_path / "sweep"
-    r = run("sweep", "--k", "0,1", "--mode", "chain", "--prompts", sub, "--max-tokens", "8", "--out", out)
+    r = run("sweep", "--k", "0,1", "--modes", "chain", "--prompts", sub, "--max-tokens", "8", "--out", out)
     assert r.exit_code == 0, r.output
     csv_rows = (out / "summary.csv").read_text().splitlines()
     cats = {line.split(",")[4] for line in csv_rows[1:]}
@@ -95,9 +95,9 @@ def test_a_rerun_says_what_it_reuses_and_an_interrupted_one_leaves_the_earlier_s
     from mtpbench.sweep import run as sweep_run
 
     out = tmp_path / "s"
-    assert run("sweep", "--k", "0", "--mode", "chain", "--out", out, *SMALL).exit_code == 0
+    assert run("sweep", "--k", "0", "--modes", "chain", "--out", out, *SMALL).exit_code == 0
     first = json.loads((out / "summary.json").read_text())["rows"]
-    dry = run("sweep", "--k", "0,1", "--mode", "chain", "--out", out, "--dry-run", *SMALL)
+    dry = run("sweep", "--k", "0,1", "--modes", "chain", "--out", out, "--dry-run", *SMALL)
     assert dry.exit_code == 0, dry.output
     assert f"reused: 1 point measured before in {out} with the same settings, not run again: k0" in dry.output
     # the one point left to run: its warm-up and its timed run
@@ -114,7 +114,7 @@ def test_a_rerun_says_what_it_reuses_and_an_interrupted_one_leaves_the_earlier_s
     assert r.exit_code == 0
     again = json.loads((out / "summary.json").read_text())["rows"]
     assert [x for x in again if x["k"] == 0] == [x for x in first if x["k"] == 0]
-    r = run("sweep", "--k", "0,1", "--mode", "chain", "--out", out, *SMALL)
+    r = run("sweep", "--k", "0,1", "--modes", "chain", "--out", out, *SMALL)
     assert r.exit_code == 0 and f"reusing 1 of 2 points measured before in {out} with the same settings (k0)" \
         in r.output
 

@@ -24,11 +24,11 @@ def runs(tmp_path_factory):
     d = tmp_path_factory.mktemp("runs")
     # the chain against the index passed on reuse's data flow (docs/compare.md): a regression at positions 1 and 2
     # wide enough to be told at the level compare's family of five acceptance comparisons asks, 1 - 0.05 / 5
-    return sweep(d / "chain", "--mode", "chain"), sweep(d / "forced", "--mode", "reuse", "--force-spec-step-idx")
+    return sweep(d / "chain", "--modes", "chain"), sweep(d / "forced", "--modes", "reuse", "--force-spec-step-idx")
 
 
 def test_a_run_compared_with_itself_is_all_zero_and_within_noise(tmp_path):
-    a = sweep(tmp_path / "a", "--mode", "chain", "--repeats", "2",
+    a = sweep(tmp_path / "a", "--modes", "chain", "--repeats", "2",
               common=["--k", "0,3", "--num-prompts", "8", "--max-tokens", "32"])
     r = runner.invoke(app, ["compare", str(a), str(a), "--out", str(tmp_path / "c"), "--fail-if-worse", "0"])
     assert r.exit_code == 0, r.output
@@ -61,7 +61,7 @@ def test_the_index_on_reuses_data_flow_pairs_prompts_and_fails_as_a_real_regress
 
 def test_runs_on_other_prompts_are_refused_unless_forced(tmp_path, runs):
     chain, _ = runs
-    other = sweep(tmp_path / "other", "--mode", "chain", "--prompts", "mt-bench",
+    other = sweep(tmp_path / "other", "--modes", "chain", "--prompts", "mt-bench",
                   common=["--k", "3", "--num-prompts", "64", "--max-tokens", "8"])
     r = runner.invoke(app, ["compare", str(chain), str(other), "--out", str(tmp_path / "c")])
     assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1

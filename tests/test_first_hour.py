@@ -69,7 +69,7 @@ def check_table(output: str) -> None:
 
 def test_a_native_sweep_names_itself_everywhere_and_its_statistics_follow_from_its_requests(tmp_path):
     out = tmp_path / "native"
-    output = sweep("--k", "0,1", "--mode", "reuse", *SMALL, "--repeats", "2", "--num-warmups", "0", *REPORTING,
+    output = sweep("--k", "0,1", "--modes", "reuse", *SMALL, "--repeats", "2", "--num-warmups", "0", *REPORTING,
                    "--out", str(out))
     check_files(out, ["k0", "reuse-L3-k1"], repeats=2)
     check_table(output)

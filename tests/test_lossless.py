@@ -27,7 +27,7 @@ def run(*args):
 
 @pytest.mark.parametrize("args,message", [
     (["--num-speculative-tokens", "0"], "--num-speculative-tokens takes one value >= 1"),
-    (["--temperature", "0", "--samples-per-prompt", "4"], "--samples-per-prompt applies to sampling"),
+    (["--check-temperature", "0", "--samples-per-prompt", "4"], "--samples-per-prompt applies to sampling"),
     (["--backend", "tensorrt"], "unknown backend 'tensorrt'"),
     (["--backend", "vllm", "--planted-lossy"], "--planted-lossy is the native engine's planted rule"),
     (["--speculative-config", '{"rejection_sample_method": "block"}'], "--speculative-config is merged into vLLM's"),
@@ -36,8 +36,8 @@ def run(*args):
     (["--server", "http://127.0.0.1:9", "--backend", "vllm"], "--server checks a running vLLM server"),
     (["--server", "http://127.0.0.1:9"], "an attached --server has a fixed k and no drafting-off arm"),
     (["--backend", "vllm-server", "--baseline-server", "http://127.0.0.1:9"], "--baseline-server is the drafting-off arm"),
-    (["--backend", "vllm-server", "--temperature", "0", "--dtype", "auto"], "--dtype auto: a server does not report"),
-    (["--server", "http://127.0.0.1:9", "--baseline-server", "http://127.0.0.1:8", "--temperature", "0"],
+    (["--backend", "vllm-server", "--check-temperature", "0", "--dtype", "auto"], "--dtype auto: a server does not report"),
+    (["--server", "http://127.0.0.1:9", "--baseline-server", "http://127.0.0.1:8", "--check-temperature", "0"],
      "--dtype auto: a server does not report"),  # an attached server's dtype is not known unless given
     (["--server", "http://127.0.0.1:9", "--baseline-server", "http://127.0.0.1:8", "--speculative-config",
       '{"rejection_sample_method": "block"}'], "--speculative-config cannot change an attached --server's"),
@@ -48,14 +48,14 @@ def run(*args):
      "its rejection sampler has no block verification"),
     (["--dtype", "float8"], "unknown dtype 'float8'"),
     (["--mode", "zigzag"], "unknown mode 'zigzag'"),
-    (["--temperature", "-1"], "--temperature must be >= 0"),
+    (["--check-temperature", "-1"], "--check-temperature must be >= 0"),
     (["--samples-per-prompt", "0"], "--samples-per-prompt must be >= 1"),
     (["--num-prompts", "65"], "has 64 prompts"),
     (["--allow-inconclusive"], "--allow-inconclusive qualifies --fail-if-lossy"),
     (["--max-detectable-shift", "0"], "--max-detectable-shift must be > 0"),
     (["--max-detectable-shift", "nan"], "--max-detectable-shift must be > 0"),
     (["--max-detectable-shift", "inf"], "--max-detectable-shift must be > 0 nats/token and finite, got inf"),
-    (["--temperature", "0", "--max-detectable-shift", "0.1"], "--max-detectable-shift applies to sampling"),
+    (["--check-temperature", "0", "--max-detectable-shift", "0.1"], "--max-detectable-shift applies to sampling"),
     (["--backend", "vllm", "--planted-subtle"], "--planted-subtle is the native engine's planted rule"),
 ])
 def test_bad_input_one_line_exit_2_nothing_written(tmp_path, args, message):
@@ -93,7 +93,7 @@ def test_a_logit_gap_is_numerical_only_within_the_threshold_and_the_verdicts_fol
 
 def test_greedy_check_on_the_builtin_model_is_lossless_and_writes_three_files(tmp_path):
     out = tmp_path / "g"
-    r = run("--temperature", "0", "--num-speculative-tokens", "2", "--num-prompts", "2", "--max-tokens", "8", "--fail-if-lossy",
+    r = run("--check-temperature", "0", "--num-speculative-tokens", "2", "--num-prompts", "2", "--max-tokens", "8", "--fail-if-lossy",
             "--out", out)
     assert r.exit_code == 0, r.output
     assert all((out / f).is_file() for f in FILES) and not list(out.glob("*.tmp*"))
@@ -129,7 +129,7 @@ def bad_drafter(tmp_path_factory):
     return d
 
 
-SMALL = ["--num-speculative-tokens", "2", "--temperature", "1", "--num-prompts", "4", "--samples-per-prompt", "8", "--max-tokens",
+SMALL = ["--num-speculative-tokens", "2", "--check-temperature", "1", "--num-prompts", "4", "--samples-per-prompt", "8", "--max-tokens",
          "12", "--seed", "0"]
 
 
@@ -197,7 +197,7 @@ def test_a_drafting_arm_that_drafted_nothing_is_inconclusive_and_fails_closed(tm
     compared k = 0 with k = 0; it used to say lossless, exit 0, with num_drafts 0 hidden."""
     out = tmp_path / "one"
     size = ["--samples-per-prompt", "8", "--max-detectable-shift", "100"] if temperature == "1" else []
-    r = run("--temperature", temperature, "--num-prompts", "4", "--max-tokens", "1", *size, "--fail-if-lossy",
+    r = run("--check-temperature", temperature, "--num-prompts", "4", "--max-tokens", "1", *size, "--fail-if-lossy",
             "--out", out)
     assert r.exit_code == 3, r.output
     rec = json.loads((out / "lossless.json").read_text())
@@ -205,7 +205,7 @@ def test_a_drafting_arm_that_drafted_nothing_is_inconclusive_and_fails_closed(tm
     assert rec["engine"]["drafting_arm"]["acceptance"]["num_drafts"] == 0
     assert "check-lossless: inconclusive (nothing drafted)" in r.output
     assert "num_drafts 0: NOTHING WAS DRAFTED" in r.output
-    r = run("--temperature", temperature, "--num-prompts", "4", "--max-tokens", "1", *size, "--fail-if-lossy",
+    r = run("--check-temperature", temperature, "--num-prompts", "4", "--max-tokens", "1", *size, "--fail-if-lossy",
             "--allow-inconclusive", "--out", tmp_path / "allowed")
     assert r.exit_code == 0, r.output
 
@@ -214,7 +214,7 @@ def test_the_summary_says_unknown_where_a_backend_reports_no_counters(tmp_path):
     from mtpbench.lossless import summary
 
     out = tmp_path / "g"
-    r = run("--temperature", "0", "--num-prompts", "2", "--max-tokens", "4", "--out", out)
+    r = run("--check-temperature", "0", "--num-prompts", "2", "--max-tokens", "4", "--out", out)
     assert r.exit_code == 0, r.output
     rec = json.loads((out / "lossless.json").read_text())
     assert re.search(r"drafting arm: num_drafts [1-9]\d*, accepted \d+ of \d+ draft tokens", summary(rec))
@@ -439,7 +439,7 @@ def test_the_native_check_calls_a_near_tie_left_for_a_far_token_divergent(tmp_pa
     "numerical only" and --fail-if-lossy exited 0."""
     _plant(monkeypatch, "spec", 0)
     out = tmp_path / "g"
-    r = run("--temperature", "0", "--num-speculative-tokens", "2", "--num-prompts", "2", "--max-tokens", "8", "--dtype", "bfloat16",
+    r = run("--check-temperature", "0", "--num-speculative-tokens", "2", "--num-prompts", "2", "--max-tokens", "8", "--dtype", "bfloat16",
             "--fail-if-lossy", "--out", out)
     rec = json.loads((out / "lossless.json").read_text())
     d = rec["per_prompt"][0]["divergence"]
@@ -450,7 +450,7 @@ def test_the_native_check_calls_a_near_tie_left_for_a_far_token_divergent(tmp_pa
 def test_the_native_check_is_inconclusive_when_its_aa_control_diverges(tmp_path, monkeypatch):
     _plant(monkeypatch, "aa", 3)
     out = tmp_path / "g"
-    r = run("--temperature", "0", "--num-speculative-tokens", "2", "--num-prompts", "2", "--max-tokens", "8", "--out", out)
+    r = run("--check-temperature", "0", "--num-speculative-tokens", "2", "--num-prompts", "2", "--max-tokens", "8", "--out", out)
     assert r.exit_code == 0, r.output
     rec = json.loads((out / "lossless.json").read_text())
     assert rec["verdict"] == "inconclusive" and rec["identical_share"] == 1.0
@@ -465,7 +465,7 @@ def test_the_aa_control_of_one_prompt_runs_it_beside_a_copy_and_can_fail(tmp_pat
     prompt beside a copy of itself, and the summary says so; an engine whose k = 0 tokens change in a batch of two
     is caught (inconclusive, exit 3), where the blind control called it lossless."""
     out = tmp_path / "one"
-    r = run("--temperature", "0", "--num-speculative-tokens", "2", "--num-prompts", "1", "--max-tokens", "8", "--fail-if-lossy", "--out", out)
+    r = run("--check-temperature", "0", "--num-speculative-tokens", "2", "--num-prompts", "1", "--max-tokens", "8", "--fail-if-lossy", "--out", out)
     assert r.exit_code == 0, r.output
     rec = json.loads((out / "lossless.json").read_text())
     assert rec["verdict"] == "lossless" and rec["aa_batch_sizes"] == [1, 2] and rec["aa_copies"] == 2
@@ -474,7 +474,7 @@ def test_the_aa_control_of_one_prompt_runs_it_beside_a_copy_and_can_fail(tmp_pat
     assert "A/A control (k = 0 at batch sizes 1 and 2, the prompt beside a copy of itself): identical 100.0%" in r.output
     _plant(monkeypatch, "batched", 3)
     out = tmp_path / "planted"
-    r = run("--temperature", "0", "--num-speculative-tokens", "2", "--num-prompts", "1", "--max-tokens", "8", "--fail-if-lossy", "--out", out)
+    r = run("--check-temperature", "0", "--num-speculative-tokens", "2", "--num-prompts", "1", "--max-tokens", "8", "--fail-if-lossy", "--out", out)
     rec = json.loads((out / "lossless.json").read_text())
     assert rec["verdict"] == "inconclusive" and r.exit_code == 3, r.output
     assert rec["why"].startswith("the A/A control (k = 0 at batch sizes 1 and 2, the prompt beside a copy of itself) "
@@ -491,7 +491,7 @@ def test_top_k_and_top_p_reach_both_sampling_arms_and_leave_out_the_whole_law_s_
     rec = json.loads((tmp_path / "cut" / "lossless.json").read_text())
     assert rec["config"]["top_k"] == 1 and rec["config"]["top_p"] == 0.9
     assert "top-k/top-p" in rec["score_tests_unavailable"] and rec["score_tests"] is None
-    g = run("--temperature", "0", "--num-prompts", "2", "--max-tokens", "8", "--out", tmp_path / "greedy")
+    g = run("--check-temperature", "0", "--num-prompts", "2", "--max-tokens", "8", "--out", tmp_path / "greedy")
     assert g.exit_code == 0, g.output
     greedy = json.loads((tmp_path / "greedy" / "lossless.json").read_text())
     tokens = {tuple(p["k0_tokens"]) for p in greedy["per_prompt"]}

@@ -31,11 +31,11 @@ def run(*args) -> None:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("pages")
-    run("sweep", "--k", "0,1,2", "--mode", "reuse", "--repeats", "3", *SMALL, "--out", d / "sweep")
-    run("sweep", "--k", "0,1,2", "--mode", "chain", "--repeats", "3", *SMALL, "--out", d / "sweep-chain")
+    run("sweep", "--k", "0,1,2", "--modes", "reuse", "--repeats", "3", *SMALL, "--out", d / "sweep")
+    run("sweep", "--k", "0,1,2", "--modes", "chain", "--repeats", "3", *SMALL, "--out", d / "sweep-chain")
     run("compare", d / "sweep", d / "sweep-chain", "--out", d / "compare", "--force")
     run("trace-layers", "--num-speculative-tokens", "4", "--mode", "chain", *SMALL, "--out", d / "trace")
-    run("check-lossless", "--num-speculative-tokens", "2", "--temperature", "0", *SMALL, "--out", d / "lossless")
+    run("check-lossless", "--num-speculative-tokens", "2", "--check-temperature", "0", *SMALL, "--out", d / "lossless")
     run("tune", "--k", "0,1", "--batch-sizes", "1,2", "--repeats", "3", *SMALL, "--out", d / "tune")
     return {name: d / name for name in ("sweep", "compare", "trace", "lossless", "tune")}
 

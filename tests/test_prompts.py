@@ -26,7 +26,7 @@ def test_a_templated_prompt_gets_its_bos_once(chat_model):
 def test_a_sweep_on_a_chat_checkpoint_applies_its_template_and_says_so(tmp_path, chat_model):
     out = tmp_path / "s"
     r = CliRunner().invoke(app, ["sweep", str(chat_model), "--prompts", "spec-bench", "--num-prompts", "13",
-                                 "--k", "0,1", "--mode", "reuse", "--max-tokens", "4", "--repeats", "1", "--out", str(out)])
+                                 "--k", "0,1", "--modes", "reuse", "--max-tokens", "4", "--repeats", "1", "--out", str(out)])
     assert r.exit_code == 0, r.output
     said = " ".join(r.output.split())  # the terminal wraps its lines at 120 columns
     assert "prompts: spec-bench, 13 in 13 categories" in said
@@ -44,7 +44,7 @@ def test_a_sweep_on_a_chat_checkpoint_applies_its_template_and_says_so(tmp_path,
 
 def test_context_dimension_gives_rows_the_plot_and_says_when_the_window_is_too_small(tmp_path):
     out = tmp_path / "ctx"
-    r = CliRunner().invoke(app, ["sweep", "--k", "0,2", "--mode", "chain", "--num-prompts", "4", "--max-tokens", "16",
+    r = CliRunner().invoke(app, ["sweep", "--k", "0,2", "--modes", "chain", "--num-prompts", "4", "--max-tokens", "16",
                                  "--context-tokens", "0,256,4096", "--repeats", "1", "--out", str(out)])
     assert r.exit_code == 0, r.output
     rows = [x for x in json.loads((out / "summary.json").read_text())["rows"] if x["k"] == 2]
@@ -62,7 +62,7 @@ def test_context_dimension_gives_rows_the_plot_and_says_when_the_window_is_too_s
 def test_a_sweep_whose_every_point_failed_exits_1_with_its_summary_written(tmp_path):
     """Nothing measured is not a result: a script reading the exit code must not take it for one."""
     out = tmp_path / "none"
-    r = CliRunner().invoke(app, ["sweep", "--k", "0,2", "--mode", "chain", "--num-prompts", "2", "--max-tokens", "8",
+    r = CliRunner().invoke(app, ["sweep", "--k", "0,2", "--modes", "chain", "--num-prompts", "2", "--max-tokens", "8",
                                  "--context-tokens", "4096", "--repeats", "1", "--out", str(out)])
     assert r.exit_code == 1, r.output
     assert "every point of the sweep failed" in r.output

@@ -60,7 +60,7 @@ def test_the_time_budget_stops_the_rounds_at_the_first_look(tmp_path):
 def test_the_noise_is_stated_in_the_table_the_page_the_report_and_compare(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     for out in (a, b):
-        res = runner.invoke(app, ["sweep", "--k", "0,1", "--mode", "chain", "--num-prompts", "2", "--max-tokens", "8",
+        res = runner.invoke(app, ["sweep", "--k", "0,1", "--modes", "chain", "--num-prompts", "2", "--max-tokens", "8",
                                   "--repeats", "3", "--out", str(out)])
         assert res.exit_code == 0, res.output
         assert "noise: on this machine two identical single runs differ by up to" in res.output

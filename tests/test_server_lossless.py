@@ -57,7 +57,7 @@ def check(*args: str, size=TINY):
 
 def test_launched_greedy_check_starts_and_stops_both_servers(tmp_path):
     out = tmp_path / "greedy"
-    r = check("--backend", "vllm-server", "--num-speculative-tokens", "2", "--temperature", "0", "--max-model-len", "512",
+    r = check("--backend", "vllm-server", "--num-speculative-tokens", "2", "--check-temperature", "0", "--max-model-len", "512",
               "--engine-arg", "enforce_eager=true", "--out", str(out))
     assert r.exit_code == 0, r.output
     assert_no_server_left(out)
@@ -107,7 +107,7 @@ def test_a_launched_server_that_dies_mid_check_is_one_line_with_its_log(tmp_path
     out = tmp_path / "dies"
     killer = kill_when_served(out / "lossless-k0.server.log", finished=1)
     r = CliRunner().invoke(app, ["check-lossless", "--backend", "vllm-server", "--num-prompts", "2", "--max-tokens",
-                                 "16", "--dtype", "float32", "--temperature", "1", "--samples-per-prompt", "8",
+                                 "16", "--dtype", "float32", "--check-temperature", "1", "--samples-per-prompt", "8",
                                  "--batch-size", "1", "--max-model-len", "512", "--engine-arg", "enforce_eager=true",
                                  "--out", str(out)])
     killer.join(5)
@@ -220,7 +220,7 @@ def test_attached_pair_sampling_check_is_lossless_and_its_lossy_control_is_not(t
     spec_before = parse_metrics(http_get(spec_url + "/metrics")[1])
     out = tmp_path / "sampling"
     # 8 in flight: which request gets which of a server's draws depends on scheduling; the law does not
-    r = check("--server", spec_url, "--baseline-server", base_url, "--temperature", "1", "--batch-size", "8",
+    r = check("--server", spec_url, "--baseline-server", base_url, "--check-temperature", "1", "--batch-size", "8",
               "--max-detectable-shift", "0.5", "--out", str(out), size=SAMPLING)
     assert r.exit_code == 0, r.output
     rec = json.loads((out / "lossless.json").read_text())
@@ -253,7 +253,7 @@ def test_attached_pair_sampling_check_is_lossless_and_its_lossy_control_is_not(t
     # likelier under the target). A check with the power it claims must call it lossy
     temperature_scale.write_text(str(CONTROL_SCALE))
     try:
-        r = check("--server", spec_url, "--baseline-server", base_url, "--temperature", "1", "--batch-size", "8",
+        r = check("--server", spec_url, "--baseline-server", base_url, "--check-temperature", "1", "--batch-size", "8",
                   "--out", str(tmp_path / "control"), size=SAMPLING)
     finally:
         temperature_scale.write_text("1")
@@ -281,7 +281,7 @@ def test_greedy_rows_beside_sampled_ones_with_the_expand_step_fixed(pair, prompt
 def test_attached_pair_greedy_check(tmp_path, pair):
     spec_url, base_url = pair
     out = tmp_path / "greedy"
-    r = check("--server", spec_url, "--baseline-server", base_url, "--temperature", "0", "--out", str(out))
+    r = check("--server", spec_url, "--baseline-server", base_url, "--check-temperature", "0", "--out", str(out))
     assert r.exit_code == 0, r.output
     rec = json.loads((out / "lossless.json").read_text())
     assert rec["num_divergent"] == 0 and rec["verdict"] in ("lossless", "numerical only"), rec["per_prompt"]
@@ -289,7 +289,7 @@ def test_attached_pair_greedy_check(tmp_path, pair):
     assert not list(out.glob("*.server.log"))
     # the same pair as two --server, the one without drafting first: told apart by their /metrics (one vocabulary:
     # --server is repeatable in every command, each server's k read from it)
-    r = check("--server", base_url, "--server", spec_url, "--temperature", "0", "--num-prompts", "2",
+    r = check("--server", base_url, "--server", spec_url, "--check-temperature", "0", "--num-prompts", "2",
               "--max-tokens", "8", "--out", str(tmp_path / "two"))
     assert r.exit_code == 0, r.output
     two = json.loads((tmp_path / "two" / "lossless.json").read_text())
@@ -313,7 +313,7 @@ def test_attached_refusals_are_one_line_and_write_nothing(tmp_path, pair):
         (["--server", base_url, "--baseline-server", base_url], f"the --server at {base_url} does not draft"),
     ]
     for args, message in cases:
-        one_line_error(check(*args, "--temperature", "0", "--out", str(out)), message)
+        one_line_error(check(*args, "--check-temperature", "0", "--out", str(out)), message)
         assert not out.exists(), args
 
 

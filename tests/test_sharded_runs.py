@@ -84,7 +84,7 @@ def test_check_lossless_at_tp_2_calls_greedy_drafting_lossless(tmp_path):
     """Greedy: the drafting arm's tokens are the k = 0 arm's, at TP = 2 as at TP = 1 (the A/A control reruns k = 0
     at batch 1, also at TP = 2)."""
     out = tmp_path / "lossless"
-    r = run("check-lossless", "builtin-glm-tp", "--backend", "vllm", "--temperature", "0", "--num-speculative-tokens", "2", *SMALL,
+    r = run("check-lossless", "builtin-glm-tp", "--backend", "vllm", "--check-temperature", "0", "--num-speculative-tokens", "2", *SMALL,
             "--tensor-parallel-size", "2", "--out", str(out))
     record = json.loads((out / "lossless.json").read_text())
     assert record["verdict"] == "lossless", r.output
@@ -138,7 +138,7 @@ def test_an_offline_tp_2_tune_measures_as_the_tp_1_sweep(sweeps, tmp_path):
 def test_a_served_check_lossless_at_tp_2_calls_greedy_drafting_lossless(tmp_path):
     """check-lossless on launched servers at TP = 2 (the k = 0 and k = 2 servers, each at TP = 2: ~4 min here)."""
     out = tmp_path / "served-lossless"
-    r = run("check-lossless", "builtin-glm-tp", "--backend", "vllm-server", "--temperature", "0", "--num-speculative-tokens", "2",
+    r = run("check-lossless", "builtin-glm-tp", "--backend", "vllm-server", "--check-temperature", "0", "--num-speculative-tokens", "2",
             *SMALL, "--tensor-parallel-size", "2", "--out", str(out))
     record = json.loads((out / "lossless.json").read_text())
     assert record["verdict"] == "lossless", r.output

@@ -19,7 +19,7 @@ from mtpbench.sweep.load import load_run
 
 def test_a_sweep_reports_intervals_in_every_output(tmp_path):
     out = tmp_path / "s"
-    r = CliRunner().invoke(app, ["sweep", "--k", "0,2", "--mode", "chain", "--num-prompts", "6",
+    r = CliRunner().invoke(app, ["sweep", "--k", "0,2", "--modes", "chain", "--num-prompts", "6",
                                  "--max-tokens", "24", "--repeats", "6", "--out", str(out)])
     assert r.exit_code == 0, r.output
     rows = {x["k"]: x for x in json.loads((out / "summary.json").read_text())["rows"] if x["category"] == "all"}

@@ -154,7 +154,7 @@ from typer.testing import CliRunner  # noqa: E402
 from mtpbench.cli import app  # noqa: E402
 
 ENGINE = ["--max-model-len", "256", "--engine-arg", "enforce_eager=true"]
-SAMPLING = ["--num-speculative-tokens", "2", "--temperature", "1", "--seed", "0"]
+SAMPLING = ["--num-speculative-tokens", "2", "--check-temperature", "1", "--seed", "0"]
 # synthetic [0.9, 0.8] moved the mean target log-prob by about +0.8 nats/token on builtin-glm; 2 x 4 continuations
 # could detect 1.5 only (p = 0.19), 4 x 8 halves that; standard and block run at the same size, sharing the
 # drafting-off arms (same_engine_once)
@@ -283,7 +283,7 @@ def test_block_verification_on_v2_is_lossless(tmp_path, glm_v2_standard):
 
 
 def test_greedy_k2_against_k0_on_v1_with_a_measured_aa_control(tmp_path):
-    r, rec = check(tmp_path / "greedy", "--num-speculative-tokens", "2", "--temperature", "0", "--num-prompts", "2", "--max-tokens", "8",
+    r, rec = check(tmp_path / "greedy", "--num-speculative-tokens", "2", "--check-temperature", "0", "--num-prompts", "2", "--max-tokens", "8",
                    "--runner", "v1", "--fail-if-lossy")
     assert r.exit_code == 0, r.output
     assert rec["verdict"] != "divergent"

@@ -44,6 +44,13 @@ def names(p) -> str:
     return opts + ("/" + ", ".join(p.secondary_opts) if p.secondary_opts else "")
 
 
+# options whose default is the size of a run, set by each command for what it runs (how many prompts, tokens,
+# repeats, sequences, loads; how many MTP layers there are; where the files go): the one kind of option whose
+# default may differ between commands (with --dtype, see options_md)
+SIZES = ("--num-prompts", "--max-tokens", "--repeats", "--batch-size", "--max-concurrency", "--num-mtp-layers",
+         "--out")
+
+
 def default_text(p) -> str | None:
     """The default as help prints it (an option's show_default text, or its value), None where there is none."""
     shown = p.show_default
@@ -168,16 +175,19 @@ def options_markdown(root, commands: list[str]) -> str:
              "Generated from the code (`python benchmarks/options_md.py > docs/options.md`; tests/unit/test_help.py "
              "checks this file against it). `mtpbench COMMAND -h` lists a command's options one line each; "
              "`--help` prints them as below.", "",
-             "One vocabulary: a name takes the same kind of value and means the same thing in every command that has "
-             "it (tests/unit/test_help.py checks). Where one command takes a list and another one value, the names "
-             "differ: `--k 0,1,2,3` (sweep, tune) and `--num-speculative-tokens N` (vLLM's name; trace-layers, "
-             "trace-matrix, check-lossless, check-drafter; default 2L, twice the MTP layers drafted with); "
-             "`--mtp-layers 1,2,3` (sweep) and `--num-mtp-layers N`; `--batch-sizes 1,4,16` (tune) and "
-             "`--batch-size N`. Given the other command's name, a command says which of its own to use. `--server` "
-             "is repeatable wherever it is taken (each server's k read from it), `--out` is also `--result-dir`. "
-             "Defaults that differ between commands (the index below) set how much a command runs (prompts, tokens, "
-             "batch), except `--temperature`: check-lossless checks the sampled law (1.0) by default, the others "
-             "measure greedy decoding (0.0), as `vllm bench serve` does.", ""]
+             "One vocabulary: a name takes the same kind of value, means the same thing and has the same default in "
+             "every command that has it (tests/unit/test_help.py checks), except the size of a run (" +
+             ", ".join(f"`{n}`" for n in SIZES) + ": how much each command runs, set for what it runs; the index "
+             "below) and `--dtype`, which a check (check-lossless, check-drafter) runs at float32 on every backend, "
+             "for it compares numbers to a rounding bound. Where one command takes a list and another one value, "
+             "the names differ: `--k 0,1,2,3` (sweep, tune) and `--num-speculative-tokens N` (vLLM's name; "
+             "trace-layers, trace-matrix, check-lossless, check-drafter; default 2L, twice the MTP layers drafted "
+             "with); `--mtp-layers 1,2,3` (sweep) and `--num-mtp-layers N`; `--modes reuse,chain` (sweep) and "
+             "`--mode reuse`; `--batch-sizes 1,4,16` (tune) and `--batch-size N`. `--temperature` is the "
+             "temperature sweep and tune decode at, default 0.0 (greedy) as in `vllm bench serve`; check-lossless's "
+             "is `--check-temperature`, default 1.0: it checks the sampled law (0 checks greedy tokens). Given the "
+             "other command's name, a command says which of its own to use. `--server` is repeatable wherever it is "
+             "taken (each server's k read from it), `--out` is also `--result-dir`.", ""]
     seen: dict[str, list[tuple[str, str]]] = {}
     body = []
     for name in commands:

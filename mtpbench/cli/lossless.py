@@ -19,10 +19,10 @@ from mtpbench.lossless.config import CHECK_DEFAULTS, DEFAULT_MAX_MDE, DEFAULT_SA
 
 @grouped
 def check_lossless(
-    model: Annotated[Optional[str], typer.Argument(help="Model directory.", show_default='built-in tiny model')] = None,
+    model: Annotated[Optional[str], typer.Argument(help="Model directory.", show_default='the built-in tiny model')] = None,
     backend: Annotated[Optional[str], typer.Option(help="native, vllm (offline engines) or vllm-server (launched servers, or an attached --server with a --baseline-server).", show_default=BASE.backend)] = None,
     k: Annotated[Optional[int], typer.Option("--num-speculative-tokens", help="num_speculative_tokens: draft steps per proposal (one k; sweep and tune take a list, --k). Here the drafting arm, >= 1, checked against k = 0.", show_default=ONE_K_DEFAULT)] = None,
-    temperature: Annotated[Optional[float], typer.Option(help="0: greedy (same tokens?); > 0: sampling (same law?).", show_default=shown(CHECK_DEFAULTS["temperature"]))] = None,
+    temperature: Annotated[Optional[float], typer.Option("--check-temperature", help="The temperature whose law the check compares: > 0, the same law sampled? 0, the same tokens (greedy)? (sweep and tune decode at --temperature, default 0.)", show_default=shown(CHECK_DEFAULTS["temperature"]))] = None,
     num_prompts: Annotated[Optional[int], typer.Option(help="Number of prompts.", show_default=shown(CHECK_DEFAULTS["num_prompts"]))] = None,
     samples_per_prompt: Annotated[Optional[int], typer.Option(help="Sampling only: continuations of each prompt per arm.", show_default=str(DEFAULT_SAMPLES_PER_PROMPT))] = None,
     max_tokens: Annotated[Optional[int], typer.Option(help="Output tokens per continuation.", show_default=shown(CHECK_DEFAULTS["max_tokens"]))] = None,
@@ -112,6 +112,8 @@ def refuse(model, backend, servers, baseline_server, temperature, max_detectable
         fail(f"model directory not found: {model}")
     if allow_inconclusive and not fail_if_lossy:
         fail("--allow-inconclusive qualifies --fail-if-lossy's exit code: give --fail-if-lossy too")
+    if temperature is not None and temperature < 0:
+        fail(f"--check-temperature must be >= 0, got {temperature}")
     if max_detectable_shift is not None and temperature is not None and temperature <= 0:
         fail("--max-detectable-shift applies to sampling (temperature > 0): greedy compares tokens")
     if servers and backend not in (None, "vllm-server"):

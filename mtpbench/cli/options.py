@@ -73,7 +73,9 @@ def one_k(cfg):
         from mtpbench.checkpoint import no_mtp_layers
 
         raise no_mtp_layers(cfg.mtp_dir)
-    return dataclasses.replace(cfg, k=(2 * layers,))
+    from mtpbench.config import one_k_for
+
+    return dataclasses.replace(cfg, k=(one_k_for(layers),))
 # every command's output directory (--result-dir: vllm bench serve's name)
 OUT = ("--out", "--result-dir")
 # an attached server, in every command that takes one: repeatable, each server's k read from the server itself
@@ -201,10 +203,15 @@ COUNTERPARTS = {
     "--k": "--num-speculative-tokens", "--num-speculative-tokens": "--k",
     "--mtp-layers": "--num-mtp-layers", "--num-mtp-layers": "--mtp-layers",
     "--batch-size": "--batch-sizes", "--max-num-seqs": "--batch-sizes", "--batch-sizes": "--batch-size",
+    "--mode": "--modes", "--modes": "--mode", "--temperature": "--check-temperature",
+    "--check-temperature": "--temperature",
 }
 ONE_OR_LIST = {"--k": "a list of k", "--num-speculative-tokens": "one k", "--mtp-layers": "a list of MTP layer counts",
                "--num-mtp-layers": "one MTP layer count", "--batch-size": "one batch size",
-               "--max-num-seqs": "one batch size", "--batch-sizes": "a list of batch sizes"}
+               "--max-num-seqs": "one batch size", "--batch-sizes": "a list of batch sizes",
+               "--mode": "one drafting mode", "--modes": "a list of drafting modes",
+               "--temperature": "the temperature it decodes at (default 0.0, greedy)",
+               "--check-temperature": "the temperature whose law it checks (default 1.0)"}
 
 
 def unknown_option(e) -> str:

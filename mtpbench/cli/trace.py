@@ -124,7 +124,7 @@ def print_trace(summary: dict) -> None:
 @grouped
 def trace_matrix(
     arch: Annotated[Optional[str], typer.Option(help="Comma-separated architectures.", show_default='every one mtpbench synth --list can run')] = None,
-    k: Annotated[Optional[int], typer.Option("--num-speculative-tokens", help="num_speculative_tokens: draft steps per proposal (one k; sweep and tune take a list, --k).", show_default=ONE_K_DEFAULT + ', per architecture')] = None,
+    k: Annotated[Optional[int], typer.Option("--num-speculative-tokens", help="num_speculative_tokens: draft steps per proposal (one k; sweep and tune take a list, --k); its default is each architecture's 2L.", show_default=ONE_K_DEFAULT)] = None,
     jobs: Annotated[Optional[int], typer.Option(help="Engines side by side.", show_default="one per core (a core a rank when sharded), as free memory allows")] = None,
     max_tokens: Annotated[int, typer.Option(help="Output tokens of the traced prompt.")] = 12,
     runner: Annotated[Optional[str], typer.Option(help="Comma-separated vLLM model runners, e.g. v1,v2. " + RUNNER_HELP, show_default='the one vLLM picks here')] = None,

@@ -48,14 +48,14 @@ def run_arch(arch, k: int | None, max_tokens: int, cpus: list[int] | None, worke
     ``procguard.Workers`` that can stop this architecture's engines (Ctrl-C)."""
     from mtpbench.backends import get_backend
     from mtpbench.checkpoint import drafter_layers, mtp_layer_bytes, num_hidden_layers, num_mtp_layers, read_config
-    from mtpbench.config import SweepConfig, check_parallel_layout
+    from mtpbench.config import SweepConfig, check_parallel_layout, one_k_for
     from mtpbench.prompts import prompt_set
     from mtpbench.runners import resolve
     from mtpbench.synth import cached
 
     runner = resolve(runner)
     L = arch.mtp_layers
-    k = k or 2 * L
+    k = k or one_k_for(L)
     try:
         model = cached(arch)
     except Exception as e:  # a builder that fails is a cell, not a failed command
@@ -115,7 +115,9 @@ def _checked_names(names: list[str] | None, table: dict, k: int | None, jobs: in
 
 def _failed(arch, k: int | None, runner: str | None, error: str, verdict: str) -> list[Cell]:
     """The cells of an architecture that produced no trace (``verdict`` says why, ``error`` what was raised)."""
-    return cells_for(arch, k or 2 * arch.mtp_layers, arch.mtp_layers, None, error, verdict, runner=runner)
+    from mtpbench.config import one_k_for
+
+    return cells_for(arch, k or one_k_for(arch.mtp_layers), arch.mtp_layers, None, error, verdict, runner=runner)
 
 
 def _sharding(layout: dict | None, jobs: int | None) -> tuple[dict, int, int]:

@@ -24,7 +24,7 @@ def bad_inputs(tmp_path, no_mtp_model):
         "negative k": (["--k", "0,-1"], "--k must be >= 0"),
         "too many layers": (["--mtp-layers", "4"], "the checkpoint has 3 MTP layer(s)"),
         "unknown profile": (["--profile", "nope"], "unknown profile 'nope'"),
-        "unknown mode": (["--mode", "reuse,zigzag"], "unknown mode 'zigzag'"),
+        "unknown mode": (["--modes", "reuse,zigzag"], "unknown mode 'zigzag'"),
         "missing model": ([str(tmp_path / "missing")], "model directory or profile not found"),
         "no MTP layers": ([str(no_mtp_model)], "has no MTP layers"),
         "malformed prompts": (["--prompts", str(bad_jsonl)], "bad.jsonl:2: not valid JSON"),

@@ -182,7 +182,7 @@ def dry(*args):
 def test_a_dry_run_counts_the_grid_and_writes_nothing(tmp_path):
     """Points: k = 0, each mode x k > 0, the A/A copy (repeats >= 3 on native); runs: points x (warm-ups + repeats)."""
     out = tmp_path / "out"
-    r = dry("--k", "0,1,2", "--mode", "reuse", "--repeats", "3", "--num-warmups", "1", "--num-prompts", "4",
+    r = dry("--k", "0,1,2", "--modes", "reuse", "--repeats", "3", "--num-warmups", "1", "--num-prompts", "4",
             "--max-tokens", "16", "--out", str(out))
     assert r.exit_code == 0, r.output
     points = 1 + 2 + 1
