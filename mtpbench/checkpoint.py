@@ -66,6 +66,12 @@ def num_mtp_layers(model_dir: Path) -> int:
     return value
 
 
+def one_k_for(layers: int) -> int:
+    """--num-speculative-tokens' default where one k runs: 2L, twice the MTP layers drafted with, so that every layer
+    drafts at two steps and step s's layer (s mod L) wraps once (cli/options.one_k; trace-matrix per architecture)."""
+    return 2 * layers
+
+
 def drafter_layers(model_dir: Path) -> int:
     """The MTP layers of a drafter in a checkpoint of its own (Gemma 4's assistant): the count it declares,
     else all its decoder layers."""

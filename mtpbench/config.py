@@ -192,12 +192,6 @@ def load_profile(name_or_path: str) -> tuple[Path, dict]:
     return load_profile(name_or_path, _TYPES)
 
 
-
-def one_k_for(layers: int) -> int:
-    """--num-speculative-tokens' default where one k runs: 2L, twice the MTP layers drafted with, so that every layer
-    drafts at two steps and step s's layer (s mod L) wraps once (cli/options.one_k; trace-matrix per architecture)."""
-    return 2 * layers
-
 def resolve(cli: dict, profile: str | None = None, defaults: dict | None = None) -> SweepConfig:
     """CLI values that are not None win over the profile, which wins over the defaults (``SweepConfig``'s,
     updated by the command's own ``defaults``)."""

@@ -73,7 +73,7 @@ def one_k(cfg):
         from mtpbench.checkpoint import no_mtp_layers
 
         raise no_mtp_layers(cfg.mtp_dir)
-    from mtpbench.config import one_k_for
+    from mtpbench.checkpoint import one_k_for
 
     return dataclasses.replace(cfg, k=(one_k_for(layers),))
 # every command's output directory (--result-dir: vllm bench serve's name)

@@ -47,8 +47,8 @@ def run_arch(arch, k: int | None, max_tokens: int, cpus: list[int] | None, worke
     (``SweepConfig.parallel_layout``'s keys), every rank traced and load-checked; ``workers``: a
     ``procguard.Workers`` that can stop this architecture's engines (Ctrl-C)."""
     from mtpbench.backends import get_backend
-    from mtpbench.checkpoint import drafter_layers, mtp_layer_bytes, num_hidden_layers, num_mtp_layers, read_config
-    from mtpbench.config import SweepConfig, check_parallel_layout, one_k_for
+    from mtpbench.checkpoint import drafter_layers, mtp_layer_bytes, num_hidden_layers, num_mtp_layers, one_k_for, read_config
+    from mtpbench.config import SweepConfig, check_parallel_layout
     from mtpbench.prompts import prompt_set
     from mtpbench.runners import resolve
     from mtpbench.synth import cached
@@ -115,7 +115,7 @@ def _checked_names(names: list[str] | None, table: dict, k: int | None, jobs: in
 
 def _failed(arch, k: int | None, runner: str | None, error: str, verdict: str) -> list[Cell]:
     """The cells of an architecture that produced no trace (``verdict`` says why, ``error`` what was raised)."""
-    from mtpbench.config import one_k_for
+    from mtpbench.checkpoint import one_k_for
 
     return cells_for(arch, k or one_k_for(arch.mtp_layers), arch.mtp_layers, None, error, verdict, runner=runner)
 
