@@ -68,6 +68,13 @@ class Faults:
     # too few; 1.0: the correct rule. At 0.95 on the built-in model it moves each drafted token's law by 0.019
     # in total variation (accept_draft_argmax: 0.11) and its mean target log-prob by +0.08 nats
     ratio_temperature_factor: float = 1.0
+    # lossy on purpose, for the acceptance-law test (issue 46): the ratio taken to this power, (p/q)^power (0.5: a
+    # square root, which accepts more where p < q); 1.0: the correct rule
+    ratio_power: float = 1.0
+    # lossy on purpose, at one draft position only: a draft the ratio rejects there is accepted anyway with
+    # probability ``over_accept_share``; -1: no position
+    over_accept_position: int = -1
+    over_accept_share: float = 0.25
 
 
 class Generation:

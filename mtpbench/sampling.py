@@ -72,8 +72,8 @@ def verify(logits: torch.Tensor, drafts: torch.Tensor, qprobs: torch.Tensor | No
     qd = qprobs.gather(-1, drafts[..., None]).squeeze(-1)
     u = torch.rand(B, k, generator=gen, device=drafts.device)
     ok = (u * qd <= pd) & (pd > 0)  # accept with probability min(1, p/q); never a token p' excludes
-    if faults is not None and faults.accept_draft_argmax:
-        ok = ok | (drafts == qprobs.argmax(-1))
+    if faults is not None:
+        ok = planted(ok, u, pd, qd, drafts, qprobs, faults, gen)
     if law is not None:
         law.update(expected_acceptance(logits, drafts, qprobs, temperature, top_k, top_p, p), accepted=ok)
     accepted = ok.long().cumprod(1).sum(1)
@@ -88,6 +88,20 @@ def verify(logits: torch.Tensor, drafts: torch.Tensor, qprobs: torch.Tensor | No
                 dist = p[b, a]
         bonus[b] = draw(dist / dist.sum(), gen)
     return accepted, bonus
+
+
+def planted(ok, u, pd, qd, drafts, qprobs, faults, gen) -> torch.Tensor:
+    """The accept decisions [B, k] under ``engine.Faults``' planted lossy rules (each off by default)."""
+    if faults.ratio_power != 1.0:
+        ok = (u <= (pd / qd.clamp(min=1e-30)) ** faults.ratio_power) & (pd > 0)
+    if faults.accept_draft_argmax:
+        ok = ok | (drafts == qprobs.argmax(-1))
+    if 0 <= faults.over_accept_position < ok.shape[1]:
+        i = faults.over_accept_position
+        extra = torch.rand(ok.shape[0], generator=gen, device=ok.device) < faults.over_accept_share
+        ok = ok.clone()
+        ok[:, i] |= extra
+    return ok
 
 
 def expected_acceptance(logits: torch.Tensor, drafts: torch.Tensor, qprobs: torch.Tensor | None, temperature: float,
