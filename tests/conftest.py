@@ -30,6 +30,19 @@ def one_line_error(result, message: str) -> None:
 MAX_WORKERS = 4  # `-n auto`: one worker per core, at most this many (each may hold two vLLM servers' memory)
 
 
+def greedy_trace_follows_its_law(summary: dict) -> None:
+    """A greedy trace's acceptance against its law (trace.json's ``acceptance_law``, issue 46): observable, every
+    position certain and followed (observed equal to expected), its accepted drafts the engine's own counters at
+    each position, and position 0 reached by every draft step the counters saw."""
+    law, counted = summary["acceptance_law"], summary["acceptance_by_layer"]
+    assert law["observable"] and law["verdict"] == "follows the law", law
+    assert [t["position"] for t in law["positions"]] == list(range(len(law["positions"]))) and law["positions"]
+    assert law["positions"][0]["steps"] == summary["num_drafts"], (law["positions"][0], summary["num_drafts"])
+    for t in law["positions"]:
+        assert t["observed"] == t["expected"] and t["decision"] == "follows the law", t
+        assert round(t["observed"] * t["steps"]) == counted[t["position"]]["num_accepted_tokens"], (t, counted)
+
+
 def pytest_xdist_auto_num_workers(config):
     return max(1, min(len(os.sched_getaffinity(0)), MAX_WORKERS))
 

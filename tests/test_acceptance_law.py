@@ -1,13 +1,17 @@
 """Acceptance against its exact law on the native engine (issue 46): every draft position a verify step reached,
 its accept/reject and the law's acceptance probability (mtpbench.sampling.expected_acceptance), tested position by
 position (mtpbench.stats.acceptance). The correct engine follows the law at five seeds, greedy, T = 1 and top-p < 1;
-the planted over-acceptance (--planted-lossy's rule) is named. The built-in model, 8 prompts x 64 tokens, k = 3."""
+the planted over-acceptance (--planted-lossy's rule) is named. The built-in model, 8 prompts x 64 tokens, k = 3.
+Last, how vLLM's V1 verify step is read (backends/vllm/law.py) on a hand-made step, against softmax by hand."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from mtpbench.backends.vllm.law import LawRecorder, iter_accepted
 from mtpbench.builtin import BUILTIN_MODEL_DIR
 from mtpbench.engine import Faults, generate
 from mtpbench.model import load_model
@@ -86,3 +90,39 @@ def test_each_planted_fault_in_the_accept_step_is_named_at_its_position(model_an
         at = {t.position: t for t in tests if t.position is not None}
         planted = at[faults.over_accept_position]
         assert planted.decision == OVER and planted.z == max(t.z for t in at.values()), verdict
+
+
+def test_a_row_reaches_its_accepted_drafts_and_the_first_rejected_one():
+    assert list(iter_accepted([5, 6, 9, 1], [5, 6, 7])) == [5, 6]
+    assert list(iter_accepted([4, 6, 7, 1], [5, 6, 7])) == []
+    rec = LawRecorder(None)
+    rec.known_q = False
+    law = {"probability": [0.9, 0.5, 0.2], "probabilistic": [0.8, 0.7, 0.6], "greedy": [0.1, 0.2, 0.3]}
+    rec.record(3, [5, 6, 7], law, 1.0, 1)
+    rec.record(4, [5, 6, 7], law, 1.0, 3)
+    assert rec.steps == [(3, 0, 1, 0.9, None, None, 1.0), (3, 1, 0, 0.5, None, None, 1.0),
+                         (4, 0, 1, 0.9, None, None, 1.0), (4, 1, 1, 0.5, None, None, 1.0),
+                         (4, 2, 1, 0.2, None, None, 1.0)]
+
+
+def test_v1s_verify_step_is_read_per_request_before_vllm_expands_its_settings():
+    """Three requests, 2, 0 and 1 drafts, temperatures 1, 0.5 and 2 (one per request, as the batch holds them):
+    with no draft_probs (greedy draft proposal) each draft's probability is p(draft) at its own request's
+    temperature, from the raw target logits at its index."""
+    torch.manual_seed(0)
+    logits = torch.randn(6, 11)
+    meta = SimpleNamespace(num_draft_tokens=[2, 0, 1], target_logits_indices=torch.tensor([0, 1, 4]),
+                           draft_token_ids=torch.tensor([3, 7, 2]))
+    sm = SimpleNamespace(no_penalties=True, allowed_token_ids_mask=None, bad_words_token_ids={}, all_greedy=False,
+                         temperature=torch.tensor([1.0, 0.5, 2.0]), top_k=None, top_p=None)
+    rec = LawRecorder(None)
+    laws = rec.before(meta, None, logits, sm)
+    by_row = {i: (drafts, law["probability"], t) for i, drafts, law, t in laws}
+    assert sorted(by_row) == [0, 2]
+    want = [torch.softmax(logits[0] / 1.0, -1)[3], torch.softmax(logits[1] / 1.0, -1)[7]]
+    assert by_row[0][0] == [3, 7] and by_row[0][2] == 1.0
+    assert by_row[0][1] == pytest.approx([float(w) for w in want], rel=1e-5)
+    assert by_row[2][0] == [2] and by_row[2][2] == 2.0
+    assert by_row[2][1] == pytest.approx([float(torch.softmax(logits[4] / 2.0, -1)[2])], rel=1e-5)
+    sm.no_penalties = False  # logits vLLM changes further: counted, not recorded
+    assert rec.before(meta, None, logits, sm) is None and rec.unmodelled == 1 and rec.verify_steps == 2

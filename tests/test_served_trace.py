@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from conftest import one_line_error
+from conftest import greedy_trace_follows_its_law, one_line_error
 from mtpbench.cli import app
 
 pytestmark = pytest.mark.vllm
@@ -50,6 +50,8 @@ def test_a_launched_server_is_traced_as_the_offline_engine(offline, tmp_path):
     got = json.loads((out / "trace.json").read_text())
     same_trace(got, offline)
     assert got["verdict"] == "layer-0 reuse"
+    greedy_trace_follows_its_law(got)  # through the plugin's law routes (issue 46): as the offline engine's
+    assert got["acceptance_law"] == offline["acceptance_law"]
     assert [(x["rank"], x["drafter"], x["num_draft_calls"]) for x in got["ranks"]] == [(0, True, got["num_draft_calls"])]
     log = next(out.glob("*.server.log")).read_text()
     assert "mtpbench_trace" in log and "'enforce_eager': True" in log  # the plugin named, eager: as trace.py says

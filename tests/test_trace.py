@@ -7,6 +7,7 @@ import torch
 from torch import nn
 from typer.testing import CliRunner
 
+from conftest import greedy_trace_follows_its_law
 from mtpbench.backends.native import NativeBackend
 from mtpbench.cli import app
 from mtpbench.config import SweepConfig
@@ -34,6 +35,7 @@ def test_chain_is_multi_module(tmp_path):
     assert s["verdict"] == "multi-module"
     assert [row["ran layer:count"].split(":")[0] for row in s["per_step"]] == ["0", "1", "2", "0"]
     assert [a["layer"] for a in s["acceptance_by_layer"]] == [0, 1, 2, 0]
+    greedy_trace_follows_its_law(s)
     for name in ("trace.csv", "trace.json", "layers.png"):
         assert (tmp_path / "chain" / name).stat().st_size > 100
 

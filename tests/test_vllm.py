@@ -8,6 +8,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+from conftest import greedy_trace_follows_its_law
 from mtpbench.backends.native import NativeBackend
 from mtpbench.backends.vllm import VllmBackend, check_num_speculative_tokens
 from mtpbench.cli import app
@@ -113,6 +114,7 @@ def test_trace_vllm_shows_layer0_reuse(tmp_path):
     assert all(row["wrapper idx"] == "absent" for row in s["per_step"])
     assert s["unused_layers"] == [1] and s["unused_layer_bytes"] > 0
     assert s["num_drafts"] > 0 and s["acceptance_by_layer"][0]["layer"] == 0
+    greedy_trace_follows_its_law(s)  # V1's rejection sampler, hooked through the plugin (issue 46)
 
 
 def test_trace_vllm_forced_index_crashes_mimo(tmp_path):

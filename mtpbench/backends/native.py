@@ -69,11 +69,12 @@ class NativeBackend(BackendBase):
     def encode(self, prompts: list[Prompt]) -> list[list[int]]:
         return token_ids(self.tokenizer, prompts)
 
-    def generation(self, cfg: SweepConfig, ids, k, mode, mtp_layers, max_tokens) -> Generation:
+    def generation(self, cfg: SweepConfig, ids, k, mode, mtp_layers, max_tokens, record_law=False) -> Generation:
         torch.manual_seed(cfg.seed)
         return Generation(self.model, ids, max_tokens, k, mode=mode, num_mtp_layers=mtp_layers,
                           temperature=cfg.temperature, seed=cfg.seed, faults=self.faults,
-                          force_spec_step_idx=cfg.force_spec_step_idx, top_p=cfg.top_p, top_k=cfg.top_k)
+                          force_spec_step_idx=cfg.force_spec_step_idx, top_p=cfg.top_p, top_k=cfg.top_k,
+                          record_law=record_law)
 
     # ---- check-lossless (lossless.CheckBackend) -----------------------------------------------------------
 
@@ -147,11 +148,11 @@ class NativeBackend(BackendBase):
         """One traced generation over the prompts (one batch at a time); see mtpbench.trace.run."""
         from mtpbench.trace.hooks import LayerTracer
 
-        records, crash, in_draft = [], None, False
+        records, crash, in_draft, law = [], None, False, []
         totals = {"num_drafts": 0, "num_accepted_tokens_per_pos": [0] * k}
         tracer = None
         for i, group in enumerate(batches(prompts, cfg.batch_size)):
-            g = self.generation(cfg, self.encode(group), k, mode, mtp_layers, cfg.max_tokens)
+            g = self.generation(cfg, self.encode(group), k, mode, mtp_layers, cfg.max_tokens, record_law=True)
             proposal = tracer.proposal if tracer else 0
             tracer = LayerTracer(g.drafter, g.target).install()  # each Generation has its own drafter
             tracer.batch, tracer.proposal, tracer.enabled = i + 1, proposal, True
@@ -166,6 +167,7 @@ class NativeBackend(BackendBase):
             for r in tracer.records:  # the engine itself passes the step under --force-spec-step-idx
                 r.forced = cfg.force_spec_step_idx and k > 0
             records += tracer.records
+            law += [(*step, cfg.temperature) for step in g.law_steps]  # acceptance against its law (issue 46)
             for c in g.counts:
                 totals["num_drafts"] += c.num_drafts
                 totals["num_accepted_tokens_per_pos"] = [a + b for a, b in zip(
@@ -174,7 +176,7 @@ class NativeBackend(BackendBase):
                 break
         st = tracer.structure
         return {"records": records, "crash": crash, "crash_in_draft": in_draft, "num_layers": len(st.layers),
-                "structure": st.describe(),
+                "structure": st.describe(), "law": {"observable": True, "steps": law},
                 **totals}
 
     drafter_engine = "native"

@@ -119,6 +119,10 @@ def print_trace(summary: dict) -> None:
     typer.echo(f"\nverdict: {summary['verdict']}")
     for line in summary["evidence"]:
         typer.echo(f"  - {line}")
+    from mtpbench.metrics.law import law_lines
+
+    for line in law_lines(summary.get("acceptance_law")):
+        typer.echo(("\n" if not line.startswith(" ") else "") + line)
 
 
 @grouped

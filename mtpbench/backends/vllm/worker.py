@@ -25,6 +25,7 @@ from pathlib import Path
 from mtpbench.backends.vllm import plugin, scores
 from mtpbench.backends.vllm.counters import counter_delta, per_request_acceptance, read_spec_counters
 from mtpbench.backends.vllm.inprocess import engine_prompts, engine_runner, held_mtp_bytes
+from mtpbench.metrics.law import law_report
 from mtpbench.metrics import BatchRecord, PointRun, RequestRecord
 from mtpbench.procguard import end_with_parent
 from mtpbench.prompts import Prompt, batches
@@ -85,6 +86,7 @@ def trace(llm, cfg: dict, k: int, prompts: list[Prompt], force: bool, asked: str
     crash = None
     # after start-up: profiling and dummy runs also call the model
     llm.collective_rpc("mtpbench_trace_start", kwargs={"force": force, "force_ranks": force_ranks})
+    law_started = llm.collective_rpc("mtpbench_law_start")  # acceptance against its law, as it drafts (issue 46)
     try:
         for group in batches(prompts, cfg["batch_size"]):
             llm.collective_rpc("mtpbench_trace_batch")
@@ -93,6 +95,7 @@ def trace(llm, cfg: dict, k: int, prompts: list[Prompt], force: bool, asked: str
         crash = f"{type(e).__name__}: {e}".strip()[:2000]
     try:
         ranks = llm.collective_rpc("mtpbench_trace_stop")
+        law = law_report(law_started, llm.collective_rpc("mtpbench_law_stop"))
     except Exception as e:  # the crash took the engine's workers down: no records survive
         if crash is None:
             raise
@@ -104,7 +107,7 @@ def trace(llm, cfg: dict, k: int, prompts: list[Prompt], force: bool, asked: str
     if not drafting:
         raise RuntimeError("no rank of this engine holds a draft model (is speculative decoding on?)")
     delta = counter_delta(before, after, k)
-    return {"records": drafting[0]["records"], "ranks": ranks, "crash": crash, **ran,
+    return {"records": drafting[0]["records"], "ranks": ranks, "crash": crash, **ran, "law": law,
             "crash_in_draft": any(r["draft_error"] is not None for r in drafting),
             "num_layers": drafting[0]["num_layers"], "num_drafts": delta["num_drafts"],
             "num_accepted_tokens_per_pos": delta["num_accepted_tokens_per_pos"],
@@ -170,6 +173,50 @@ def drafter_op(llm, spec: dict) -> dict:
             "num_accepted_tokens_per_pos": delta["num_accepted_tokens_per_pos"], "engine_ran": ran}
 
 
+def recorded_law(llm, generate) -> dict:
+    """``generate()`` with every rank recording acceptance against its law (``plugin.mtpbench_law_start``):
+    ``law_report`` of the ranks."""
+    started = llm.collective_rpc("mtpbench_law_start")
+    try:
+        generate()
+    finally:
+        stopped = llm.collective_rpc("mtpbench_law_stop")
+    return law_report(started, stopped)
+
+
+def law_op(llm, spec: dict) -> dict:
+    """Acceptance against its law under each of ``args["settings"]``, one engine: a report per setting
+    (``recorded_law``). A setting: ``temperature`` (one, or a list cycled over the requests: greedy and sampled
+    rows in one batch), ``top_p``, ``top_k``, ``seed``, ``batch_size`` (requests per generate call, at most the
+    engine's max_num_seqs). At temperature > 0 each request gets a seed of its own from the setting's: one seed for
+    all would give every request the same uniform draws, correlated accept decisions the test does not allow for."""
+    from vllm import SamplingParams
+
+    cfg = spec["config"]
+    ran = engine_runner(llm, spec.get("runner"))
+    del ran["interpreted"]
+    prompts = [Prompt(**p) for p in spec["prompts"]]
+    out = []
+    for s in spec["args"]["settings"]:
+        temps = s["temperature"] if isinstance(s["temperature"], list) else [s["temperature"]]
+        size = s.get("batch_size", cfg["batch_size"])
+
+        def params(i):
+            t = temps[i % len(temps)]
+            return SamplingParams(temperature=t, top_p=s.get("top_p", 1.0), top_k=s.get("top_k", 0),
+                                  max_tokens=cfg["max_tokens"], ignore_eos=True,
+                                  seed=s.get("seed", 0) * 100_003 + i if t > 0 else None)
+
+        def generate():
+            for start in range(0, len(prompts), size):
+                group = prompts[start:start + size]
+                llm.generate(engine_prompts(llm, group), [params(start + i) for i in range(len(group))],
+                             use_tqdm=False)
+
+        out.append({**s, **recorded_law(llm, generate)})
+    return {"laws": out, "engine_ran": ran}
+
+
 def lossless_op(llm, spec: dict) -> dict:
     """A check-lossless op (``scores.OPS``) on the spec's ``args``, with the engine's runner and dtype."""
     ran = engine_runner(llm, spec.get("runner"))
@@ -177,7 +224,7 @@ def lossless_op(llm, spec: dict) -> dict:
     return {**scores.OPS[spec["op"]](llm, spec["args"]), "engine_ran": ran}
 
 
-OPS = {"run": run_op, "trace": trace_op, "inspect": inspect_op, "drafter": drafter_op,
+OPS = {"run": run_op, "trace": trace_op, "inspect": inspect_op, "drafter": drafter_op, "law": law_op,
        **{name: lossless_op for name in scores.OPS}}
 
 

@@ -44,6 +44,7 @@ def trace_served(server, cfg, k: int, prompts, force: bool = False) -> dict:
 
     before = read_metrics(server.conn)
     post(server, "/v1/mtpbench/trace/start", {"force": force})
+    law_started = start_law(server)
     crash = None
     try:
         for group in batches(prompts, cfg.batch_size):
@@ -52,6 +53,7 @@ def trace_served(server, cfg, k: int, prompts, force: bool = False) -> dict:
     except RuntimeError as e:  # a request failed: the draft model may have raised (the records say where)
         crash = str(e)[:2000]
     ranks = post(server, "/v1/mtpbench/trace/stop", {})["ranks"]
+    law = stop_law(server, law_started)
     after, _ = settled_metrics(server.conn, before, len(prompts))
     drafting = [r for r in ranks if r.get("drafter") and r.get("records") is not None]
     if not drafting:
@@ -61,4 +63,26 @@ def trace_served(server, cfg, k: int, prompts, force: bool = False) -> dict:
     return {"records": [CallRecord(**{**rec, "rank": r["rank"]}) for r in drafting for rec in r["records"]],
             "ranks": ranks, "crash": crash, "crash_in_draft": any(r.get("draft_error") for r in drafting),
             "num_layers": drafting[0]["num_layers"], "structure": drafting[0]["structure"],
-            "num_drafts": delta["num_drafts"], "num_accepted_tokens_per_pos": delta["num_accepted_tokens_per_pos"]}
+            "num_drafts": delta["num_drafts"], "num_accepted_tokens_per_pos": delta["num_accepted_tokens_per_pos"],
+            "law": law}
+
+
+LAW_START, LAW_STOP = "/v1/mtpbench/law/start", "/v1/mtpbench/law/stop"
+
+
+def start_law(server) -> list | str:
+    """Start recording acceptance against its law on every rank (the plugin's law routes): the ranks' answers, or
+    why it cannot be (a server whose mtpbench plugin predates the routes: the trace still runs)."""
+    try:
+        return post(server, LAW_START, {})["ranks"]
+    except MtpBenchError as e:
+        return f"the drafter's and the target's laws are not observable on this server ({e})"
+
+
+def stop_law(server, started: list | str) -> dict:
+    """The law report of the first recording rank (``worker.law_report``'s form), or why there is none."""
+    from mtpbench.metrics.law import law_report
+
+    if isinstance(started, str):
+        return {"observable": False, "why": started}
+    return law_report(started, post(server, LAW_STOP, {})["ranks"])

@@ -23,3 +23,7 @@ where no distribution named ``vllm`` is installed (its finder is the last one as
 from mtpbench_triton_cpu.vllm_cpu_alias import register
 
 register()
+
+from mtpbench_triton_cpu.interpreter_range import install_when_imported
+
+install_when_imported()  # tl.range's loop variable a tensor, as compiled (interpreter_range)
