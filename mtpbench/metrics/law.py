@@ -43,13 +43,14 @@ def law_summary(steps: list, why: str | None = None) -> dict:
 
 
 def law_report(started: list, stopped: list) -> dict:
-    """The first recording rank's law report (its steps, verify steps, unmodelled steps: every rank that samples
-    verifies the same batch) from the ranks' answers to ``mtpbench_law_start`` / ``_stop`` (offline or through a
+    """The first verifying rank's law report (its steps, verify steps, unmodelled steps: every rank that samples
+    verifies the same batch; else the first recording rank's) from the ranks' answers to ``mtpbench_law_start`` / ``_stop`` (offline or through a
     server's routes), or ``{"observable": False, "why": ...}`` where no rank's sampler could be hooked."""
     ranks = [r for r in stopped if r]
     if not any(r["recording"] for r in started) or not ranks:
         return {"observable": False, "why": "no rank of this engine has a rejection sampler to hook"}
-    return {"observable": True, **ranks[0]}
+    verifying = [r for r in ranks if r.get("verify_steps")]  # a pipeline rank before the last verifies nothing
+    return {"observable": True, **(verifying or ranks)[0]}
 
 
 def law_lines(block: dict | None) -> list[str]:

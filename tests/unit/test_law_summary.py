@@ -41,17 +41,47 @@ def test_each_positions_numbers_are_its_steps_and_the_verdict_the_rules(steps):
         assert (t["z"] is None) == math.isinf(want[2])  # an infinite z (a certain step departed) is written None
         if t["z"] is not None:
             assert t["z"] == pytest.approx(want[2], abs=1e-4)
-    table = law_rows(block)
+    table = law_rows(block)  # the page's table: each row the test's own numbers, the joint row last
     assert len(table) == len(block["positions"]) + 1 and table[-1][0] == "all"
-    assert all(len(row) == len(LAW_HEADERS) for row in table)
+    for row, t in zip(table, block["positions"] + [block["joint"]]):
+        assert len(row) == len(LAW_HEADERS)
+        cells = dict(zip(LAW_HEADERS, row))
+        assert (cells["steps"], cells["observed"], cells["expected"], cells["decision"]) == (
+            t["steps"], t["observed"], t["expected"], t["decision"])
+        assert cells["observed - expected"] == (f"{t['observed'] - t['expected']:+.3f} "
+                                                f"[{t['low']:+.3f}, {t['high']:+.3f}]")
+        assert cells["z"] == ("certain" if t["z"] is None else t["z"])
+        assert [cells[h] for h in LAW_HEADERS[-3:]] == ["" if t[k] is None else t[k]
+                                                         for k in ("tv", "probabilistic", "greedy")]
+        if t["position"] is not None:
+            assert cells["position"] == t["position"]
+    lines = law_lines(block)  # the terminal's: the verdict first, then a line per position with its numbers
+    assert lines[:2] == [f"acceptance against its law: {verdict}", "  (the share of the drafts reaching each position "
+                         "that were accepted, against the law's expectation)"]
+    assert len(lines) == 2 + len(block["positions"])
+    for line, t in zip(lines[2:], block["positions"]):
+        z = "certain" if t["z"] is None else f"z {t['z']:+.2f}"
+        tv = "" if t["tv"] is None else f", TV(p, q) {t['tv']:.2f}"
+        assert line == (f"  pos {t['position']}: observed {t['observed']:.3f}, expected {t['expected']:.3f} "
+                        f"({t['steps']} steps, {z}{tv}): {t['decision']}")
+    assert set(block) == {"observable", "why", "verdict", "positions", "joint"} and block["why"] is None
+    for t in block["positions"] + [block["joint"]]:  # JSON's figures to 4 decimals
+        assert all(round(t[k], 4) == t[k] for k in ("observed", "expected", "low", "high", "tv", "probabilistic",
+                                                      "greedy", "z") if t[k] is not None)
 
 
 def test_what_cannot_be_observed_is_said_not_tested():
     block = law_summary([], "the server does not serve mtpbench's law routes")
-    assert not block["observable"] and block["verdict"] is None and block["positions"] == []
+    assert block == {"observable": False, "why": "the server does not serve mtpbench's law routes", "verdict": None,
+                     "positions": [], "joint": None}
     assert law_lines(block) == ["acceptance against its law: not observable (the server does not serve mtpbench's "
                                 "law routes)"]
-    assert not law_report([{"recording": False}], [None])["observable"]
+    unhooked = {"observable": False, "why": "no rank of this engine has a rejection sampler to hook"}
+    assert law_report([{"recording": False}], [None]) == unhooked
+    assert law_report([{"recording": False}], [{"rank": 0, "steps": []}]) == unhooked
+    assert law_report([{"recording": True}], [None]) == unhooked
     assert law_report([{"recording": True}, {"recording": True}],
                       [{"rank": 0, "steps": [1]}, {"rank": 1, "steps": [2]}]) == {"observable": True, "rank": 0,
                                                                                  "steps": [1]}
+    assert law_report([{"recording": True}] * 2, [{"rank": 0, "verify_steps": 0, "steps": []},
+                                                  {"rank": 1, "verify_steps": 3, "steps": [2]}])["rank"] == 1
