@@ -215,19 +215,21 @@ class Generation:
                 c.num_accepted_tokens_per_pos[i] += 1
             c.steps.append((nb, ab))
             if law is not None:
-                self._law_steps(b, ab, law)
+                self._law_steps(b, ab, law, nb, drafts[b].tolist())
             new.append(X[b, nb: nb + ab + 1].tolist())
             n[b] = nb + ab + 1
         return new
 
-    def _law_steps(self, b: int, ab: int, law: dict) -> None:
-        """Row b's positions this verify step reached: every accepted draft and the first rejected one."""
+    def _law_steps(self, b: int, ab: int, law: dict, context: int, drafts: list[int]) -> None:
+        """Row b's positions this verify step reached: every accepted draft and the first rejected one, as
+        ``metrics.law``'s steps (the draft at position i has ``context`` + i tokens before it)."""
         cols = {key: law[key][b].tolist() for key in ("accepted", "probability", "probabilistic", "greedy")
                 if key in law}
         for i in range(min(ab + 1, self.k)):
             self.law_steps.append((b, i, int(cols["accepted"][i]), cols["probability"][i],
                                    cols["probabilistic"][i] if "probabilistic" in cols else None,
-                                   cols["greedy"][i] if "greedy" in cols else None))
+                                   cols["greedy"][i] if "greedy" in cols else None, self.temperature,
+                                   context + i, drafts[i]))
 
     def _emit(self, new: list[list[int]]) -> None:
         for b, t in enumerate(new):

@@ -41,6 +41,12 @@ def greedy_trace_follows_its_law(summary: dict) -> None:
     for t in law["positions"]:
         assert t["observed"] == t["expected"] and t["decision"] == "follows the law", t
         assert round(t["observed"] * t["steps"]) == counted[t["position"]]["num_accepted_tokens"], (t, counted)
+        for key in ("by_context", "by_token_class"):  # the breakdowns share out each position's steps
+            if law[key] is not None:
+                groups = [g for g in law[key] if g["position"] == t["position"]]
+                assert sum(g["steps"] for g in groups) == t["steps"], (key, t, groups)
+                assert sum(round(g["observed"] * g["steps"]) for g in groups) == round(t["observed"] * t["steps"])
+    assert law["by_token_class"] is not None  # every model traced here has a tokenizer
 
 
 def pytest_xdist_auto_num_workers(config):

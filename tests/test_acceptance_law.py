@@ -100,9 +100,10 @@ def test_a_row_reaches_its_accepted_drafts_and_the_first_rejected_one():
     law = {"probability": [0.9, 0.5, 0.2], "probabilistic": [0.8, 0.7, 0.6], "greedy": [0.1, 0.2, 0.3]}
     rec.record(3, [5, 6, 7], law, 1.0, 1)
     rec.record(4, [5, 6, 7], law, 1.0, 3)
-    assert rec.steps == [(3, 0, 1, 0.9, None, None, 1.0), (3, 1, 0, 0.5, None, None, 1.0),
-                         (4, 0, 1, 0.9, None, None, 1.0), (4, 1, 1, 0.5, None, None, 1.0),
-                         (4, 2, 1, 0.2, None, None, 1.0)]
+    rec.record(5, [5, 6, 7], law, 1.0, 0, context=40)  # context: the tokens before each draft (V2 shows them)
+    assert rec.steps == [(3, 0, 1, 0.9, None, None, 1.0, None, 5), (3, 1, 0, 0.5, None, None, 1.0, None, 6),
+                         (4, 0, 1, 0.9, None, None, 1.0, None, 5), (4, 1, 1, 0.5, None, None, 1.0, None, 6),
+                         (4, 2, 1, 0.2, None, None, 1.0, None, 7), (5, 0, 0, 0.9, None, None, 1.0, 40, 5)]
 
 
 def test_v1s_verify_step_is_read_per_request_before_vllm_expands_its_settings():
@@ -117,7 +118,7 @@ def test_v1s_verify_step_is_read_per_request_before_vllm_expands_its_settings():
                          temperature=torch.tensor([1.0, 0.5, 2.0]), top_k=None, top_p=None)
     rec = LawRecorder(None)
     laws = rec.before(meta, None, logits, sm)
-    by_row = {i: (drafts, law["probability"], t) for i, drafts, law, t in laws}
+    by_row = {i: (drafts, law["probability"], t) for i, drafts, law, t, context in laws if context is None}
     assert sorted(by_row) == [0, 2]
     want = [torch.softmax(logits[0] / 1.0, -1)[3], torch.softmax(logits[1] / 1.0, -1)[7]]
     assert by_row[0][0] == [3, 7] and by_row[0][2] == 1.0

@@ -63,6 +63,9 @@ def test_v2_trace_of_a_deepseek_checkpoint_is_multi_module(tmp_path):
     assert s["structure"]["wrapper"] == "DeepSeekMTP" and s["unused_layers"] == []
     assert s["config"]["runner"] == "v2"
     assert [row["layer"] for row in s["acceptance_by_layer"]] == [0, 1, 0, 1]
+    law = s["acceptance_law"]  # V2's verify step, hooked (issue 46): it shows positions, so contexts are known
+    assert law["observable"] and law["verdict"] == "follows the law" and law["by_context"], law
+    assert sum(g["steps"] for g in law["by_context"]) == law["joint"]["steps"]
     assert "drafted by vLLM's V2 MultiModuleMTPSpeculator" in r.output
     if runners.interpreted("v2"):
         assert runners.INTERPRETED_NOTE in s["notes"]

@@ -167,7 +167,7 @@ class NativeBackend(BackendBase):
             for r in tracer.records:  # the engine itself passes the step under --force-spec-step-idx
                 r.forced = cfg.force_spec_step_idx and k > 0
             records += tracer.records
-            law += [(*step, cfg.temperature) for step in g.law_steps]  # acceptance against its law (issue 46)
+            law += g.law_steps  # acceptance against its law (issue 46)
             for c in g.counts:
                 totals["num_drafts"] += c.num_drafts
                 totals["num_accepted_tokens_per_pos"] = [a + b for a, b in zip(

@@ -1,11 +1,12 @@
 """Acceptance against its law, as the artifacts show it (issue 46): the block ``acceptance_law`` of trace.json (and
 the rows and pages that read it), made from the law steps a backend recorded where the engine verifies.
 
-A law step: (row, position, accepted 0/1, probability, probabilistic, greedy[, temperature]) — the engine's verdict
-on a draft at a position its earlier drafts reached, the probability the law gives that verdict
+A law step: (row, position, accepted 0/1, probability, probabilistic, greedy, temperature, context, draft token) —
+the engine's verdict on a draft at a position its earlier drafts reached, the probability the law gives that verdict
 (``mtpbench.sampling.expected_acceptance``), and, where the drafter's law q is known and the request samples, the
 acceptance the same drafter would give with probabilistic proposal (sum_x min(p, q) = 1 - TV(p, q)) and with greedy
-proposal (p at q's argmax); None where not. The test itself is ``mtpbench.stats.acceptance.law_test``.
+proposal (p at q's argmax); then the tokens before the draft (None where the runner does not show them) and the
+draft token. The test itself is ``mtpbench.stats.acceptance.law_test``.
 """
 
 from __future__ import annotations
@@ -21,13 +22,78 @@ def _mean(values: list) -> float | None:
     return round(sum(known) / len(known), 4) if known else None
 
 
-def law_summary(steps: list, why: str | None = None) -> dict:
+TOKEN_CLASSES = ("special", "whitespace/punctuation", "digits", "words", "other")
+
+
+def token_class(text: str, special: bool = False) -> str:
+    """A draft token's class by its text: a special token; only white space and punctuation; digits (no letter);
+    words and identifiers (a letter or "_"); "other" for a token that is part of a character (its bytes decode to
+    U+FFFD) or decodes to nothing."""
+    if special:
+        return "special"
+    if not text or "\ufffd" in text:
+        return "other"
+    if any(c.isalpha() or c == "_" for c in text):
+        return "words"
+    if any(c.isdigit() for c in text):
+        return "digits"
+    return "whitespace/punctuation"
+
+
+def context_bucket(n: int) -> str:
+    """The context-length bucket of a draft with ``n`` tokens before it: "< 32", then doubling ("32-63",
+    "64-127", ...)."""
+    if n < 32:
+        return "< 32"
+    low = 32
+    while n >= 2 * low:
+        low *= 2
+    return f"{low}-{2 * low - 1}"
+
+
+def _groups(steps: list, key) -> list[dict]:
+    """Observed and expected acceptance and TV(p, q) per (group, position), descriptive (no test: many small
+    groups), ordered by ``key``'s rank (its first element), then position."""
+    cells: dict = {}
+    for s in steps:
+        cells.setdefault((key(s), s[1]), []).append(s)
+    out = []
+    for (group, position), at in sorted(cells.items(), key=lambda kv: (kv[0][0][0], kv[0][1])):
+        probabilistic = _mean([s[4] for s in at])
+        out.append({"group": group[1], "position": position, "steps": len(at),
+                    "observed": round(sum(s[2] for s in at) / len(at), 4),
+                    "expected": round(sum(s[3] for s in at) / len(at), 4),
+                    "tv": None if probabilistic is None else round(1 - probabilistic, 4)})
+    return out
+
+
+def breakdowns(steps: list, classify=None) -> dict:
+    """Where acceptance is lost (issue 46 item 3): by context-length bucket (steps whose context is known: the
+    native engine, Model Runner V2) and by the draft token's class (``classify``: token id -> class; None where no
+    tokenizer is at hand). Each group's sort key: the bucket's lower edge, the class's place in TOKEN_CLASSES."""
+    def by_context(s):
+        b = context_bucket(s[7])
+        return (0 if b == "< 32" else int(b.split("-")[0])), b
+
+    def by_class(s):
+        c = classify(s[8])
+        return TOKEN_CLASSES.index(c), c
+
+    known = [s for s in steps if len(s) > 8 and s[7] is not None]
+    drafted = [s for s in steps if len(s) > 8 and s[8] is not None]
+    return {"by_context": _groups(known, by_context) if known else None,
+            "by_token_class": _groups(drafted, by_class) if drafted and classify is not None else None}
+
+
+def law_summary(steps: list, why: str | None = None, classify=None) -> dict:
     """``{"observable", "verdict", "positions": [...], "joint": {...}}``: per draft position the test (observed
     and expected acceptance, z, the interval of observed - expected at the family's level, p, decision) and where
-    the drafter's law is known the total-variation distance between p and q and the two proposals' acceptance.
-    ``why``: the reason the laws could not be read (an attached server without the plugin): observable False."""
+    the drafter's law is known the total-variation distance between p and q and the two proposals' acceptance;
+    then ``breakdowns``. ``why``: the reason the laws could not be read (an attached server without the plugin):
+    observable False."""
     if why is not None:
-        return {"observable": False, "why": why, "verdict": None, "positions": [], "joint": None}
+        return {"observable": False, "why": why, "verdict": None, "positions": [], "joint": None,
+                "by_context": None, "by_token_class": None}
     verdict, tests = law_test([(s[1], s[2], s[3]) for s in steps])
     out = []
     for t in tests:
@@ -39,13 +105,14 @@ def law_summary(steps: list, why: str | None = None) -> dict:
         out.append({**row, "tv": None if probabilistic is None else round(1 - probabilistic, 4),
                     "probabilistic": probabilistic, "greedy": _mean([s[5] for s in at])})
     return {"observable": True, "why": None, "verdict": verdict, "positions": out[:-1],
-            "joint": out[-1] if out else None}
+            "joint": out[-1] if out else None, **breakdowns(steps, classify)}
 
 
 def law_report(started: list, stopped: list) -> dict:
     """The first verifying rank's law report (its steps, verify steps, unmodelled steps: every rank that samples
-    verifies the same batch; else the first recording rank's) from the ranks' answers to ``mtpbench_law_start`` / ``_stop`` (offline or through a
-    server's routes), or ``{"observable": False, "why": ...}`` where no rank's sampler could be hooked."""
+    verifies the same batch; else the first recording rank's) from the ranks' answers to ``mtpbench_law_start`` and
+    ``_stop`` (offline or through a server's routes), or ``{"observable": False, "why": ...}`` where no rank's
+    sampler could be hooked."""
     ranks = [r for r in stopped if r]
     if not any(r["recording"] for r in started) or not ranks:
         return {"observable": False, "why": "no rank of this engine has a rejection sampler to hook"}

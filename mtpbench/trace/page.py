@@ -42,7 +42,14 @@ def _law(block: dict | None) -> str:
         return head + f"<p>Not observable: {esc(block['why'])}.</p>"
     return (head + f"<p>{esc(block['verdict'].capitalize())}: the share of the drafts reaching each position that "
             "were accepted, against the share the law expects from the target's and the drafter's laws at each "
-            "step (docs/acceptance-law.md).</p>" + table(LAW_HEADERS, law_rows(block)))
+            "step (docs/acceptance-law.md).</p>" + table(LAW_HEADERS, law_rows(block))
+            + "".join(f"<h3>{title}</h3>" + table([name, "position", "steps", "observed", "expected", "TV(p, q)"],
+                                                  [[g["group"], g["position"], g["steps"], g["observed"],
+                                                    g["expected"], "" if g["tv"] is None else g["tv"]]
+                                                   for g in block[key]])
+                      for key, name, title in (("by_context", "context tokens", "By context length (descriptive)"),
+                                               ("by_token_class", "draft token", "By draft token class (descriptive)"))
+                      if block.get(key)))
 
 
 def page(out: Path) -> Path:

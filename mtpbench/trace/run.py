@@ -103,7 +103,7 @@ def _summary(cfg, k: int, mode: str, L: int, data: dict, v) -> dict:
             "notes": data.get("notes") or [],
             "crash": data["crash"], "per_step": [dict(zip(STEP_HEADERS, row)) for row in
                                                  step_table(records, data["num_layers"])],
-            "acceptance_by_layer": attribution, "acceptance_law": _law(data.get("law")),
+            "acceptance_by_layer": attribution, "acceptance_law": _law(data.get("law"), cfg.model_dir),
             "num_drafts": drafts, "parallel": _layout(cfg, data.get("ranks")),
             "ranks": [{key: r.get(key) for key in ("rank", "tp_rank", "pp_rank", "drafter")}
                       | {"num_draft_calls": len(r["records"]) if r.get("records") is not None else None}
@@ -111,14 +111,28 @@ def _summary(cfg, k: int, mode: str, L: int, data: dict, v) -> dict:
             "config": cfg.to_json(), "provenance": provenance()}
 
 
-def _law(law: dict | None) -> dict:
+def _law(law: dict | None, model_dir) -> dict:
     """Acceptance against its law over the traced generation (``metrics.law``): what the backend recorded, or
-    why it could not (a crash that took the engine's workers down records none)."""
+    why it could not (a crash that took the engine's workers down records none); the draft tokens classed by the
+    model's tokenizer where it has a tokenizer.json."""
     from mtpbench.metrics.law import law_summary
 
     if not law or not law.get("observable"):
         return law_summary([], (law or {}).get("why") or "the engine's workers did not answer after a crash")
-    return law_summary(law["steps"])
+    return law_summary(law["steps"], classify=_classifier(model_dir))
+
+
+def _classifier(model_dir):
+    """token id -> ``metrics.law.token_class`` by the model's tokenizer, or None where it has none here."""
+    from mtpbench.metrics.law import token_class
+    from mtpbench.prompts import load_tokenizer
+
+    try:
+        tok = load_tokenizer(model_dir)
+    except MtpBenchError:
+        return None
+    special = {i for i, t in tok.get_added_tokens_decoder().items() if t.special}
+    return lambda i: token_class(tok.decode([i], skip_special_tokens=False), i in special)
 
 
 def _layout(cfg, ranks: list[dict] | None) -> dict:

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mtpbench.metrics.law import LAW_HEADERS, law_lines, law_report, law_rows, law_summary
+from mtpbench.metrics.law import (LAW_HEADERS, TOKEN_CLASSES, breakdowns, context_bucket, law_lines, law_report,
+                                  law_rows, law_summary, token_class)
 from tests.unit.test_acceptance_law_properties import oracle
 
 maybe = st.one_of(st.none(), st.floats(0.0, 1.0, allow_nan=False))
@@ -64,7 +65,8 @@ def test_each_positions_numbers_are_its_steps_and_the_verdict_the_rules(steps):
         tv = "" if t["tv"] is None else f", TV(p, q) {t['tv']:.2f}"
         assert line == (f"  pos {t['position']}: observed {t['observed']:.3f}, expected {t['expected']:.3f} "
                         f"({t['steps']} steps, {z}{tv}): {t['decision']}")
-    assert set(block) == {"observable", "why", "verdict", "positions", "joint"} and block["why"] is None
+    assert set(block) == {"observable", "why", "verdict", "positions", "joint", "by_context", "by_token_class"}
+    assert block["why"] is None
     for t in block["positions"] + [block["joint"]]:  # JSON's figures to 4 decimals
         assert all(round(t[k], 4) == t[k] for k in ("observed", "expected", "low", "high", "tv", "probabilistic",
                                                       "greedy", "z") if t[k] is not None)
@@ -73,7 +75,7 @@ def test_each_positions_numbers_are_its_steps_and_the_verdict_the_rules(steps):
 def test_what_cannot_be_observed_is_said_not_tested():
     block = law_summary([], "the server does not serve mtpbench's law routes")
     assert block == {"observable": False, "why": "the server does not serve mtpbench's law routes", "verdict": None,
-                     "positions": [], "joint": None}
+                     "positions": [], "joint": None, "by_context": None, "by_token_class": None}
     assert law_lines(block) == ["acceptance against its law: not observable (the server does not serve mtpbench's "
                                 "law routes)"]
     unhooked = {"observable": False, "why": "no rank of this engine has a rejection sampler to hook"}
@@ -85,3 +87,63 @@ def test_what_cannot_be_observed_is_said_not_tested():
                                                                                  "steps": [1]}
     assert law_report([{"recording": True}] * 2, [{"rank": 0, "verify_steps": 0, "steps": []},
                                                   {"rank": 1, "verify_steps": 3, "steps": [2]}])["rank"] == 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 10 ** 6))
+def test_a_context_lies_in_its_bucket(n):
+    bucket = context_bucket(n)
+    if n < 32:
+        assert bucket == "< 32"
+    else:  # doubling edges from 32: [32, 64), [64, 128), ...
+        low, high = map(int, bucket.split("-"))
+        assert low <= n <= high and high == 2 * low - 1 and math.log2(low / 32) == int(math.log2(low / 32))
+
+
+@pytest.mark.parametrize("text, special, want", [
+    ("<|endoftext|>", True, "special"), (" ", False, "whitespace/punctuation"),
+    ("\n\n", False, "whitespace/punctuation"),
+    ("):", False, "whitespace/punctuation"), (" 42", False, "digits"), ("3.", False, "digits"),
+    (" def", False, "words"), ("_x1", False, "words"), ("é", False, "words"), ("\ufffd", False, "other"),
+    ("", False, "other"), ("x", True, "special")])
+def test_each_draft_token_falls_in_one_class(text, special, want):
+    assert token_class(text, special) == want
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 1), st.floats(0.0, 1.0, allow_nan=False), maybe,
+                          st.one_of(st.none(), st.integers(0, 300)), st.integers(0, 9)), min_size=1, max_size=40))
+def test_the_breakdowns_share_out_each_positions_steps(raw):
+    """Each (group, position) cell holds exactly its steps: counts, accepted and expected shares by hand; steps
+    without a context count in no context bucket; a classifier's class names each token's group."""
+    steps = [(0, i, x, a, q, None, 1.0, ctx, tok) for i, x, a, q, ctx, tok in raw]
+    classes = ["digits" if t < 3 else "words" if t < 7 else "special" for t in range(10)]
+    got = breakdowns(steps, classes.__getitem__)
+    for key, group_of in (("by_context", lambda s: None if s[7] is None else context_bucket(s[7])),
+                          ("by_token_class", lambda s: classes[s[8]])):
+        want: dict = {}
+        for s in steps:
+            if group_of(s) is not None:
+                want.setdefault((group_of(s), s[1]), []).append(s)
+        if not want:
+            assert got[key] is None
+            continue
+        assert {(g["group"], g["position"]) for g in got[key]} == set(want)
+        for g in got[key]:
+            at = want[(g["group"], g["position"])]
+            assert g["steps"] == len(at)
+            assert g["observed"] == pytest.approx(sum(s[2] for s in at) / len(at), abs=1e-4)
+            assert g["expected"] == pytest.approx(sum(s[3] for s in at) / len(at), abs=1e-4)
+            known = [s[4] for s in at if s[4] is not None]
+            assert g["tv"] == (None if not known else pytest.approx(1 - sum(known) / len(known), abs=2e-4))
+    order = [(TOKEN_CLASSES.index(g["group"]), g["position"]) for g in got["by_token_class"]]
+    assert order == sorted(order)
+    if got["by_context"]:  # buckets by their lower edge, "< 32" first, then position
+        edges = [(0 if g["group"] == "< 32" else int(g["group"].split("-")[0]), g["position"])
+                 for g in got["by_context"]]
+        assert edges == sorted(edges)
+    for g in (got["by_context"] or []) + got["by_token_class"]:  # JSON's figures to 4 decimals
+        assert all(round(g[k], 4) == g[k] for k in ("observed", "expected", "tv") if g[k] is not None)
+    summary = law_summary(steps, classify=classes.__getitem__)  # trace.json's block carries them
+    assert (summary["by_context"], summary["by_token_class"]) == (got["by_context"], got["by_token_class"])
+    assert breakdowns(steps)["by_token_class"] is None  # no tokenizer: no classes

@@ -29,17 +29,19 @@ def recorder(sampler):
     return V2LawRecorder(sampler) if hasattr(sampler, "_verify") else LawRecorder(sampler)
 
 
-def _draft_law(laws, i, drafts, q, raw, temp, top_k, top_p):
-    """One request's drafts [k] against its target logits [k, V] and the drafter's law q [k, V]: the law's row."""
+def _draft_law(laws, i, drafts, q, raw, temp, top_k, top_p, context=None):
+    """One request's drafts [k] against its target logits [k, V] and the drafter's law q [k, V]: the law's row.
+    ``context``: the tokens before its first draft, where the runner shows it."""
     d = torch.as_tensor(drafts, dtype=torch.long)[None]
     law = expected_acceptance(raw[None], d, q[None], temp, top_k, top_p)
-    laws.append((i, d[0].tolist(), {name: v[0].tolist() for name, v in law.items()}, temp))
+    laws.append((i, d[0].tolist(), {name: v[0].tolist() for name, v in law.items()}, temp, context))
 
 
 class LawRecorder:
-    """Records (request row, position, accepted 0/1, probability, probabilistic, greedy, temperature) per reached
-    draft position; ``probabilistic`` (sum_x min(p, q)) and ``greedy`` (p at q's argmax) only where vLLM passed q
-    and the request samples (else None)."""
+    """Records ``metrics.law``'s steps, (request row, position, accepted 0/1, probability, probabilistic, greedy,
+    temperature, context, draft token) per reached draft position; ``probabilistic`` (sum_x min(p, q)) and
+    ``greedy`` (p at q's argmax) only where vLLM passed q and the request samples (else None); ``context`` (the
+    tokens before the draft) only on Model Runner V2, whose verify step is given the positions (else None)."""
 
     def __init__(self, sampler):
         self.sampler = sampler
@@ -91,16 +93,17 @@ class LawRecorder:
 
     def after(self, laws, sampled) -> None:
         out = sampled.tolist()
-        for i, drafts, law, temp in laws:
-            self.record(i, drafts, law, temp, sum(1 for _ in iter_accepted(out[i], drafts)))
+        for i, drafts, law, temp, context in laws:
+            self.record(i, drafts, law, temp, sum(1 for _ in iter_accepted(out[i], drafts)), context)
 
-    def record(self, i, drafts, law, temp, accepted: int) -> None:
+    def record(self, i, drafts, law, temp, accepted: int, context: int | None = None) -> None:
         """Row i's reached positions: the first ``accepted`` drafts accepted, the next (if any) rejected."""
         known_q = self.known_q and temp > 0
         for j in range(min(accepted + 1, len(drafts))):
             self.steps.append((i, j, int(j < accepted), law["probability"][j],
                                law["probabilistic"][j] if known_q else None,
-                               law["greedy"][j] if known_q else None, temp))
+                               law["greedy"][j] if known_q else None, temp,
+                               None if context is None else context + j, drafts[j]))
 
     def report(self) -> dict:
         return {"steps": self.steps, "verify_steps": self.verify_steps, "unmodelled": self.unmodelled}
@@ -123,12 +126,12 @@ class V2LawRecorder(LawRecorder):
 
         def _verify(logits, draft_logits, draft_sampled, pos, cu_num_logits, idx_mapping, idx_mapping_np,
                     expanded_idx_mapping, expanded_local_pos, seq_lens_upper_bound_np, verify_draft_sampled):
-            seen = self.before_v2(logits, draft_logits, cu_num_logits, idx_mapping, verify_draft_sampled)
+            seen = self.before_v2(logits, draft_logits, cu_num_logits, idx_mapping, verify_draft_sampled, pos)
             out = orig(logits, draft_logits, draft_sampled, pos, cu_num_logits, idx_mapping, idx_mapping_np,
                        expanded_idx_mapping, expanded_local_pos, seq_lens_upper_bound_np, verify_draft_sampled)
             _, sampled, num_sampled = out
-            for i, drafts, law, temp in seen:
-                self.record(i, drafts, law, temp, int(num_sampled[i]) - 1)
+            for i, drafts, law, temp, context in seen:
+                self.record(i, drafts, law, temp, int(num_sampled[i]) - 1, context)
             return out
 
         self.sampler._verify = _verify
@@ -138,10 +141,12 @@ class V2LawRecorder(LawRecorder):
         if "_verify" in vars(self.sampler):
             del self.sampler._verify
 
-    def before_v2(self, logits, draft_logits, cu_num_logits, idx_mapping, verify_draft_sampled) -> list:
+    def before_v2(self, logits, draft_logits, cu_num_logits, idx_mapping, verify_draft_sampled, pos) -> list:
+        """The law of each request's drafts (logit i verifies the token at position pos[i] + 1: pos[i] + 1 tokens
+        come before it)."""
         self.verify_steps += 1
         states = self.sampler.sampler.sampling_states
-        cu, idx = cu_num_logits.tolist(), idx_mapping.tolist()
+        cu, idx, at = cu_num_logits.tolist(), idx_mapping.tolist(), pos.tolist()
         tokens = verify_draft_sampled.tolist()
         raw = logits.float()
         self.known_q = draft_logits is not None
@@ -158,5 +163,5 @@ class V2LawRecorder(LawRecorder):
                 q = torch.nn.functional.one_hot(torch.as_tensor(drafts).clamp(min=0), raw.shape[-1]).float()
             else:
                 q = torch.softmax(draft_logits[r, :k, :raw.shape[-1]].float() / temp, -1)
-            _draft_law(laws, i, drafts, q, raw[start:start + k], temp, top_k, top_p)
+            _draft_law(laws, i, drafts, q, raw[start:start + k], temp, top_k, top_p, int(at[start]) + 1)
         return laws

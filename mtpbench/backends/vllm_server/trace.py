@@ -80,7 +80,7 @@ def start_law(server) -> list | str:
 
 
 def stop_law(server, started: list | str) -> dict:
-    """The law report of the first recording rank (``worker.law_report``'s form), or why there is none."""
+    """The law report of the first verifying rank (``metrics.law.law_report``), or why there is none."""
     from mtpbench.metrics.law import law_report
 
     if isinstance(started, str):
