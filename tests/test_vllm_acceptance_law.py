@@ -61,7 +61,8 @@ def laws(runner: str, settings: list[dict], fixed: bool) -> dict:
 
 
 def law_of(report: dict, greedy: bool | None = None) -> tuple[str, list]:
-    steps = [(j, x, a) for _, j, x, a, _, _, t in report["steps"] if greedy is None or (t <= 0) == greedy]
+    # a step: (row, position, accepted, probability, probabilistic, greedy, temperature, context, draft token)
+    steps = [(s[1], s[2], s[3]) for s in report["steps"] if greedy is None or (s[6] <= 0) == greedy]
     return law_test(steps)
 
 
@@ -93,7 +94,7 @@ def test_greedy_and_sampled_requests_in_one_batch_follow_the_law(correct_engine)
     batches of 8 mixing greedy and T = 1 requests and in batches of one."""
     runner, runs, data = correct_engine
     for report in data["laws"][len(runs):]:
-        temps = {t for *_, t in report["steps"]}
+        temps = {s[6] for s in report["steps"]}
         assert temps == {0.0, 1.0}, temps
         for greedy in (True, False):
             verdict, tests = law_of(report, greedy)
