@@ -25,8 +25,8 @@ from pathlib import Path
 from mtpbench.backends.vllm import plugin, scores
 from mtpbench.backends.vllm.counters import counter_delta, per_request_acceptance, read_spec_counters
 from mtpbench.backends.vllm.inprocess import engine_prompts, engine_runner, held_mtp_bytes
-from mtpbench.metrics.law import law_report
 from mtpbench.metrics import BatchRecord, PointRun, RequestRecord
+from mtpbench.metrics.law import law_report
 from mtpbench.procguard import end_with_parent
 from mtpbench.prompts import Prompt, batches
 

@@ -11,6 +11,7 @@ both; an attached one must have been started so. Its routes sit under ``/v1``, b
 
 from __future__ import annotations
 
+from mtpbench.backends.vllm.plugin import LAW_START_ROUTE, LAW_STOP_ROUTE
 from mtpbench.errors import MtpBenchError
 
 ENABLE = ("start it with mtpbench installed in the server's Python environment and VLLM_PLUGINS=mtpbench_trace "
@@ -67,14 +68,11 @@ def trace_served(server, cfg, k: int, prompts, force: bool = False) -> dict:
             "law": law}
 
 
-LAW_START, LAW_STOP = "/v1/mtpbench/law/start", "/v1/mtpbench/law/stop"
-
-
 def start_law(server) -> list | str:
     """Start recording acceptance against its law on every rank (the plugin's law routes): the ranks' answers, or
     why it cannot be (a server whose mtpbench plugin predates the routes: the trace still runs)."""
     try:
-        return post(server, LAW_START, {})["ranks"]
+        return post(server, LAW_START_ROUTE, {})["ranks"]
     except MtpBenchError as e:
         return f"the drafter's and the target's laws are not observable on this server ({e})"
 
@@ -85,4 +83,4 @@ def stop_law(server, started: list | str) -> dict:
 
     if isinstance(started, str):
         return {"observable": False, "why": started}
-    return law_report(started, post(server, LAW_STOP, {})["ranks"])
+    return law_report(started, post(server, LAW_STOP_ROUTE, {})["ranks"])
