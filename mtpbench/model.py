@@ -247,12 +247,16 @@ class MTPLayer(nn.Module):
         self.mlp = MLP(a)
         self.final_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
 
+    def normed_inputs(self, e, previous_hidden_states):
+        """(token_norm(e), hidden_norm(h_prev)): the two halves of the projection's input."""
+        return self.token_layernorm(e), self.hidden_layernorm(previous_hidden_states)
+
     def forward(self, inputs_embeds, positions, previous_hidden_states, spec_step_idx: int = 0,
                 cache: KVCache | None = None, key_start: int = 0):
         # as vLLM's MiMo layer: the token embedding is masked at position 0
         e = torch.where(positions[..., None] == 0, 0, inputs_embeds)
-        h = self.input_proj(torch.cat([self.hidden_layernorm(previous_hidden_states),
-                                       self.token_layernorm(e)], dim=-1))
+        e, h = self.normed_inputs(e, previous_hidden_states)
+        h = self.input_proj(torch.cat([h, e], dim=-1))
         ctx = AttnContext.make(positions, self.self_attn.a, h.dtype, cache is not None, key_start)
         h = h + self.self_attn(self.input_layernorm(h), ctx, cache)
         h = h + self.mlp(self.post_attention_layernorm(h))

@@ -7,6 +7,8 @@ Synthetic checkpoints have random weights: parity needs no trained drafter. Each
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -62,3 +64,27 @@ def test_a_drafter_in_a_checkpoint_of_its_own_is_refused_in_one_line(tmp_path):
     one_line_error(CliRunner().invoke(app, ["check-drafter", "--synthetic", "gemma-4", "--out", str(out)]),
                    "its drafter is a separate checkpoint (draft/)")
     assert not (out / "drafter.json").exists()
+
+
+EXCHANGED_NORMS = Path(__file__).parent / "vllm_mimo_exchanged_norms"
+
+
+def test_a_wiring_fault_planted_in_vllms_mimo_layer_is_named_as_seen(tmp_path, monkeypatch):
+    """vLLM's MiMo MTP layer with its two input norms called on each other's input (tests/vllm_mimo_exchanged_norms,
+    in the engine processes): check-drafter fails, and says what the captured values show, the norms given each
+    other's inputs; it claimed before (issue 46 item 5) that the projection's halves were in the other order, which
+    they are not: by content the hidden state's half comes first, as MiMo defines."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(EXCHANGED_NORMS),
+                                                                    os.environ.get("PYTHONPATH")])))
+    out = tmp_path / "d"
+    r = CliRunner().invoke(app, ["check-drafter", "--synthetic", "mimo", "--runner", "v1",
+                                 "--num-speculative-tokens", "1", "--num-prompts", "2", "--max-tokens", "16",
+                                 "--out", str(out)])
+    assert r.exit_code == 1, r.output
+    s = json.loads((out / "drafter.json").read_text())
+    assert s["verdict"] == "differs" and s["first_difference"] == "embedding", (s["errors"], s["notes"])
+    assert s["cause"].startswith("embedding and hidden input: exchanged: enorm was given the previous hidden state "
+                                 "and hnorm the token embedding"), s["notes"]
+    assert s["errors"]["concat"] <= s["tolerance"] and s["errors"]["proj"] <= s["tolerance"], s["errors"]
+    assert not any("other order" in n for n in s["notes"]), s["notes"]
+    assert s["cause"] in r.output.split("\n\n")[0]  # the answer, first on the terminal

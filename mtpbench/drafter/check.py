@@ -9,7 +9,7 @@ from collections import Counter
 
 import torch
 
-from mtpbench.drafter.compare import acceptance_per_position, differs, first_difference
+from mtpbench.drafter.compare import acceptance_per_position, cause, differs, first_difference
 from mtpbench.drafter.families import STAGES, Family
 from mtpbench.drafter.reference import Reference
 
@@ -74,14 +74,24 @@ class Checker:
         bo = _block_out(c, bk)
         e: dict[str, float | None] = {s: None for s in STAGES}
         notes: list[str] = []
+        embed = ref.embed(ids, pos)
         if en:
-            e["embedding"] = rel(en.get("in"), ref.embed(ids, pos))
+            e["embedding"] = rel(en.get("in"), embed)
             e["enorm"] = rel(en.get("out"), ref.stage("enorm", en["in"], j))
         if hn:
             e["hidden input"] = rel(hn.get("in"), h_prev)
             e["hnorm"] = rel(hn.get("out"), ref.stage("hnorm", hn["in"], j))
+        exchanged = bool(en and hn) and self._within(en.get("in"), h_prev) and self._within(hn.get("in"), embed) \
+            and not self._within(en.get("in"), embed)
+        if exchanged:
+            notes.append("embedding and hidden input: exchanged: enorm was given the previous hidden state and hnorm "
+                         "the token embedding")
         if pj and en and hn:
-            self._concat_and_proj(e, notes, en, hn, pj, j)
+            self._concat_and_proj(e, notes, en, hn, pj, j, exchanged)
+        if en and hn and differs(e["enorm"], self.tol) and self._within(en.get("out"), ref.stage("hnorm", en["in"], j)) \
+                and self._within(hn.get("out"), ref.stage("enorm", hn["in"], j)):
+            notes.append("enorm and hnorm: exchanged weights: enorm normed with hnorm's weights and hnorm with "
+                         "enorm's")
         for name, r in (("enorm", en), ("hnorm", hn), ("proj", pj)):
             if r and e[name] is not None and e[name] > self.tol:
                 other = next((jj for jj in range(ref.num_layers) if jj != j and
@@ -96,6 +106,8 @@ class Checker:
             e["block"] = rel(bo[:n], check_dec(bk["in"], pos, n)[:n])
         if fn:
             e["final norm"] = rel(fn.get("out"), ref.stage("final norm", fn["in"], j))
+            if differs(e["final norm"], self.tol) and self._within(fn.get("out"), fn.get("in")):
+                notes.append("final norm: its output is its input (the norm is not applied)")
         # the reference's own chain from the engine's call inputs, to its draft
         r_proj = ref.stage("proj", ref.stage("concat", (ref.stage("enorm", ref.embed(ids, pos), j),
                                                         ref.stage("hnorm", h_prev, j)), j), j)
@@ -136,23 +148,35 @@ class Checker:
             heads.append({"positions": pos[idx].tolist(), "engine": out.argmax(-1).tolist(), "reference": r_tok})
         return heads
 
-    def _concat_and_proj(self, e: dict, notes: list, en: dict, hn: dict, pj: dict, j: int) -> None:
-        """The projection's input against the two normed halves in the defined order, and its output; an engine
-        that concatenates in the other order with the weight's halves swapped to match computes the same product
-        (the native engine's builtin-glm) and is parity, with a note."""
+    def _within(self, a, b) -> bool:
+        """a equals b within the tolerance (both captured, the same shape)."""
+        r = rel(a, b)
+        return r is not None and r <= self.tol
+
+    def _concat_and_proj(self, e: dict, notes: list, en: dict, hn: dict, pj: dict, j: int, exchanged: bool) -> None:
+        """The projection's input against the two normed halves in the defined order, and its output. A half is
+        what it holds: where the norms were given each other's inputs (``exchanged``) the embedding's half is
+        hnorm's output, so the order is judged by content and no "other order" is claimed that only the exchange
+        made. An engine that concatenates in the other order with the weight's halves swapped to match computes the
+        same product (the native engine's builtin-glm) and is parity, with a note."""
         ref = self.ref
-        e["concat"] = rel(pj.get("in"), ref.stage("concat", (en["out"], hn["out"]), j))
+        halves = (hn["out"], en["out"]) if exchanged else (en["out"], hn["out"])  # (embedding's, hidden's)
+        e["concat"] = rel(pj.get("in"), ref.stage("concat", halves, j))
         e["proj"] = rel(pj.get("out"), ref.stage("proj", pj["in"], j))
         if e["concat"] is None or e["concat"] <= self.tol:
             return
-        both = rel(pj.get("out"), ref.stage("proj", ref.stage("concat", (en["out"], hn["out"]), j), j))
-        if both is not None and both <= self.tol:
-            e["concat"] = e["proj"] = both
-            notes.append("concat and proj: the engine concatenates the halves in the other order and holds the "
-                         "projection's halves swapped to match (the same product)")
-            return
-        swapped = rel(pj.get("in"), ref.stage("concat", (hn["out"], en["out"]), j))
-        if swapped is not None and swapped <= self.tol:
+        defined = ref.stage("concat", halves, j)
+        for jj in (j, *(jj for jj in range(ref.num_layers) if jj != j)):  # its own layer's weights, else another's
+            both = rel(pj.get("out"), ref.stage("proj", defined, jj))
+            if both is not None and both <= self.tol:
+                e["concat"] = both
+                e["proj"] = rel(pj.get("out"), ref.stage("proj", defined, j))
+                notes.append("concat and proj: the engine concatenates the halves in the other order and holds the "
+                             "projection's halves swapped to match (the same product)")
+                if jj != j:
+                    notes.append(f"proj: layer {j} computes with layer {jj}'s weights")
+                return
+        if self._within(pj.get("in"), ref.stage("concat", halves[::-1], j)):
             notes.append("concat: the projection's input is the two halves in the other order")
 
     def _inputs(self, c: dict, prev: dict | None, target: dict | None, bo, j: int) -> dict:
@@ -252,7 +276,8 @@ def analyse(calls: list[dict], targets: list[dict], sequences: list[list[int]], 
                 cur["reference"].append(head["reference"][-1] == want)
     judged = [c for c in cycles if not c["unknown"]]
     flag_inputs(worst, notes, tokens, hidden, ref.family, tol)
-    return {"errors": worst, "first_difference": first_difference(worst, tol), "notes": dict(notes),
+    first = first_difference(worst, tol)
+    return {"errors": worst, "first_difference": first, "cause": cause(first, notes), "notes": dict(notes),
             "hidden_inputs": [{"later_step": a, "from": b, "kind": kd, "offset": o, "calls": n}
                               for (a, b, kd, o), n in sorted(hidden.items())],
             "engine_acceptance": acceptance_per_position([c["engine"] for c in judged], k),

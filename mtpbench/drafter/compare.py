@@ -36,6 +36,26 @@ def first_difference(errors: dict[str, float | None], tol: float) -> str | None:
     return next((s for s in STAGES if differs(errors.get(s), tol)), None)
 
 
+NO_CAUSE = "differs from here on; the captured values match no known alternative, so no cause is named"
+
+
+def note_stages(note: str) -> set[str]:
+    """The stages a note speaks of: its prefix before the first ': ', names joined by ' and '."""
+    head, sep, _ = note.partition(": ")
+    return set(head.split(" and ")) if sep else set()
+
+
+def cause(first: str | None, notes: dict[str, int]) -> str | None:
+    """What the captured values show at the first differing stage: the note naming that stage that the most calls
+    gave (each note is a match of captured values against one known alternative: an exchange of two stages'
+    inputs or weights, another layer's weights, a norm not applied, shifted inputs), else ``NO_CAUSE``; None where
+    no stage differs."""
+    if first is None:
+        return None
+    named = [(-n, i, note) for i, (note, n) in enumerate(notes.items()) if first in note_stages(note)]
+    return min(named)[2] if named else f"{first}: {NO_CAUSE}"
+
+
 def verdict(errors: dict[str, float | None], tol: float) -> str:
     """"differs" where a stage differs (``first_difference``); else "parity" where some stage was measured (every one
     measured is within the tolerance), "inconclusive" where none was: nothing checked says nothing of parity."""
@@ -60,9 +80,10 @@ def acceptance_per_position(cycles: list[list[bool]], k: int) -> list[float]:
 
 
 def headline(first: str | None, checked: list[str], expected: list[float] | None, measured: list[float],
-             calls: int | None = None) -> str:
-    """One line: parity, the first stage that differs, or that no stage was checked (``calls``: the draft calls
-    captured, where known), with the acceptance the reference implies."""
+             calls: int | None = None, why: str | None = None) -> str:
+    """One line: parity, the first stage that differs (with ``why``, what the captured values show there:
+    ``cause``), or that no stage was checked (``calls``: the draft calls captured, where known), with the
+    acceptance the reference implies."""
     acc = ""
     if expected:
         acc = (f"; the checkpoint's MTP would accept {expected[0]:.2f} at position 0, the engine accepts "
@@ -73,4 +94,5 @@ def headline(first: str | None, checked: list[str], expected: list[float] | None
         return f"inconclusive: no stage was checked{why}, so nothing shows the draft equals the reference{acc}"
     if first is None:
         return f"parity: every stage checked ({', '.join(checked)}) equals the reference{acc}"
-    return f"the engine's draft differs from the checkpoint's MTP first at stage '{first}'{acc}"
+    return f"the engine's draft differs from the checkpoint's MTP first at stage '{first}'" + \
+        (f" ({why})" if why else "") + acc

@@ -5,6 +5,8 @@ shared by every generation of a backend)."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from mtpbench.errors import MtpBenchError
@@ -19,6 +21,29 @@ def _swapped_norms(g):
         for layer in layers:
             layer.token_layernorm, layer.hidden_layernorm = layer.hidden_layernorm, layer.token_layernorm
     return undo
+
+
+def _exchanged_inputs(g):
+    """Each MTP layer's two norms called on each other's input, the halves concatenated as the code had them
+    (``cat([hidden's, embedding's])``): token_layernorm norms the previous hidden state, hidden_layernorm the
+    token embedding. The code slip of writing ``token_layernorm(previous_hidden_states)`` and
+    ``hidden_layernorm(inputs_embeds)``."""
+    return _wrap_norms(g, lambda layer, x, h: (layer.hidden_layernorm(x), layer.token_layernorm(h)))
+
+
+def _scaled_embedding(g):
+    """The token embedding multiplied by 1.5 before the layer's norm sees it: a change that matches no known
+    alternative (no exchange, no other layer's weights), so check-drafter names no cause."""
+    return _wrap_norms(g, lambda layer, x, h: (layer.token_layernorm(1.5 * x), layer.hidden_layernorm(h)))
+
+
+def _wrap_norms(g, norms):
+    """Replace each drafter MTP layer's two input norms by ``norms(layer, embedding, hidden)`` -> (the embedding's
+    normed half, the hidden's), through the layer's own ``normed_inputs``."""
+    layers = list(g.drafter.model.mtp_layers)
+    for layer in layers:
+        layer.normed_inputs = functools.partial(norms, layer)
+    return lambda: [layer.__dict__.pop("normed_inputs", None) for layer in layers]
 
 
 def _shifted_inputs(g, which: int):
@@ -59,6 +84,10 @@ FAULTS = {
     "stale-token": (lambda g: _shifted_inputs(g, 0), "token input", "the draft step at position t is handed the "
                     "token at t instead of t + 1"),
     "wrong-layer": (_wrong_layer, "enorm", "MTP layer 0 runs with layer 1's weights"),
+    "exchanged-inputs": (_exchanged_inputs, "embedding", "each MTP layer's token_layernorm norms the previous "
+                         "hidden state and its hidden_layernorm the token embedding (the call sites exchanged)"),
+    "scaled-embedding": (_scaled_embedding, "embedding", "the token embedding is scaled by 1.5 before its norm (no "
+                         "known alternative: no cause named)"),
     "no-final-norm": (_no_final_norm, "final norm", "the MTP layer's final norm (MiMo's final_layernorm, "
                       "GLM's shared_head.norm) returns its input"),
 }

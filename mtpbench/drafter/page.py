@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mtpbench.drafter.compare import differs, first_difference, headline, verdict
+from mtpbench.drafter.compare import cause, differs, first_difference, headline, verdict
 from mtpbench.drafter.families import STAGES
 from mtpbench.html.document import document, esc, provenance, table, write
 
@@ -37,8 +37,10 @@ def answer(s: dict) -> tuple[str, str]:
     terminal say it first."""
     errors, tol = s["errors"], s["tolerance"]
     tone = {"parity": "good", "differs": "bad"}.get(verdict(errors, tol), "warn")
-    return headline(first_difference(errors, tol), [st for st in STAGES if errors.get(st) is not None],
-                    s.get("reference_acceptance"), s.get("engine_acceptance") or [], s.get("num_calls")), tone
+    first = first_difference(errors, tol)
+    return headline(first, [st for st in STAGES if errors.get(st) is not None],
+                    s.get("reference_acceptance"), s.get("engine_acceptance") or [], s.get("num_calls"),
+                    cause(first, s.get("notes") or {})), tone
 
 
 def page(out: Path) -> Path:

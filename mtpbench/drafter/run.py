@@ -65,7 +65,7 @@ def check(data: dict, ref: Reference, k: int) -> dict:
             "decoder": "independent (mtpbench's reference)" if decoder is not None else ref.why_no_decoder,
             "verdict": verdict(out["errors"], tol),
             "headline": headline(out["first_difference"], checked, out["reference_acceptance"],
-                                 out["engine_acceptance"], out["num_calls"])}
+                                 out["engine_acceptance"], out["num_calls"], out["cause"])}
 
 
 def write(out: Path, summary: dict) -> None:

@@ -11,8 +11,8 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mtpbench.drafter.compare import (EXIT_CODE, TOLERANCE, acceptance_per_position, first_difference, headline,
-                                      tolerance, verdict)
+from mtpbench.drafter.compare import (EXIT_CODE, NO_CAUSE, TOLERANCE, acceptance_per_position, cause,
+                                      first_difference, headline, tolerance, verdict)
 from mtpbench.drafter.families import STAGES
 
 ORDER = ["token input", "embedding", "enorm", "hidden input", "hnorm", "concat", "proj", "block input", "block",
@@ -177,3 +177,52 @@ def test_check_drafter_exits_3_on_a_check_of_no_stage(monkeypatch, tmp_path):
         r = CliRunner().invoke(app, ["check-drafter", "builtin", "--backend", "native", "--out", str(tmp_path)])
         assert r.exit_code == code, r.output
         assert s["headline"] in r.output
+
+
+# --- what the captured values show at the first differing stage (issue 46 item 5) -------------------------------------
+
+note_text = st.text(st.characters(codec="ascii", categories=["L", "N"]), min_size=1, max_size=12)
+
+
+@st.composite
+def notes_and_first(draw):
+    """Notes each with a prefix of one or two stage names (or none, or "checkpoint"), and the calls that gave it."""
+    notes = {}
+    for _ in range(draw(st.integers(0, 6))):
+        names = draw(st.lists(st.sampled_from([*ORDER, "checkpoint"]), min_size=0, max_size=2, unique=True))
+        text = draw(note_text)
+        notes[(" and ".join(names) + ": " + text) if names else text] = draw(st.integers(1, 9))
+    return notes, draw(st.sampled_from([None, *ORDER]))
+
+
+@given(notes_and_first())
+def test_the_cause_is_the_most_given_note_naming_the_first_stage_else_no_cause(case):
+    """The rule, written here: none without a difference; else of the notes whose 'a and b: ' prefix names the
+    first differing stage, the one the most calls gave (the first such in order on a tie); where none names it,
+    '<stage>: differs from here on' and no cause."""
+    notes, first = case
+    got = cause(first, notes)
+    if first is None:
+        assert got is None
+        return
+    naming = []
+    for note, n in notes.items():
+        if ": " in note and first in note.split(": ")[0].split(" and "):
+            naming.append((note, n))
+    if not naming:
+        assert got == f"{first}: {NO_CAUSE}" and "no cause is named" in got
+        return
+    most = max(n for _, n in naming)
+    assert got == next(note for note, n in naming if n == most)
+
+
+def test_the_headline_names_what_was_seen_at_the_first_difference():
+    why = "embedding and hidden input: exchanged: enorm was given the previous hidden state and hnorm the token embedding"
+    assert headline("embedding", ["embedding"], [0.5], [0.1], why=why) == (
+        "the engine's draft differs from the checkpoint's MTP first at stage 'embedding' (" + why + "); the "
+        "checkpoint's MTP would accept 0.50 at position 0, the engine accepts 0.10")
+    assert cause("concat", {"concat: the projection's input is the two halves in the other order": 3,
+                            "embedding and hidden input: exchanged": 5}) == \
+        "concat: the projection's input is the two halves in the other order"
+    assert cause("proj", {"concat: x": 1}) == \
+        "proj: differs from here on; the captured values match no known alternative, so no cause is named"
