@@ -158,6 +158,13 @@ def test_the_correct_engine_at_the_same_size_is_not_lossy(tmp_path, bad_drafter)
     for name in ("off", "on", "off_aa"):  # the one-sample test on every arm: the scorer is the sampler's law
         assert abs(rec["score_tests"][name]["z"]) < 2.81, (name, rec["score_tests"][name])
         assert rec["score_tests"][name]["num_tokens"] == 32 * 12
+    # the third test: the drafting arm's verify steps follow their law (issue 46; this drafter's drafts rarely pass
+    # position 0, so that position carries the test)
+    law = rec["acceptance_law"]
+    assert law["observable"] and law["verdict"] == "follows the law", law["positions"]
+    assert law["positions"][0]["position"] == 0 and law["positions"][0]["steps"] == rec["arms"]["on"]["acceptance"][
+        "num_drafts"]
+    assert rec["levels"]["alarm_law"] == 0.015 and rec["levels"]["alarm_excess"] == 0.26
     # the same check at the default bound: underpowered, and the gate fails closed
     out = tmp_path / "default"
     r = run(bad_drafter, *SMALL, "--fail-if-lossy", "--out", out)
@@ -171,6 +178,32 @@ def test_the_correct_engine_at_the_same_size_is_not_lossy(tmp_path, bad_drafter)
     assert "inconclusive (underpowered)" in r.output
     r = run(bad_drafter, *SMALL, "--out", tmp_path / "no-gate")  # without the gate: a report, exit 0
     assert r.exit_code == 0, r.output
+
+
+def test_a_verifier_that_over_accepts_at_one_position_is_lossy_through_the_law_test(tmp_path, monkeypatch):
+    """The native verifier keeps every draft the ratio rejects at position 1 (engine.Faults.over_accept_position,
+    share 1), nothing else changed: the law test raises the alarm and fresh draws show it again at position 1, so
+    check-lossless is lossy and says where (issue 46 item 2: the default check had called such a fault lossless);
+    report.html gives the law's table."""
+    from mtpbench.backends.native import NativeBackend
+
+    start = NativeBackend.start
+
+    def planted(self, cfg):
+        out = start(self, cfg)
+        self.plant_faults(over_accept_position=1, over_accept_share=1.0)
+        return out
+
+    monkeypatch.setattr(NativeBackend, "start", planted)
+    out = tmp_path / "over"
+    r = run("builtin", *SMALL, "--fail-if-lossy", "--out", out)
+    assert r.exit_code == 1, r.output
+    rec = json.loads((out / "lossless.json").read_text())
+    assert rec["verdict"] == "lossy" and "over-accepts" in rec["alarm"], rec["why"]
+    assert "the verifier over-accepts again on fresh draws at position 1" in rec["why"], rec["why"]
+    assert rec["confirmation"]["acceptance_law"]["verdict"].startswith("over-accepts at position 1")
+    page = (out / "report.html").read_text()
+    assert "acceptance against its law (the drafting arm)" in page and "over-accepts" in page
 
 
 def test_the_subtle_planted_rule_reaches_the_drafting_arm(tmp_path):

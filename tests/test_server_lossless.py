@@ -159,7 +159,8 @@ def expected_verdict(rec: dict) -> str:
     """The verdict a served sampling check gives from its numbers, written from the rule in docs/check-lossless.md
     (stats.lossless_verdict): an A/A control below alpha_aa at either stage leaves none; no first-stage alarm is
     lossless here (the test gives a bound the check meets); an alarm is lossy only where the second stage, drawn
-    afresh, passes a confirmation level on its own (the excess test the same way as the first), or where both stages
+    afresh, passes a confirmation level on its own (the excess test the same way as the first; the law test
+    over-accepting, one-sided over its positions and jointly, where the server served it), or where both stages
     combined do (each test's z, the two-sample p as the signed deviate with that two-sided p, weighted by sqrt(the
     drafting arm's continuations), two-sided p below the level, both stages the same way), else lossless."""
     import math
@@ -180,6 +181,12 @@ def expected_verdict(rec: dict) -> str:
             return "lossy"
     if second["test"]["p_value"] < lv["confirm_two_sample"]:
         return "lossy"
+    law = second.get("acceptance_law") or {}
+    if "confirm_law" in lv and law.get("observable"):  # the third test, where the server served the law's routes
+        tests = law["positions"] + [law["joint"]]
+        point = phi.inv_cdf(1 - lv["confirm_law"] / len(tests))
+        if any(t["decision"] == "over-accepts" if t["z"] is None else t["z"] > point for t in tests):
+            return "lossy"
 
     def deviate(t):
         return 0.0 if t["logprob_diff"] == 0 else math.copysign(-phi.inv_cdf(t["p_value"] / 2), t["logprob_diff"])

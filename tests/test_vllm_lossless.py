@@ -214,7 +214,10 @@ def test_standard_rejection_sampling_on_v1_is_lossy_on_vllm_cpu_and_the_check_na
     assert acc["num_draft_tokens"] > 0 and rec["test"]["num_continuations_a"] == 32
     assert [a["engine"]["engine_kwargs"].get("speculative_config") is not None for a in rec["arms"].values()] \
         == [False, True, False]
+    law = rec["acceptance_law"]  # the third test, read through the plugin in the engine process
+    assert law["observable"] and law["positions"][0]["steps"] == acc["num_drafts"], law
     if ran["sampler_fault"]:
+        assert law["verdict"].startswith("over-accepts at position 0"), law  # vLLM #55005, named by the law too
         # the shift's sign and size are the garbage's: logits divided by 1e21 sample near-uniform tokens (seen:
         # -1.77 nats/token), by 3e-12 near-argmax ones (seen: +0.36), and one run moved the mean by 0.08 only
         # (called lossy all the same); so the lossy call must rest on a test that rejected, not on a size
@@ -234,6 +237,10 @@ def test_standard_rejection_sampling_on_v1_with_the_expand_step_fixed_is_lossles
     ran, acc = drafting(rec)
     assert ran["runner"] == "v1" and ran["sampler_fault"] is None and acc["num_draft_tokens"] > 0
     assert rec["verdict"].startswith("lossless"), rec["why"]
+    # the third test read in the engine process through the plugin: V1 with its expand step right follows its law
+    law = rec["acceptance_law"]
+    assert law["observable"] and law["verdict"] == "follows the law", law
+    assert law["positions"][0]["steps"] == acc["num_drafts"]
 
 
 @pytest.fixture(scope="module")
@@ -251,6 +258,8 @@ def test_standard_rejection_sampling_on_v2_with_the_multi_module_checkpoint_is_l
     ran, acc = drafting(rec)
     assert ran["runner"] == "v2" and ran["drafter"] == "MultiModuleMTPSpeculator"
     assert acc["num_draft_tokens"] > 0 and acc["num_accepted_tokens"] < acc["num_draft_tokens"]
+    assert rec["acceptance_law"]["observable"] and rec["acceptance_law"]["verdict"] == "follows the law", \
+        rec["acceptance_law"]
     from mtpbench.runners import default_runner, interpreted
 
     # interpreted V2 samples; the runner vLLM picks by itself scores (the same target log-probs, minutes sooner)

@@ -54,6 +54,9 @@ class BackendBase:
     last_counters: dict | None = None
     last_engine: dict | None = None
     last_seed: dict | None = None
+    # and a drafting arm's verify steps against their law ({"observable": True, "steps": [...]} or
+    # {"observable": False, "why": ...}; None: the backend does not read them): check-lossless's third test
+    last_law: dict | None = None
     # check-lossless: the engine that scored (runner asked and ran), where the backend scores in its own engine
     scoring_engine: dict | None = None
     # check-lossless: the URL of a server without drafting (the k = 0 arms of an attached --server)

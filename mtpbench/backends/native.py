@@ -89,29 +89,33 @@ class NativeBackend(BackendBase):
                    batch_size: int | None = None) -> list[list[list[int]]]:
         """Per prompt, ``n`` continuations at k: the prompts' rows repeated n times (prompt 0's first),
         generated ``batch_size`` rows at a time with the arm's seed (``cfg.mode``, the config's MTP layers).
-        The arm's spec-decode counters are kept in ``last_counters``."""
+        The arm's spec-decode counters are kept in ``last_counters``, a drafting arm's verify steps against their
+        law (acceptance against its exact law, check-lossless's third test) in ``last_law``."""
         if speculative_overrides:
             raise MtpBenchError("speculative overrides are vLLM's speculative_config: the native engine has none")
         c = replace(cfg, seed=seed, temperature=temperature)
         layers = c.mtp_layers[0] if c.mtp_layers else c.num_mtp_layers()
         rows = [p for p in ids for _ in range(n)]
         bs = batch_size or c.batch_size
-        out, counts = [], []
+        out, counts, law = [], [], []
         for chunk, i in enumerate(range(0, len(rows), bs)):
             # a seed of its own per chunk: the arm's seed in every chunk would give the rows at one place in
             # their chunks the same random stream (duplicate continuations once n > batch, and prompts that
             # share draws across chunks, which the permutation test assumes independent)
             seed_c = int(np.random.SeedSequence([seed, chunk]).generate_state(1)[0])
-            g = self.generation(replace(c, seed=seed_c), rows[i: i + bs], k, c.mode[0], layers, max_tokens)
+            g = self.generation(replace(c, seed=seed_c), rows[i: i + bs], k, c.mode[0], layers, max_tokens,
+                                record_law=k > 0)
             for _ in g:
                 pass
             out += [t[:max_tokens] for t in g.tokens]
             counts += g.counts
+            law += g.law_steps
         self.last_counters = {"num_drafts": sum(x.num_drafts for x in counts),
                               "num_draft_tokens": sum(x.num_draft_tokens for x in counts),
                               "num_accepted_tokens": sum(x.num_accepted_tokens for x in counts),
                               "num_accepted_tokens_per_pos": [sum(x.num_accepted_tokens_per_pos[j] for x in counts)
                                                               for j in range(k)]}
+        self.last_law = {"observable": True, "steps": law} if k > 0 else None
         return [out[j * n: (j + 1) * n] for j in range(len(ids))]
 
     def logprob_noise(self, ids: list[list[int]], continuations: list[list[int]]) -> float:

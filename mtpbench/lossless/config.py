@@ -56,7 +56,8 @@ class CheckBackend(Protocol):
         """Per prompt, ``n`` continuations drawn at ``k`` (0: no drafting) with the arm's own ``seed``;
         ``batch_size`` is the sequences in flight (the native generation batch, vLLM's ``max_num_seqs``, a
         server's concurrency); None: ``cfg.batch_size``. A backend may keep the arm's spec-decode counters in
-        ``last_counters`` and its engine facts in ``last_engine``."""
+        ``last_counters``, its engine facts in ``last_engine`` and a drafting arm's verify steps against their law
+        in ``last_law``."""
 
     def target_logprobs(self, ids: list[list[int]], continuations: list[list[int]],
                         temperature: float) -> list[list[float]]:

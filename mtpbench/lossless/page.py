@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mtpbench.html.document import document, figure, provenance, table, write
+from mtpbench.html.document import document, esc, figure, provenance, table, write
 from mtpbench.html.markdown import to_html
 
 
@@ -47,6 +47,22 @@ def prompts_table(record: dict) -> str:
                    _f(p.get("mean_logprob_off_aa"))] for p in pp])
 
 
+def law_tables(record: dict) -> str:
+    """The drafting arm's acceptance against its law, expected against observed per position, each stage (the
+    third test of the verdict; trace-layers' table); nothing where the record has none."""
+    from mtpbench.metrics.law import LAW_HEADERS, law_lines, law_rows
+
+    html = ""
+    for label, stage in (("", record), ("Stage 2: ", record.get("confirmation") or {})):
+        block = stage.get("acceptance_law")
+        if not block:
+            continue
+        html += f"<h2>{label}acceptance against its law (the drafting arm)</h2>"
+        html += table(LAW_HEADERS, law_rows(block)) if block["observable"] else \
+            f"<p>{esc(law_lines(block)[0])}</p>"
+    return html
+
+
 def page(out: Path) -> Path:
     out = Path(out)
     record = json.loads((out / "lossless.json").read_text())
@@ -57,6 +73,7 @@ def page(out: Path) -> Path:
     body = (figure(out / "lossless.png", caption)
             + figure(out / "lossless_detail.png", "Each arm's score distribution over prompts, and how often a "
                      "prompt's continuations share their most frequent token at each position")
+            + law_tables(record)
             + "<h2>Per prompt</h2>" + prompts_table(record) + to_html(md) + provenance(record.get("provenance")))
     return write(out / "report.html", document(f"mtpbench check-lossless: {out.name}", "check-lossless", text, tone,
                                               body))

@@ -105,6 +105,12 @@ def _stage_lines(stage: dict, label: str, record: dict) -> list[str]:
     if aa:
         lines.append(f"- {label}A/A control (off vs off): p = {aa['p_value']:.3g} (inconclusive below "
                      f"{record['alpha_aa']:g}), shift {aa['logprob_diff']:+.3g}")
+    law = stage.get("acceptance_law")
+    if law:  # absent from records written before the law test joined the verdict
+        from mtpbench.metrics.law import law_lines
+
+        lines += [f"- {label}drafting arm's {x.lstrip()}" if i == 0 else f"  {x}"
+                  for i, x in enumerate(law_lines(law))]
     if one:
         def z(name):
             x = one.get(name)
@@ -132,6 +138,10 @@ def _sampling_lines(record: dict) -> list[str]:
                      f"{lv['alarm_two_sample']:g}; lossy: a second stage at fresh seeds and twice the continuations shows it "
                      f"again on its own, excess p < {lv['confirm_excess']:g} the same way or two-sample p < "
                      f"{lv['confirm_two_sample']:g}{both}")
+        if "alarm_law" in lv:
+            lines.append(f"- the verifier's law (one-sided, over-acceptance, over the positions and jointly): alarm "
+                         f"p < {lv['alarm_law']:g}, again on its own p < {lv['confirm_law']:g}, both stages combined "
+                         f"p < {lv['combine_law']:g}")
     if record.get("confirmation"):
         lines.append(f"- alarm: {record['alarm']}; a second stage at fresh seeds, twice the continuations:")
         lines += ["  " + x for x in _stage_lines(record["confirmation"], "stage 2 ", record)]

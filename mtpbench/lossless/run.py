@@ -72,7 +72,7 @@ def generate(backend, cfg: CheckConfig, ids: list[list[int]], k: int, seed: int,
     arm's draws came from: ``seed``, unless the backend says otherwise (``last_seed``: ``{"seed": int or None
     (unknown), "note": why}``; a server's requests carry no seed)."""
     e = cfg.engine
-    backend.last_counters = backend.last_engine = backend.last_seed = None
+    backend.last_counters = backend.last_engine = backend.last_seed = backend.last_law = None
     per = backend.sample_arm(e, ids, k, seed, n, e.temperature, e.max_tokens,
                              speculative_overrides=cfg.speculative_overrides if k > 0 else None,
                              batch_size=batch_size)
@@ -206,7 +206,7 @@ def draw_stage(backend, cfg: CheckConfig, ids: list[list[int]], seeds: dict[str,
     e = cfg.engine
     rows = [p for p in ids for _ in range(n)]
     strata = [i for i in range(len(ids)) for _ in range(n)]
-    log, drawn = {}, {}
+    log, drawn, law = {}, {}, None
     # drawn A/A first: on two attached servers of one engine seed (vLLM's default, 0; requests carry none), the
     # drafting server's first draws line up with the baseline's first, the A/A arm's, never the tested off arm's
     step = step or Steps()
@@ -215,6 +215,8 @@ def draw_stage(backend, cfg: CheckConfig, ids: list[list[int]], seeds: dict[str,
         arm_log: list = []
         toks = generate(backend, cfg, ids, k, seeds[name], n=n, log=arm_log)
         log[name] = arm_log[0]
+        if k > 0:  # its verify steps against their law, where the backend reads them (the third test)
+            law = backend.last_law
         drawn[name] = [i for i, t in enumerate(toks) if t], toks  # an empty continuation has nothing to score
     # one teacher-forced pass scores all three arms (on vLLM: one scoring engine, not three); with the target's
     # entropies where the backend gives them (the excess test), else the log-probs alone
@@ -229,19 +231,22 @@ def draw_stage(backend, cfg: CheckConfig, ids: list[list[int]], seeds: dict[str,
         arms[name] = {"continuations": _scored([toks[i] for i in keep], [next(lps) for _ in keep]),
                       "prompts": [strata[i] for i in keep],
                       "moments": [next(per_arm) for _ in keep] if moments else None}
-    return {"arms": arms, "log": {name: log[name] for name in STAGES}, "seeds": seeds, "moments_note": note}
+    return {"arms": arms, "log": {name: log[name] for name in STAGES}, "seeds": seeds, "moments_note": note,
+            "law": law}
 
 
 def stage_tests(drawn: dict, perm_seed: int) -> tuple[stats.Stage, dict | None]:
     """A stage's tests (``stats.Stage``: off vs on, the A/A control, the excess test where the moments exist) and
     each arm's one-sample test against the scorer's law (the scorer's fit, reported, deciding nothing)."""
     arms = drawn["arms"]
+    law = drawn.get("law")
+    law = stats.law_evidence((s[1], s[2], s[3]) for s in law["steps"]) if law and law.get("observable") else None
     ab = stats.lossless_test(arms["off"]["continuations"], arms["on"]["continuations"],
                              arms["off"]["prompts"], arms["on"]["prompts"], seed=perm_seed)
     aa = stats.lossless_test(arms["off"]["continuations"], arms["off_aa"]["continuations"],
                              arms["off"]["prompts"], arms["off_aa"]["prompts"], seed=perm_seed + 1)
     if arms["on"]["moments"] is None:
-        return stats.Stage(ab, aa, None), None
+        return stats.Stage(ab, aa, None, law), None
     excess, strata, on = [], [], []
     for name in STAGES:
         for ms, p in zip(arms[name]["moments"], arms[name]["prompts"]):
@@ -250,13 +255,26 @@ def stage_tests(drawn: dict, perm_seed: int) -> tuple[stats.Stage, dict | None]:
             on.append(name == "on")
     fit = {name: stats.score_test(*zip(*[m for ms in arms[name]["moments"] for m in ms]))
            if any(arms[name]["moments"]) else None for name in STAGES}
-    return stats.Stage(ab, aa, stats.excess_test(excess, strata, on)), fit
+    return stats.Stage(ab, aa, stats.excess_test(excess, strata, on), law), fit
+
+
+def law_block(law: dict | None) -> dict:
+    """The drafting arm's acceptance against its law, as trace.json's ``acceptance_law`` (``law_summary``), or why
+    it was not read."""
+    from mtpbench.metrics.law import law_summary
+
+    if law is None:
+        return law_summary([], why="this backend does not read the verifier's law")
+    if not law.get("observable"):
+        return law_summary([], why=law.get("why") or "not observable")
+    return law_summary(law["steps"])
 
 
 def _stage_record(drawn: dict, stage: stats.Stage, fit: dict | None) -> dict:
     return {"arm_seeds": drawn["seeds"], "arms": drawn["log"],
             "test": stage.ab and asdict(stage.ab), "aa_test": stage.aa and asdict(stage.aa),
             "excess_test": stage.excess and asdict(stage.excess),
+            "acceptance_law": law_block(drawn.get("law")),
             "score_tests": None if fit is None else {name: t and asdict(t) for name, t in fit.items()}}
 
 

@@ -40,6 +40,20 @@ The rule, and why:
   tests of a stage independent. The doubled second stage buys back the power a second test would cost. Without
   the target's entropies (no excess test) the two-sample test takes both budgets (ALARM_AB_ALONE,
   CONFIRM_AB_ALONE; the same COMBINE): 0.3 x 0.05 + 0.088 % = at most 1.59 % (FALSE_LOSSY_BOUND_ALONE).
+* The third test, acceptance against its exact law (``LawEvidence``; issue 46), where the drafting arm's verify
+  steps were read (the native engine, vLLM offline, a launched server through the plugin): at each draft position
+  the accept indicator minus its probability under the law is a martingale difference, so z per position and
+  jointly is N(0, 1) for an engine that follows the law, whatever the drafter. Only over-acceptance is lossy (an
+  engine that accepts more than sum min(p, q) somewhere emits some token above its probability), so the test is
+  one-sided, family-wise over the positions and the joint test (Bonferroni): an alarm at ALARM_LAW, confirmation
+  by the second stage on its own at CONFIRM_LAW (over-accepting again), and both stages combined per position
+  (Stouffer, weighted by sqrt(steps), both over) at COMBINE_LAW. Its shares come out of the same budgets: beside
+  it the excess test alarms at ALARM_EXCESS_LAW = 0.26 instead of 0.3, so the union bound is
+  (0.26 + 0.05 + 0.015) x (0.025 + 0.01 + 0.001) + 0.088 % + 0.266 % + 0.05 % = 1.574 %, within FALSE_LOSSY_BOUND;
+  without the excess test the two-sample test alarms at ALARM_AB_ALONE_LAW = 0.265: (0.265 + 0.015) x (0.05 +
+  0.001) + 0.088 % + 0.05 % = 1.566 %, within FALSE_LOSSY_BOUND_ALONE. (The law combination's share is bounded by
+  its level, whatever the alarm.) Without the law's steps (an attached server without the plugin) the levels are
+  as before. Under-acceptance wastes drafts and is said beside the verdict, never lossy.
 * Controls and gates, in order: a missing test, then any non-finite number (NaN or +inf scores, moments or
   p-values: the verdict cannot rest on them), then an A/A control (off against off again, each stage) below
   ALPHA_AA: inconclusive. A confirmed alarm is lossy whatever the power. Otherwise lossless needs enough
@@ -59,9 +73,9 @@ import math
 from dataclasses import dataclass
 from statistics import NormalDist
 
-import numpy as np
-
-from mtpbench.stats.lossless import LOGPROB_FLOOR, MIN_CONTINUATIONS, LosslessTest
+from mtpbench.stats.acceptance import UNDER, law_test
+from mtpbench.stats.excess import ExcessTest, continuation_excess, excess_test  # noqa: F401
+from mtpbench.stats.lossless import MIN_CONTINUATIONS, LosslessTest
 
 ALARM_EXCESS = 0.3  # stage 1: the excess test's two-sided p below this raises an alarm
 CONFIRM_EXCESS = 0.05  # stage 2 on its own: two-sided, and the same way as stage 1's z (so 0.025 of a null's draws)
@@ -69,6 +83,12 @@ ALARM_AB, CONFIRM_AB = 0.05, 0.01  # the two-sample test beside the excess test:
 ALARM_AB_ALONE, CONFIRM_AB_ALONE = 0.3, 0.05  # the two-sample test alone (no target entropies)
 COMBINE = 0.005  # both stages combined (Stouffer, weighted by sqrt(continuations)): two-sided, both the same way
 FALSE_LOSSY_BOUND, FALSE_LOSSY_BOUND_ALONE = 0.0158, 0.0159  # the union bounds of the module docstring
+# the third test, acceptance against its exact law (``LawEvidence``), where the drafting arm's verify steps were
+# read: one-sided (over-acceptance only), family-wise over the positions and the joint test (Bonferroni). Its
+# shares come out of the same budgets: beside it the excess test alarms at ALARM_EXCESS_LAW, the two-sample test
+# alone at ALARM_AB_ALONE_LAW (the module docstring's bounds, re-derived)
+ALARM_LAW, CONFIRM_LAW, COMBINE_LAW = 0.015, 0.001, 0.0005
+ALARM_EXCESS_LAW, ALARM_AB_ALONE_LAW = 0.26, 0.265
 ALPHA_AA = 0.01  # each stage's A/A control (off against off again): it checks the engine, not a second coin toss
 
 LOSSLESS, LOSSY, INCONCLUSIVE = "lossless", "lossy", "inconclusive"
@@ -80,87 +100,91 @@ SCORER = "scorer is not the sampler's law"  # older records' reason (the scorer'
 
 
 @dataclass(frozen=True)
-class ExcessTest:
-    """The drafting arm's mean excess log-prob (log p + H, nats/token) against the arms without drafting."""
-    z: float | None  # None: no spread at all (every continuation of a prompt alike)
-    p_value: float  # two-sided, normal
-    excess_on: float  # mean per-continuation excess, prompts weighted as in the difference
-    excess_off: float
-    diff: float  # on - off
-    se: float | None  # the permutation standard deviation of diff
-    num_continuations_on: int
-    num_continuations_off: int
-    num_nonfinite: int = 0  # continuations whose excess is NaN or infinite
+class LawEvidence:
+    """The drafting arm's acceptance against its exact law (``stats.acceptance``): per draft position and jointly
+    (``position`` None, last), the verify steps that reached it, the accepted share and its expectation, and the
+    martingale z (continuity-corrected; +inf: a certain step departed upward). Over-acceptance is lossy (an engine
+    that accepts more than sum min(p, q) somewhere emits some token above its probability); under-acceptance wastes
+    drafts and is reported, never lossy."""
+    tests: tuple  # of stats.acceptance.PositionTest, the joint one last
+
+    @property
+    def family(self) -> int:
+        return len(self.tests)
 
 
-def continuation_excess(logprobs, entropies) -> float:
-    """One continuation's mean of D_t = log p_t(x_t) + H_t (log-probs floored at LOGPROB_FLOOR, as the other tests;
-    NaN stays NaN)."""
-    lp = np.maximum(np.asarray(logprobs, float), LOGPROB_FLOOR)
-    return float(np.mean(lp + np.asarray(entropies, float)))
-
-
-def excess_test(excess, strata, on) -> ExcessTest | None:
-    """The excess test of the module docstring: ``excess`` per continuation, its prompt (``strata``) and whether it
-    came from the drafting arm (``on``). None when some prompt lacks either side."""
-    x, strata, on = np.asarray(excess, float), np.asarray(strata), np.asarray(on, bool)
-    prompts = np.unique(strata)
-    n_on = np.array([on[strata == s].sum() for s in prompts])
-    n_off = np.array([(~on[strata == s]).sum() for s in prompts])
-    if x.size == 0 or (n_on == 0).any() or (n_off == 0).any():
-        return None
-    bad = int((~np.isfinite(x)).sum())
-    if bad:
-        return ExcessTest(None, math.nan, math.nan, math.nan, math.nan, None, int(n_on.sum()), int(n_off.sum()), bad)
-    h = n_on * n_off / (n_on + n_off)
-    w = h / h.sum()
-    m_on = np.array([x[(strata == s) & on].mean() for s in prompts])
-    m_off = np.array([x[(strata == s) & ~on].mean() for s in prompts])
-    s2 = np.array([x[strata == s].var(ddof=1) for s in prompts])  # at least 2 values a prompt: one of each side
-    diff = float(w @ (m_on - m_off))
-    se = math.sqrt(float((w ** 2 * s2 * (1 / n_on + 1 / n_off)).sum()))
-    if se <= 1e-12 * max(float(np.abs(x).max()), 1.0):  # below: rounding of equal values
-        z, p = None, 1.0
-    else:
-        z = diff / se
-        p = 2 * NormalDist().cdf(-abs(z))
-    return ExcessTest(z, p, float(w @ m_on), float(w @ m_off), diff, None if z is None else se,
-                      int(n_on.sum()), int(n_off.sum()))
+def law_evidence(steps) -> LawEvidence | None:
+    """The law test of the drafting arm's (position, accepted 0/1, probability) verify steps; None without any."""
+    steps = list(steps)
+    return LawEvidence(tuple(law_test(steps)[1])) if steps else None
 
 
 @dataclass(frozen=True)
 class Stage:
     """One stage's tests: off against on (``ab``), off against off again (``aa``), the excess test (None where the
-    backend gave no entropies)."""
+    backend gave no entropies), the drafting arm's acceptance against its law (None where it was not read)."""
     ab: LosslessTest | None
     aa: LosslessTest | None
     excess: ExcessTest | None = None
+    law: LawEvidence | None = None
 
 
 def two_sample_levels(stage: Stage) -> tuple[float, float]:
-    """The two-sample test's (alarm, confirm) levels: its own share beside the excess test, or the whole budget."""
-    return (ALARM_AB, CONFIRM_AB) if stage.excess is not None else (ALARM_AB_ALONE, CONFIRM_AB_ALONE)
+    """The two-sample test's (alarm, confirm) levels: its own share beside the excess test, or the whole budget (less
+    the law test's alarm share where it runs)."""
+    if stage.excess is not None:
+        return ALARM_AB, CONFIRM_AB
+    return (ALARM_AB_ALONE_LAW if stage.law is not None else ALARM_AB_ALONE), CONFIRM_AB_ALONE
 
 
 def levels(stage: Stage) -> dict[str, float]:
-    """Every level the verdict reads for this stage, by name (lossless.json's ``levels``)."""
+    """Every level the verdict reads for this stage, by name (lossless.json's ``levels``); the law test's three
+    where it runs."""
     alarm_ab, confirm_ab = two_sample_levels(stage)
-    return {"alarm_excess": ALARM_EXCESS, "confirm_excess": CONFIRM_EXCESS, "alarm_two_sample": alarm_ab,
-            "confirm_two_sample": confirm_ab, "combine": COMBINE}
+    out = {"alarm_excess": ALARM_EXCESS_LAW if stage.law is not None else ALARM_EXCESS,
+           "confirm_excess": CONFIRM_EXCESS, "alarm_two_sample": alarm_ab, "confirm_two_sample": confirm_ab,
+           "combine": COMBINE}
+    if stage.law is not None:
+        out.update(alarm_law=ALARM_LAW, confirm_law=CONFIRM_LAW, combine_law=COMBINE_LAW)
+    return out
 
 
 def _two_sided(alpha: float) -> float:
     return NormalDist().inv_cdf(1 - alpha / 2)
 
 
+def _one_sided(alpha: float) -> float:
+    return NormalDist().inv_cdf(1 - alpha)
+
+
+def over_accepting(law: LawEvidence | None, alpha: float, family: int | None = None) -> list:
+    """The law tests whose z passes the one-sided point of ``alpha`` / the family (over-acceptance), in order."""
+    if law is None:
+        return []
+    point = _one_sided(alpha / (family or law.family))
+    return [t for t in law.tests if t.z > point]
+
+
+def _where(t) -> str:
+    return "all positions together" if t.position is None else f"position {t.position}"
+
+
+def _law_words(tests) -> str:
+    return ", ".join(f"{_where(t)} (observed {t.observed:.3g}, expected {t.expected:.3g}, z {t.z:+.3g})"
+                     for t in tests)
+
+
 def alarm(stage: Stage) -> str | None:
     """What in this stage calls for fresh draws, in words, or None."""
     found = []
-    e = stage.excess
-    if e is not None and e.z is not None and abs(e.z) > _two_sided(ALARM_EXCESS):
+    e, lv = stage.excess, levels(stage)
+    if e is not None and e.z is not None and abs(e.z) > _two_sided(lv["alarm_excess"]):
         found.append(f"excess z = {e.z:+.3g} ({e.diff:+.3g} nats/token)")
-    if stage.ab is not None and stage.ab.p_value < two_sample_levels(stage)[0]:
+    if stage.ab is not None and stage.ab.p_value < lv["alarm_two_sample"]:
         found.append(f"two-sample p = {stage.ab.p_value:.3g} (mean target log-prob {stage.ab.logprob_diff:+.3g})")
+    over = over_accepting(stage.law, ALARM_LAW)
+    if over:
+        found.append(f"over-accepts at {_law_words(over)}")
     return "; ".join(found) or None
 
 
@@ -182,6 +206,10 @@ def confirmation(first: Stage, second: Stage) -> str | None:
         found.append(f"two-sample p {first.ab.p_value:.3g}, then {second.ab.p_value:.3g} < {level:g} on fresh draws: "
                      f"drafting changes the output law (mean target log-prob {first.ab.logprob_diff:+.3g}, "
                      f"{second.ab.logprob_diff:+.3g} nats/token)")
+    again = over_accepting(second.law, CONFIRM_LAW) if first.law is not None else []
+    if again:
+        found.append(f"the verifier over-accepts again on fresh draws at {_law_words(again)} (one-sided, "
+                     f"{CONFIRM_LAW:g} over the {second.law.family} tests): it keeps drafts its own law rejects")
     return "; ".join(found) or None
 
 
@@ -219,6 +247,26 @@ def combined(first: Stage, second: Stage) -> dict[str, Combined | None]:
     return {"excess": ex, "two_sample": ab}
 
 
+def law_combined(first: Stage, second: Stage) -> list[tuple]:
+    """The law tests over-accepting in both stages combined: per position in both (and jointly), Stouffer's Z of the
+    two z's weighted by the square root of their steps, where both are above 0 and Z passes COMBINE_LAW's one-sided
+    point over the tests of the two stages; (stage 1's test, stage 2's, Z) each."""
+    if first.law is None or second.law is None:
+        return []
+    later = {t.position: t for t in second.law.tests}
+    pairs = [(t, later[t.position]) for t in first.law.tests if t.position in later]
+    if not pairs:
+        return []
+    point = _one_sided(COMBINE_LAW / max(first.law.family, second.law.family))
+    out = []
+    for t1, t2 in pairs:
+        if t1.z > 0 and t2.z > 0:
+            z = math.inf if math.isinf(t1.z) or math.isinf(t2.z) else _stouffer(t1.z, t1.steps, t2.z, t2.steps).z
+            if z > point:
+                out.append((t1, t2, z))
+    return out
+
+
 def combination(first: Stage, second: Stage) -> str | None:
     """Why both stages combined show the fault (the module docstring): a test whose Stouffer Z over the two stages
     passes COMBINE's two-sided point with both stages the same way; None when neither does."""
@@ -231,6 +279,11 @@ def combination(first: Stage, second: Stage) -> str | None:
                      f"(weighted by their continuations) z = {ex.z:+.3g}, p = {ex.p_value:.3g} < {COMBINE:g}: the "
                      f"drafting arm's tokens are not the target's law (excess {e1.diff:+.3g}, {e2.diff:+.3g} "
                      "nats/token)")
+    law = law_combined(first, second)
+    if law:
+        found.append("the verifier over-accepts in both stages, the same way: combined (weighted by their steps) "
+                     + ", ".join(f"{_where(t1)} z {t1.z:+.3g}, then {t2.z:+.3g}: {z:+.3g}" for t1, t2, z in law)
+                     + f" (one-sided, {COMBINE_LAW:g} over the tests)")
     if ab.same_way and ab.p_value < COMBINE:
         a1, a2 = first.ab, second.ab
         found.append(f"two-sample p {a1.p_value:.3g}, then {a2.p_value:.3g} on fresh draws, the same way: both stages "
@@ -283,7 +336,15 @@ def lossless_verdict(stages, max_mde: float | None = None) -> tuple[str, str]:
         if c["excess"] is not None:
             evidence += f", excess p = {c['excess'].p_value:.3g}"
         note = f"; the first stage's alarm ({raised}) did not replicate on fresh draws"
-    return _powered(first.ab, max_mde, evidence, note)
+    verdict, why = _powered(first.ab, max_mde, evidence, note)
+    return verdict, why + wasted(first.law)
+
+
+def wasted(law: LawEvidence | None) -> str:
+    """Beside a verdict that is not lossy: where the verifier under-accepts (two-sided, family-wise at the law
+    test's own level): drafts wasted, which is slow, not lossy."""
+    under = [t for t in (law.tests if law is not None else ()) if t.decision == UNDER]
+    return f"; the verifier under-accepts at {_law_words(under)}: drafts wasted, not lossy" if under else ""
 
 
 def _powered(ab: LosslessTest, max_mde: float | None, evidence: str, note: str) -> tuple[str, str]:

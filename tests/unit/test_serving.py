@@ -556,6 +556,10 @@ def test_every_check_request_pins_the_whole_law(recording_vllm, temperature):
         arm = sample_arm(servers, cfg, [[1, 2], [3]], k, 0, 2, temperature, 3, None, None)
         assert arm.continuations == [[[7, 7, 7]] * 2] * 2
     assert prompt_logprobs(servers, [[1, 2]], [[7, 7]], 0, 1) == [[{7: -1.0}, {7: -1.0}]]
+    # the drafting arm asks the server to record its law first (an empty body; this server has no such route, so
+    # the law is not observable and no stop follows)
+    assert bodies[4] == {} and arm.law["observable"] is False
+    bodies = [b for b in bodies if b]
     assert len(bodies) == 9
     for b in bodies:
         assert (b["top_p"], b["top_k"], b["min_p"]) == (1.0, -1, 0.0), b

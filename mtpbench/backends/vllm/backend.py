@@ -158,6 +158,7 @@ class VllmBackend(BackendBase):
             "top_p": cfg.top_p, "top_k": cfg.top_k},
             speculative_overrides)
         self.last_counters = data["counters"]
+        self.last_law = data.get("law")  # the drafting arm's verify steps against their law (every rank's plugin)
         self.last_engine = {**data["engine"], "runner_asked": cfg.runner, "startup_s": data["startup_s"]}
         return data["continuations"]
 

@@ -218,10 +218,16 @@ def law_op(llm, spec: dict) -> dict:
 
 
 def lossless_op(llm, spec: dict) -> dict:
-    """A check-lossless op (``scores.OPS``) on the spec's ``args``, with the engine's runner and dtype."""
+    """A check-lossless op (``scores.OPS``) on the spec's ``args``, with the engine's runner and dtype; a drafting
+    arm's sample op with its verify steps against their law (``recorded_law``: check-lossless's third test)."""
     ran = engine_runner(llm, spec.get("runner"))
     ran["dtype"] = str(llm.llm_engine.model_config.dtype).removeprefix("torch.")
-    return {**scores.OPS[spec["op"]](llm, spec["args"]), "engine_ran": ran}
+    op, args = scores.OPS[spec["op"]], spec["args"]
+    if spec["op"] == "sample" and args.get("k", 0) > 0:
+        out: dict = {}
+        law = recorded_law(llm, lambda: out.update(op(llm, args)))
+        return {**out, "law": law, "engine_ran": ran}
+    return {**op(llm, args), "engine_ran": ran}
 
 
 OPS = {"run": run_op, "trace": trace_op, "inspect": inspect_op, "drafter": drafter_op, "law": law_op,

@@ -157,7 +157,8 @@ class VllmServerBackend(BackendBase):
         server's facts in ``last_engine``, the seed its draws came from in ``last_seed`` (``arm_seed``)."""
         arm = check.sample_arm(self.servers(), cfg, ids, k, seed, n, temperature, max_tokens,
                                speculative_overrides, batch_size)
-        self.last_counters, self.last_engine, self.last_seed = arm.counters, arm.engine, arm.seed
+        self.last_counters, self.last_engine, self.last_seed, self.last_law = arm.counters, arm.engine, arm.seed, \
+            arm.law
         return arm.continuations
 
     @check.check_call

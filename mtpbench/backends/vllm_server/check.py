@@ -29,6 +29,7 @@ from mtpbench.backends.vllm_server.attach import attached_runner
 from mtpbench.backends.vllm_server.counters import read_metrics, settled_metrics
 from mtpbench.backends.vllm_server.http import LogprobsCapped, Server, complete
 from mtpbench.backends.vllm_server.launch import exited_server, launch, server_args, server_env
+from mtpbench.backends.vllm_server.trace import start_law, stop_law
 from mtpbench.config import SweepConfig
 from mtpbench.errors import MtpBenchError, Unavailable
 from mtpbench.loadgen import sampling_fields
@@ -177,6 +178,7 @@ class Arm:
     counters: dict | None  # the drafting arm's spec-decode counters (/metrics deltas); None at k = 0
     engine: dict  # the server's facts, the concurrency, the notes
     seed: dict  # arm_seed's
+    law: dict | None = None  # the drafting arm's verify steps against their law (the plugin's routes), or why not
 
 
 def sample_arm(servers: CheckServers, cfg: SweepConfig, ids: list, k: int, seed: int, n: int, temperature: float,
@@ -189,7 +191,9 @@ def sample_arm(servers: CheckServers, cfg: SweepConfig, ids: list, k: int, seed:
     bodies = [{"prompt": list(p), "max_tokens": max_tokens, "temperature": temperature, **law, "ignore_eos": True,
                "return_token_ids": True} for p in ids for _ in range(n)]
     before = read_metrics(server.conn)
+    started = start_law(server) if k > 0 else None
     choices = complete(server, bodies, batch_size or cfg.batch_size)
+    law = stop_law(server, started) if k > 0 else None
     after, late = settled_metrics(server.conn, before, len(bodies))
     if any(c.get("token_ids") is None for c in choices):
         raise RuntimeError(f"{server.base_url} returned no token ids (return_token_ids): is it a vLLM server?")
@@ -197,7 +201,8 @@ def sample_arm(servers: CheckServers, cfg: SweepConfig, ids: list, k: int, seed:
     engine = {**facts, "concurrency": batch_size or cfg.batch_size,
               "notes": server.conn.notes() + ([late] if late else [])}
     toks = [list(c["token_ids"]) for c in choices]
-    return Arm([toks[i * n: (i + 1) * n] for i in range(len(ids))], counters, engine, arm_seed(seed, k, facts, starts))
+    return Arm([toks[i * n: (i + 1) * n] for i in range(len(ids))], counters, engine, arm_seed(seed, k, facts, starts),
+               law)
 
 
 def prompt_logprobs(servers: CheckServers, ids: list[list[int]], continuations: list[list[int]], top: int,

@@ -1,0 +1,253 @@
+"""The third test of check-lossless's verdict, acceptance against its exact law (issue 46 item 2): the rule's levels
+and its union bound written here from the rule; alarm, confirmation and combination of the law test against an
+oracle of the rule (hypothesis); and whole checks simulated through ``stats.lossless_verdict`` on the Markov chain
+of test_lossless_stats.py, with the drafting arm drawn by speculative sampling (a draft law q, the verifier
+accepting with min(1, p / q), a rejection resampled from the residual), its verify steps fed to the law test: a
+correct engine is lossy no more often than the stated bound, and planted verifier faults are found."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from statistics import NormalDist
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mtpbench import stats
+from mtpbench.stats.acceptance import FOLLOWS, OVER, UNDER, PositionTest
+from tests.unit.test_lossless_stats import (
+    L,
+    PERMUTATIONS,
+    PER_ARM,
+    PROMPTS,
+    V,
+    arm_with_moments,
+    binomial_upper_tail,
+    draw,
+    moments,
+    noisy_draft,
+    null_only_combined,
+    target_chain,
+    two_sample,
+)
+
+PHI = NormalDist()
+
+
+# --- the budget, from the rule -----------------------------------------------------------------------------------------
+
+def test_the_law_tests_shares_keep_the_stated_false_lossy_bounds():
+    """Written from the rule: beside the law test the excess test alarms at 26 % (not 30 %), the two-sample test
+    alone at 26.5 % (not 30 %); the law test alarms at 1.5 %, confirms at 0.1 % and combines at 0.05 % (bounded by
+    its level). Union bound: an alarm of any test confirmed on its own by any, plus each test's combination share."""
+    ex, ab = null_only_combined(0.005, 0.05), null_only_combined(0.005, 0.01)
+    beside = (0.26 + 0.05 + 0.015) * (0.05 / 2 + 0.01 + 0.001) + ex + ab + 0.0005
+    alone = (0.265 + 0.015) * (0.05 + 0.001) + ex + 0.0005
+    assert beside <= stats.FALSE_LOSSY_BOUND and alone <= stats.FALSE_LOSSY_BOUND_ALONE, (beside, alone)
+    assert (stats.ALARM_LAW, stats.CONFIRM_LAW, stats.COMBINE_LAW) == (0.015, 0.001, 0.0005)
+    assert (stats.ALARM_EXCESS_LAW, stats.ALARM_AB_ALONE_LAW) == (0.26, 0.265)
+    ok = two_sample(0.5)
+    law = stats.LawEvidence((PositionTest(None, 10, 0.5, 0.5, 0.0, -0.1, 0.1, 1.0, FOLLOWS),))
+    with_law = stats.verdict.levels(stats.Stage(ok, ok, None, law))
+    assert with_law["alarm_two_sample"] == 0.265 and with_law["alarm_law"] == 0.015
+    assert stats.verdict.levels(stats.Stage(ok, ok, None))["alarm_two_sample"] == 0.3  # without it, as before
+
+
+# --- the rule against an oracle -------------------------------------------------------------------------------------
+
+z_value = st.one_of(st.floats(-6, 6, allow_nan=False), st.just(math.inf), st.just(-math.inf))
+
+
+@st.composite
+def evidence(draw_, positions=None):
+    n = positions if positions is not None else draw_(st.integers(1, 4))
+    tests = [PositionTest(i if i < n else None, draw_(st.integers(1, 5000)), 0.5, 0.5, draw_(z_value), 0, 0, 1.0,
+                          FOLLOWS) for i in range(n + 1)]
+    return stats.LawEvidence(tuple(tests))
+
+
+def oracle_over(law, alpha):
+    """One-sided: z above the normal's 1 - alpha / (the number of tests) point."""
+    point = PHI.inv_cdf(1 - alpha / len(law.tests))
+    return [t for t in law.tests if t.z > point]
+
+
+@settings(max_examples=300)
+@given(evidence(), evidence())
+def test_the_law_alarms_confirms_and_combines_as_the_rule_says(first, second):
+    ok = two_sample(0.5)
+    s1, s2 = stats.Stage(ok, ok, None, first), stats.Stage(ok, ok, None, second)
+    raised = stats.alarm(s1)
+    assert (raised is not None and "over-accepts" in raised) == bool(oracle_over(first, 0.015))
+    confirmed = stats.confirmation(s1, s2)
+    assert (confirmed is not None and "over-accepts again" in confirmed) == bool(oracle_over(second, 0.001))
+    # combined: per position in both stages, both z above 0, Stouffer's Z weighted by sqrt(steps) beyond 0.0005 / the
+    # larger family, one-sided
+    later = {t.position: t for t in second.tests}
+    point = PHI.inv_cdf(1 - 0.0005 / max(len(first.tests), len(second.tests)))
+    want = []
+    for t1 in first.tests:
+        t2 = later.get(t1.position)
+        if t2 is None or not (t1.z > 0 and t2.z > 0):
+            continue
+        z = math.inf if math.inf in (t1.z, t2.z) else \
+            (math.sqrt(t1.steps) * t1.z + math.sqrt(t2.steps) * t2.z) / math.sqrt(t1.steps + t2.steps)
+        if z > point:
+            want.append(t1.position)
+    assert [t1.position for t1, _, _ in stats.law_combined(s1, s2)] == want
+    assert ("over-accepts in both stages" in (stats.combination(s1, s2) or "")) == bool(want)
+
+
+def test_an_under_accepting_verifier_is_said_beside_a_lossless_verdict_never_lossy():
+    ok = two_sample(0.5)
+    under = PositionTest(0, 400, 0.4, 0.6, -8.0, -0.25, -0.15, 0.0, UNDER)
+    law = stats.LawEvidence((under, PositionTest(None, 400, 0.4, 0.6, -8.0, -0.25, -0.15, 0.0, UNDER)))
+    verdict, why = stats.lossless_verdict([stats.Stage(ok, ok, None, law)])
+    assert verdict == stats.LOSSLESS and why.endswith(
+        "; the verifier under-accepts at position 0 (observed 0.4, expected 0.6, z -8), all positions together "
+        "(observed 0.4, expected 0.6, z -8): drafts wasted, not lossy"), why
+    over = stats.LawEvidence((PositionTest(0, 400, 0.7, 0.6, 4.0, 0.05, 0.15, 0.0, OVER),))
+    verdict, why = stats.lossless_verdict([stats.Stage(ok, ok, None, over)])
+    assert verdict == stats.INCONCLUSIVE and why.startswith(f"{stats.UNCONFIRMED}: over-accepts at position 0")
+    verdict, why = stats.lossless_verdict([stats.Stage(ok, ok, None, over), stats.Stage(ok, ok, None, over)])
+    assert verdict == stats.LOSSY and "the verifier over-accepts again on fresh draws at position 0" in why
+
+
+# --- whole checks, simulated through the verdict --------------------------------------------------------------------
+
+def residual(p, q):
+    r = np.maximum(p - q, 0)
+    total = r.sum(1, keepdims=True)
+    return np.divide(r, total, out=np.full_like(r, 1 / V), where=total > 0)
+
+
+def spec_sample(rng, p, q, start, accept=None, k=2):
+    """The drafting arm by speculative sampling, token by token: at each of k positions a draft d ~ q, accepted with
+    ``accept(states, d, a, position)`` (default: the law's a = min(1, p(d) / q(d))), a rejection replaced from the residual
+    max(p - q, 0) and the step ended; after k accepted drafts the target's bonus token. Returns the tokens, their
+    target log-probs, the target's H and Var at each, and per token the law step it came from: its position (-1:
+    not a draft), accepted, and the law's probability a."""
+    res = residual(p, q)
+    state, pos = start.copy(), np.zeros(start.shape, int)
+    toks, lps, hs, vs, at, acc, prob = [], [], [], [], [], [], []
+    h, v = moments(p)
+    for _ in range(L):
+        drafting = pos < k
+        d = draw(rng, q[state])
+        a = np.minimum(1.0, p[state, d] / q[state, d])
+        kept = rng.random(state.shape) < (a if accept is None else accept(state, d, a, pos))
+        tok = np.where(drafting, np.where(kept, d, draw(rng, res[state])), draw(rng, p[state]))
+        toks.append(tok)
+        lps.append(np.log(p[state, tok]))
+        hs.append(h[state])
+        vs.append(v[state])
+        at.append(np.where(drafting, pos, -1))
+        acc.append(kept)
+        prob.append(a)
+        pos = np.where(drafting & kept, pos + 1, 0)
+        state = tok
+    return tuple(np.stack(x, -1) for x in (toks, lps, hs, vs, at, acc, prob))
+
+
+def law_stage(rng, p, q, trials, accept=None, per_arm=PER_ARM):
+    """``trials`` stages as check-lossless draws them: off, on (speculative sampling, its law steps read), off again;
+    every test of stats.Stage, the law's from the drafting arm's steps."""
+    start = np.repeat(rng.integers(0, V, (trials, PROMPTS)), per_arm, axis=1)
+    off, aa = arm_with_moments(rng, p, start), arm_with_moments(rng, p, start)
+    on = spec_sample(rng, p, q, start, accept)
+    n = PROMPTS * per_arm
+    strata, ab_arm = np.tile(np.repeat(np.arange(PROMPTS), per_arm), 2), np.repeat([False, True], n)
+    s3, on3 = np.tile(np.repeat(np.arange(PROMPTS), per_arm), 3), np.repeat([False, True, False], n)
+    out = []
+    for t in range(trials):
+        def two(x, y, seed):
+            return stats.lossless_test_arrays(np.concatenate([x[1][t], y[1][t]]).mean(-1),
+                                              np.concatenate([x[0][t], y[0][t]]), strata, ab_arm, PERMUTATIONS,
+                                              seed=seed)
+
+        ex = stats.excess_test([stats.continuation_excess(lp, hh) for x in (off, on, aa)
+                                for lp, hh in zip(x[1][t], x[2][t])], s3, on3)
+        drafted = on[4][t] >= 0
+        law = stats.law_evidence(zip(on[4][t][drafted].tolist(), on[5][t][drafted].astype(int).tolist(),
+                                     on[6][t][drafted].tolist()))
+        out.append(stats.Stage(two(off, on, t), two(off, aa, t + 10 ** 6), ex, law))
+    return out
+
+
+def law_checks(seed, trials, accept=None):
+    """Whole checks with the law, and the same draws with the law's steps left unread (as an attached server without
+    the plugin): a first stage, a second at fresh draws and twice the continuations where it alarmed (under either
+    reading); per reading, (verdict, why, first stage) each."""
+    p = target_chain(np.random.default_rng(0))
+    q = noisy_draft(p, np.random.default_rng(1))
+    rng = np.random.default_rng(seed)
+    rule = accept(p, q) if accept else None
+    first = law_stage(rng, p, q, trials, rule)
+    bare = [replace(s, law=None) for s in first]
+    need = [i for i in range(trials) if stats.alarm(first[i]) or stats.alarm(bare[i])]
+    second = dict(zip(need, law_stage(rng, p, q, len(need), rule, per_arm=2 * PER_ARM)))
+
+    def verdicts(stages, read):
+        return [(*stats.lossless_verdict([s] + ([second[i] if read else replace(second[i], law=None)]
+                                                if stats.alarm(s) else [])), s) for i, s in enumerate(stages)]
+    return verdicts(first, True), verdicts(bare, False)
+
+
+def test_speculative_sampling_here_is_exact_and_its_steps_follow_the_law():
+    """The simulation's drafting arm (q != p) emits the target's law: the tokens' empirical law from one state
+    matches p's row within sampling error, and its law steps' z is small."""
+    p = target_chain(np.random.default_rng(0))
+    q = noisy_draft(p, np.random.default_rng(1))
+    rng = np.random.default_rng(3)
+    start = np.full((4000, 4), 7)
+    toks, *_, at, acc, prob = spec_sample(rng, p, q, start)
+    first = toks[..., 0].ravel()  # the first token of every continuation: from state 7, drafted at position 0
+    emp = np.bincount(first, minlength=V) / first.size
+    assert 0.5 * np.abs(emp - p[7]).sum() < 0.03
+    drafted = at >= 0
+    ev = stats.law_evidence(zip(at[drafted].tolist(), acc[drafted].astype(int).tolist(), prob[drafted].tolist()))
+    assert all(abs(t.z) < 4 for t in ev.tests), [t.z for t in ev.tests]
+
+
+@pytest.mark.slow  # a simulation (about 40 s): in the fast tier, left out of mutation runs
+def test_the_stated_false_lossy_bound_holds_with_the_law_through_the_verdict():
+    """1000 correct checks (data seed 21) whose drafting arm is speculative sampling with its law steps read: lossy no
+    more often than FALSE_LOSSY_BOUND (1.58 %) allows (a count a true rate at the bound reaches less than 1 time in
+    1000 fails). Measured (2-core AMD EPYC): 19 of 1000 here (20 with the law unread), 16 and 11 at data seeds 31
+    and 32 (17 and 11 unread): 1.53 % of 3000, the law's reading adding no false call (docs/check-lossless.md)."""
+    res, _ = law_checks(21, 1000)
+    k = sum(v == stats.LOSSY for v, *_ in res)
+    assert binomial_upper_tail(k, 1000, stats.FALSE_LOSSY_BOUND) >= 1e-3, k
+    assert np.mean([stats.alarm(s) is not None for *_, s in res]) <= 0.45
+
+
+@pytest.mark.slow  # a simulation: in the fast tier, left out of mutation runs
+def test_a_verifier_that_over_accepts_is_lossy_through_the_law_test():
+    """The verifier keeps every draft that is q's argmax (the planted rule of test_lossless_stats.py, here at the
+    accept step itself): 100 checks (data seed 22), lossy in nearly all, and the law test is among the reasons."""
+    def argmax_kept(p, q):
+        star = q.argmax(1)
+        return lambda state, d, a, pos: np.where(d == star[state], 1.0, a)
+
+    res, _ = law_checks(22, 100, argmax_kept)
+    lossy = [why for v, why, _ in res if v == stats.LOSSY]
+    assert len(lossy) >= 95, len(lossy)
+    assert sum("over-accepts" in why for why in lossy) >= 90
+
+
+@pytest.mark.slow  # a simulation: in the fast tier, left out of mutation runs
+def test_an_over_acceptance_at_one_position_is_found_by_the_law_test_where_the_others_miss_it():
+    """The verifier keeps drafts at position 1 with a + 0.15 (capped at 1), every other step right: a lossy engine
+    whose output law moves little. 100 checks (data seed 23), the same draws read with and without the law's
+    steps: with them lossy in most, without them (the two output-law tests alone) far fewer: the planted fault of
+    issue 46 that the default check called lossless. Measured: 100 of 100 with, 58 without; at + 0.05 (data seed
+    24) 46 against 13."""
+    def position_one(p, q):
+        return lambda state, d, a, pos: np.where(pos == 1, np.minimum(1.0, a + 0.15), a)
+
+    with_law, without = ([v for v, *_ in res] for res in law_checks(23, 100, position_one))
+    assert with_law.count(stats.LOSSY) >= 80, with_law.count(stats.LOSSY)
+    assert without.count(stats.LOSSY) <= with_law.count(stats.LOSSY) - 30, without.count(stats.LOSSY)
