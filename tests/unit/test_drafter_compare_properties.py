@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mtpbench.drafter.compare import (EXIT_CODE, NO_CAUSE, TOLERANCE, acceptance_per_position, cause,
-                                      first_difference, headline, tolerance, verdict)
+                                      first_difference, headline, note_stages, tolerance, verdict)
 from mtpbench.drafter.families import STAGES
 
 ORDER = ["token input", "embedding", "enorm", "hidden input", "hnorm", "concat", "proj", "block input", "block",
@@ -226,3 +226,9 @@ def test_the_headline_names_what_was_seen_at_the_first_difference():
         "concat: the projection's input is the two halves in the other order"
     assert cause("proj", {"concat: x": 1}) == \
         "proj: differs from here on; the captured values match no known alternative, so no cause is named"
+
+
+def test_a_notes_stages_are_its_prefix_before_the_first_colon():
+    assert note_stages("embedding and hidden input: exchanged: enorm was given the previous hidden state") == {
+        "embedding", "hidden input"}
+    assert note_stages("concat") == set() and note_stages("concat: other order") == {"concat"}

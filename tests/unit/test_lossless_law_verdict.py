@@ -251,3 +251,18 @@ def test_an_over_acceptance_at_one_position_is_found_by_the_law_test_where_the_o
     with_law, without = ([v for v, *_ in res] for res in law_checks(23, 100, position_one))
     assert with_law.count(stats.LOSSY) >= 80, with_law.count(stats.LOSSY)
     assert without.count(stats.LOSSY) <= with_law.count(stats.LOSSY) - 30, without.count(stats.LOSSY)
+
+
+def test_the_law_tests_edges_as_the_rule_says():
+    """No steps, no evidence; every level the law adds is in lossless.json's levels; a second stage's law does not
+    confirm (or combine with) a first stage that had none (its levels were chosen without the law)."""
+    assert stats.law_evidence([]) is None
+    ok = two_sample(0.5)
+    over = stats.LawEvidence((PositionTest(0, 400, 0.9, 0.6, 9.0, 0.2, 0.4, 0.0, OVER),
+                              PositionTest(None, 400, 0.9, 0.6, 9.0, 0.2, 0.4, 0.0, OVER)))
+    assert stats.verdict.levels(stats.Stage(ok, ok, None, over)) == {
+        "alarm_excess": 0.26, "confirm_excess": 0.05, "alarm_two_sample": 0.265, "confirm_two_sample": 0.05,
+        "combine": 0.005, "alarm_law": 0.015, "confirm_law": 0.001, "combine_law": 0.0005}
+    bare, with_law = stats.Stage(two_sample(0.01), ok), stats.Stage(ok, ok, None, over)
+    assert stats.confirmation(bare, with_law) is None
+    assert stats.law_combined(bare, with_law) == [] and stats.law_combined(with_law, bare) == []
