@@ -80,8 +80,8 @@ def acceptance_per_position(cycles: list[list[bool]], k: int) -> list[float]:
 
 
 def headline(first: str | None, checked: list[str], expected: list[float] | None, measured: list[float],
-             calls: int | None = None, why: str | None = None) -> str:
-    """One line: parity, the first stage that differs (with ``why``, what the captured values show there:
+             calls: int | None = None, seen: str | None = None) -> str:
+    """One line: parity, the first stage that differs (with ``seen``, what the captured values show there:
     ``cause``), or that no stage was checked (``calls``: the draft calls captured, where known), with the
     acceptance the reference implies."""
     acc = ""
@@ -95,4 +95,4 @@ def headline(first: str | None, checked: list[str], expected: list[float] | None
     if first is None:
         return f"parity: every stage checked ({', '.join(checked)}) equals the reference{acc}"
     return f"the engine's draft differs from the checkpoint's MTP first at stage '{first}'" + \
-        (f" ({why})" if why else "") + acc
+        (f" ({seen})" if seen else "") + acc

@@ -218,7 +218,7 @@ def test_the_cause_is_the_most_given_note_naming_the_first_stage_else_no_cause(c
 
 def test_the_headline_names_what_was_seen_at_the_first_difference():
     why = "embedding and hidden input: exchanged: enorm was given the previous hidden state and hnorm the token embedding"
-    assert headline("embedding", ["embedding"], [0.5], [0.1], why=why) == (
+    assert headline("embedding", ["embedding"], [0.5], [0.1], seen=why) == (
         "the engine's draft differs from the checkpoint's MTP first at stage 'embedding' (" + why + "); the "
         "checkpoint's MTP would accept 0.50 at position 0, the engine accepts 0.10")
     assert cause("concat", {"concat: the projection's input is the two halves in the other order": 3,
