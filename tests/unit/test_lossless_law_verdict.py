@@ -20,7 +20,6 @@ from mtpbench import stats
 from mtpbench.stats.acceptance import FOLLOWS, OVER, UNDER, PositionTest
 from tests.unit.test_lossless_stats import (
     L,
-    PERMUTATIONS,
     PER_ARM,
     PROMPTS,
     V,
@@ -31,6 +30,7 @@ from tests.unit.test_lossless_stats import (
     noisy_draft,
     null_only_combined,
     target_chain,
+    trial_tests,
     two_sample,
 )
 
@@ -158,22 +158,13 @@ def law_stage(rng, p, q, trials, accept=None, per_arm=PER_ARM):
     start = np.repeat(rng.integers(0, V, (trials, PROMPTS)), per_arm, axis=1)
     off, aa = arm_with_moments(rng, p, start), arm_with_moments(rng, p, start)
     on = spec_sample(rng, p, q, start, accept)
-    n = PROMPTS * per_arm
-    strata, ab_arm = np.tile(np.repeat(np.arange(PROMPTS), per_arm), 2), np.repeat([False, True], n)
-    s3, on3 = np.tile(np.repeat(np.arange(PROMPTS), per_arm), 3), np.repeat([False, True, False], n)
     out = []
     for t in range(trials):
-        def two(x, y, seed):
-            return stats.lossless_test_arrays(np.concatenate([x[1][t], y[1][t]]).mean(-1),
-                                              np.concatenate([x[0][t], y[0][t]]), strata, ab_arm, PERMUTATIONS,
-                                              seed=seed)
-
-        ex = stats.excess_test([stats.continuation_excess(lp, hh) for x in (off, on, aa)
-                                for lp, hh in zip(x[1][t], x[2][t])], s3, on3)
+        ab, aa_test, ex = trial_tests((off, on, aa), t, per_arm)
         drafted = on[4][t] >= 0
         law = stats.law_evidence(zip(on[4][t][drafted].tolist(), on[5][t][drafted].astype(int).tolist(),
                                      on[6][t][drafted].tolist()))
-        out.append(stats.Stage(two(off, on, t), two(off, aa, t + 10 ** 6), ex, law))
+        out.append(stats.Stage(ab, aa_test, ex, law))
     return out
 
 

@@ -255,23 +255,27 @@ def stage(rng, p, trials, lossy=None, law=None, excess=True, per_arm=PER_ARM):
     sampler's law: the tokens are still scored by the target ``p``); without the excess test where not ``excess``."""
     start = np.repeat(rng.integers(0, V, (trials, PROMPTS)), per_arm, axis=1)
     arms = [arm_drawn(rng, p, start, law, lossy if i == 1 else None) for i in range(3)]
+    return [(stats.Stage(*trial_tests(arms, t, per_arm, excess)),
+             [stats.score_test(x[1][t].ravel(), x[2][t].ravel(), x[3][t].ravel()) for x in arms])
+            for t in range(trials)]
+
+
+def trial_tests(arms, t, per_arm, excess=True):
+    """Trial t's off vs on, off vs off again (permutation seeds t and t + 10^6) and the excess test (None where not
+    ``excess``), from the three arms (off, on, off again), each (tokens, log-probs, H, ...) of shape (trials, C, L)."""
     n = PROMPTS * per_arm
     strata, ab_arm = np.tile(np.repeat(np.arange(PROMPTS), per_arm), 2), np.repeat([False, True], n)
     s3, on3 = np.tile(np.repeat(np.arange(PROMPTS), per_arm), 3), np.repeat([False, True, False], n)
-    out = []
-    for t in range(trials):
-        def two(x, y, seed):
-            return stats.lossless_test_arrays(np.concatenate([x[1][t], y[1][t]]).mean(-1),
-                                              np.concatenate([x[0][t], y[0][t]]), strata, ab_arm, PERMUTATIONS,
-                                              seed=seed)
 
-        ex = None
-        if excess:
-            ex = stats.excess_test([stats.continuation_excess(lp, h) for x in arms for lp, h in zip(x[1][t], x[2][t])],
-                                   s3, on3)
-        out.append((stats.Stage(two(arms[0], arms[1], t), two(arms[0], arms[2], t + 10 ** 6), ex),
-                    [stats.score_test(x[1][t].ravel(), x[2][t].ravel(), x[3][t].ravel()) for x in arms]))
-    return out
+    def two(x, y, seed):
+        return stats.lossless_test_arrays(np.concatenate([x[1][t], y[1][t]]).mean(-1),
+                                          np.concatenate([x[0][t], y[0][t]]), strata, ab_arm, PERMUTATIONS, seed=seed)
+
+    ex = None
+    if excess:
+        ex = stats.excess_test([stats.continuation_excess(lp, h) for x in arms for lp, h in zip(x[1][t], x[2][t])],
+                               s3, on3)
+    return two(arms[0], arms[1], t), two(arms[0], arms[2], t + 10 ** 6), ex
 
 
 def arm_drawn(rng, p, start, law=None, lossy=None):
