@@ -157,11 +157,11 @@ def _one_sided(alpha: float) -> float:
     return NormalDist().inv_cdf(1 - alpha)
 
 
-def over_accepting(law: LawEvidence | None, alpha: float, family: int | None = None) -> list:
+def over_accepting(law: LawEvidence | None, alpha: float) -> list:
     """The law tests whose z passes the one-sided point of ``alpha`` / the family (over-acceptance), in order."""
     if law is None:
         return []
-    point = _one_sided(alpha / (family or law.family))
+    point = _one_sided(alpha / law.family)
     return [t for t in law.tests if t.z > point]
 
 
