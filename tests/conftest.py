@@ -196,11 +196,15 @@ def vllm_expand_fault_expected():
     registered only when Triton has no CPU backend) called directly on a float buffer filled with -1, which a
     correct expand overwrites with [0.7, 0.7, 1.3, 1.3]. ``EXPAND_FAULT`` or None."""
     import torch
-    import vllm._C  # noqa: F401  the C++ ops the stand-in calls
+    from vllm.platforms import current_platform
     from vllm.triton_utils import HAS_TRITON
     from vllm.utils import cpu_triton_utils
 
     from mtpbench.backends.vllm import EXPAND_FAULT
+
+    # the C++ ops the stand-in calls, as vLLM loads them: the library this CPU runs (_C needs AVX-512 with BF16;
+    # importing it on an AVX2-only CPU is an illegal instruction that kills the process)
+    current_platform.import_kernels()
 
     if HAS_TRITON:  # Triton-CPU runs vLLM's own kernel: no stand-in
         return None
