@@ -190,6 +190,16 @@ def no_mtp_model(tmp_path):
     return d
 
 
+def vllm_cpu_shm() -> bool:
+    """Whether vLLM's CPU shared-memory communicator runs on this CPU (its ops are in the AVX-512 kernels; on an
+    AVX2-only CPU vLLM falls back to torch.distributed and makes no ``...-cpushm_<rank>`` segment)."""
+    import torch
+    from vllm.platforms import current_platform
+
+    current_platform.import_kernels()
+    return hasattr(torch.ops._C, "init_shm_manager")
+
+
 def vllm_expand_fault_expected():
     """What mtpbench's probe of vLLM's V1 expand step must find in this install (backends/vllm.py
     ``expand_kernel_fault``), found another way: vLLM's CPU stand-in (``cpu_triton_utils._expand_kernel_impl``,

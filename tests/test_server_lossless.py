@@ -143,6 +143,9 @@ def pair(tmp_path_factory, temperature_scale):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TEMPERATURE_SCALE), os.environ.get("PYTHONPATH")])))
         mp.setenv("MTPBENCH_TEST_TEMPERATURE_SCALE", str(temperature_scale))
+        # the plugin's routes (as a user enables them: docs/trace-layers.md), so the check reads the drafting arm's
+        # verify steps against their law through the server (issue 46)
+        mp.setenv("VLLM_PLUGINS", "mtpbench_trace")
         spec, spec_url = start_server(d / "spec.log", "--seed", str(PAIR_SEEDS[0]),
                                       "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 2}')
     try:
@@ -241,6 +244,9 @@ def test_attached_pair_sampling_check_is_lossless_and_its_lossy_control_is_not(t
         z = native_z(model, rec, name)
         assert abs(z) < Z_BOUND, (name, z, seeds)
     assert rec["test"]["num_continuations_a"] == rec["test"]["num_continuations_b"] == 4 * 32
+    # the third test, through the attached server's law routes: every verify step of the drafting arm, read
+    law = rec["acceptance_law"]
+    assert law["observable"] and law["positions"][0]["steps"] == rec["arms"]["on"]["acceptance"]["num_drafts"], law
     assert {a["engine"]["server"] for a in rec["arms"].values()} == {spec_url, base_url}
     assert rec["arms"]["on"]["engine"]["server"] == spec_url and rec["arms"]["on"]["engine"]["attached"]
     # the drafting arm's acceptance is the /metrics delta around it: all of it, and only it, on that server
