@@ -109,7 +109,7 @@ class Checker:
             if differs(e["final norm"], self.tol) and self._within(fn.get("out"), fn.get("in")):
                 notes.append("final norm: its output is its input (the norm is not applied)")
         # the reference's own chain from the engine's call inputs, to its draft
-        r_proj = ref.stage("proj", ref.stage("concat", (ref.stage("enorm", ref.embed(ids, pos), j),
+        r_proj = ref.stage("proj", ref.stage("concat", (ref.stage("enorm", embed, j),
                                                         ref.stage("hnorm", h_prev, j)), j), j)
         if chain_dec is not None:
             r_bo = chain_dec(r_proj, pos, n)
