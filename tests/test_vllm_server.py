@@ -111,6 +111,7 @@ def test_launched_tune_chooses_by_goodput(tmp_path):
     assert all(x["goodput_rps"] > 0 for x in result["rows"] if x["measured"])
 
 
+@pytest.mark.inductor
 def test_launched_sweep_lossless_agrees_with_offline_and_leaves_nothing(tmp_path):
     out = tmp_path / "served"
     r = CliRunner().invoke(app, ["sweep", "--backend", "vllm-server", "--k", "0,2", "--mtp-layers", "2",
