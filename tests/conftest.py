@@ -111,7 +111,23 @@ def _sharded_tests_bind_their_own_cores(request, monkeypatch):
     _drop_the_workers_binding(request.node, monkeypatch)
 
 
+# The modules that take longest, longest first (the full CI's durations on the 2-core AMD EPYC): `-n auto` hands
+# out whole modules (`--dist loadfile`) in collection order (`--no-loadscope-reorder`), so the long ones start first
+# and the short ones fill the workers' ends; xdist's default order (most tests first) started them last, one
+# worker running the last long module alone while the other idled
+LONGEST_FIRST = ("test_sharded_runs", "test_vllm_lossless", "test_synth", "test_server_lossless", "test_ray",
+                 "test_vllm_acceptance_law", "test_vllm_server", "test_tune", "test_compare", "test_vllm_workload",
+                 "test_secured_server", "test_sharded_trace", "test_vllm", "test_first_hour", "test_served_trace")
+
+
+def module_rank(item) -> int:
+    name = item.path.stem
+    return LONGEST_FIRST.index(name) if name in LONGEST_FIRST and item.path.parent.name == "tests" else \
+        len(LONGEST_FIRST)
+
+
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=module_rank)  # stable: each module's own order, and the other modules', kept
     marked = [item for item in items if item.get_closest_marker("vllm")]
     if not marked:
         return
