@@ -49,6 +49,7 @@ class SweepConfig:
     max_seconds: float | None = None  # ... or until this much time is spent on the rounds
     warmup: int = 1  # runs of every point before the rounds, timed and set aside (interleaving backends)
     aa_control: bool = True  # k = 0 timed twice (A/A) in the same rounds: the machine's noise floor
+    law: bool = False  # --law: acceptance against its exact law at each k > 0 point, read untimed after its runs
     temperature: float = 0.0
     top_p: float = 1.0  # vLLM SamplingParams: (0, 1], 1 = off; the target's law (mtpbench.sampling)
     top_k: int = 0  # vLLM SamplingParams: 0 or -1 = off, else the k most likely tokens
@@ -353,8 +354,7 @@ def validate_serving(cfg: SweepConfig) -> None:
                  if getattr(cfg, name) != default]
         if loads:
             raise MtpBenchError(f"{', '.join(loads)} appl{'ies' if len(loads) == 1 else 'y'} to served runs "
-                                f"(--backend vllm-server); "
-                                f"the {cfg.backend} backend batches with --batch-size")
+                                f"(--backend vllm-server); the {cfg.backend} backend batches with --batch-size")
         return
     if cfg.force_spec_step_idx:
         raise MtpBenchError("--force-spec-step-idx patches the draft model in mtpbench's own process: "

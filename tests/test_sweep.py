@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from mtpbench.config import SweepConfig
 from mtpbench.sweep import run_sweep
 
@@ -251,3 +253,77 @@ def test_top_k_1_at_temperature_1_on_random_prompts_emits_greedy_s_tokens_and_re
     tok = load_tokenizer(cut.model_dir)
     lengths = [len(tok.encode(p.text).ids) for p in run_prompts(cut).prompts]
     assert all(24 - 2 <= n <= 72 + 2 for n in lengths) and len(set(lengths)) > 1, lengths
+
+
+def _law_artifacts(out, names: dict[str, str]) -> dict[str, dict]:
+    """--law: each k > 0 point's block (its file's ``acceptance_law``, ``names``: point name -> its page label)
+    as summary.json's row, summary.csv, the terminal's lines and report.html show it (tests/unit/test_sweep_law.py:
+    the same verdict and numbers in every one)."""
+    from typer.testing import CliRunner
+
+    from mtpbench.cli import app
+    from tests.unit.test_sweep_law import check_page, check_terminal, terminal_law
+    from tests.unit.test_artifact_consistency import read_csv, same
+
+    r = CliRunner().invoke(app, ["report", str(out)])  # the files rebuilt from the point files alone
+    assert r.exit_code == 0, r.output
+    blocks = {n: json.loads((out / f"{n}.json").read_text())["acceptance_law"] for n in names}
+    rows = {(x["mode"], x["k"]): x for x in json.loads((out / "summary.json").read_text())["rows"]
+            if x["category"] == "all"}
+    cells = {(c["mode"], int(c["k"])): c for c in read_csv(out / "summary.csv")}
+    said = terminal_law(r.output)
+    for name, b in blocks.items():
+        mode, k = name.split("-")[0], int(name.rsplit("k", 1)[1])
+        row = rows[(mode, k)]
+        assert row["law_verdict"] == b["verdict"] == cells[(mode, k)]["law_verdict"]
+        assert row["law_observed_per_pos"] == [t["observed"] for t in b["positions"]]
+        assert row["law_expected_per_pos"] == [t["expected"] for t in b["positions"]]
+        assert all(same(c, t["observed"]) for c, t in zip(cells[(mode, k)]["law_observed_per_pos"].split(";"),
+                                                          b["positions"]))
+        check_terminal(said[name], b, k)
+    check_page((out / "report.html").read_text(), {names[n]: b for n, b in blocks.items()})
+    assert all(x["law_verdict"] is None for x in rows.values() if x["k"] == 0)
+    return blocks
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+def test_law_rows_follow_the_law_at_every_position(tmp_path, temperature):
+    """Issue 46: sweep --law reads each k > 0 point's verify steps against their exact law in an untimed pass after
+    its timed rounds, on the real native engine; sampled (T = 1) and greedy, the engine follows the law at every
+    position (observed within the interval of expected; greedy: equal), and every file says so."""
+    from typer.testing import CliRunner
+
+    from mtpbench.cli import app
+
+    out = tmp_path / "law"
+    r = CliRunner().invoke(app, ["sweep", "--backend", "native", "--k", "0,2", "--modes", "chain", "--num-prompts", "4",
+                                 "--max-tokens", "32", "--repeats", "1", "--temperature", str(temperature), "--law",
+                                 "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "chain-L3-k2: follows the law; pos 0 " in r.output
+    [block] = _law_artifacts(out, {"chain-L3-k2": "chain k = 2, 3 MTP layers"}).values()
+    assert block["verdict"] == "follows the law" and [t["position"] for t in block["positions"]] == [0, 1]
+    for t in block["positions"] + [block["joint"]]:
+        assert t["decision"] == "follows the law" and t["low"] <= 0 <= t["high"], t
+        assert t["steps"] > 10 and (temperature > 0 or t["observed"] == t["expected"]), t
+    assert "acceptance_law" not in json.loads((out / "k0.json").read_text())
+    if temperature == 0:  # the untimed pass is the timed run again: its steps are the engine's own counters
+        row = next(x for x in json.loads((out / "summary.json").read_text())["rows"] if x["k"] == 2)
+        assert block["positions"][0]["steps"] == row["num_drafts"]
+        assert [round(t["observed"] * t["steps"]) for t in block["positions"]] == row["num_accepted_tokens_per_pos"]
+
+
+def test_law_names_a_planted_over_acceptance_at_its_position(tmp_path):
+    """A verifier fault planted in the native engine (``engine.Faults``: every draft the ratio rejects at position 1
+    kept anyway) reaches a sweep's rows through --law as "over-accepts at position 1", position 0 untouched."""
+    from mtpbench.backends.native import NativeBackend
+
+    backend = NativeBackend()
+    backend.plant_faults(over_accept_position=1, over_accept_share=1.0)
+    cfg = SweepConfig(k=(2,), mode=("chain",), num_prompts=4, max_tokens=32, repeats=1, warmup=0, temperature=1.0,
+                      law=True, out=str(tmp_path))
+    [row] = [r for r in run_sweep(cfg, backend=backend) if r.category == "all"]
+    assert row.law_verdict == "over-accepts at position 1", row
+    assert row.law_observed_per_pos[1] == 1.0 > row.law_expected_per_pos[1]  # every draft reaching it kept
+    [block] = _law_artifacts(tmp_path, {"chain-L3-k2": "chain k = 2, 3 MTP layers"}).values()
+    assert [t["decision"] for t in block["positions"]] == ["follows the law", "over-accepts"]

@@ -65,6 +65,9 @@ class BackendBase:
     # (lossless.CheckBackend.target_moments), and the first divergence of greedy runs from a k = 0 pass
     target_moments: Callable | None = None
     greedy_divergences: Callable | None = None
+    # sweep --law: (cfg, point, prompts) -> an untimed pass's verify steps against their law, for a backend whose
+    # run_point does not record them itself (``PointRun.law``: the offline vLLM engine, a server)
+    read_law: Callable | None = None
     # trace-layers: (cfg, mode, k, mtp_layers, prompts) -> the tracer's records and counters
     trace_point: Callable | None = None
     # trace-matrix: (cfg, k, prompts, forces, cpus=, workers=) -> one checkpoint loaded under load_check and traced

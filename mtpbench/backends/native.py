@@ -238,6 +238,21 @@ class NativeBackend(BackendBase):
         run.telemetry = tel.record
         return run
 
+    def read_law(self, cfg: SweepConfig, point: GridPoint, prompts: list[Prompt]) -> dict:
+        """sweep --law: one untimed pass over the point's prompts, batch by batch, with the engine's verify steps
+        recorded against their law (a softmax over the vocabulary per step: never in a timed run). Each batch draws
+        from a seed of its own derived from ``cfg.seed``: one seed for all would give every batch of one prompt the
+        same uniform draws, correlated accept decisions the law's test does not allow for."""
+        steps = []
+        for i, group in enumerate(batches(prompts, cfg.batch_size)):
+            seed = int(np.random.SeedSequence([cfg.seed, i]).generate_state(1)[0])
+            g = self.generation(replace(cfg, seed=seed), self.encode(group), point.k, point.mode, point.mtp_layers,
+                                cfg.max_tokens, record_law=True)
+            for _ in g:
+                pass
+            steps += g.law_steps
+        return {"observable": True, "steps": steps}
+
     def _run_batch(self, cfg: SweepConfig, records: list[BatchRecord], group: list[Prompt], k: int, mode: str,
                    mtp_layers: int) -> list[RequestRecord]:
         """Time one batch round by round: first token, token deliveries (ITL) and last token per row."""

@@ -19,7 +19,7 @@ CLASS_TITLES = {"Workload": "Workload", "SweepWorkload": "Workload", "Rounds": "
                 "Served": "Serving"}
 NAMED = {
     "What to measure": ("k", "mtp_layers", "mode", "repeats", "temperature", "batch_size", "seed", "max_tokens",
-                        "num_prompts"),
+                        "num_prompts", "law"),
     "Engine": ("backend", "device", "dtype", "max_model_len", "engine_arg", "speculative_config", "threads",
                "force_spec_step_idx", "runner", "draft_model", "method", "profile"),
     "Output": ("out", "replace_earlier", "wide", "dry_run", "force"),

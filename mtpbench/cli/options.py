@@ -48,6 +48,9 @@ ForceSpecStepIdx = Annotated[Optional[bool], typer.Option(
     "--force-spec-step-idx", help="Pass spec_step_idx = draft step to the draft model (the vLLM PR's proposal).",
     show_default="off")]
 Seed = Annotated[Optional[int], typer.Option(help="Random seed.", show_default="0")]
+Law = Annotated[Optional[bool], typer.Option(
+    "--law", help="Read acceptance against its exact law at each point with k > 0, in an untimed pass after the "
+                  "point's timed runs (docs/acceptance-law.md).", show_default="off")]
 Wide = Annotated[bool, typer.Option("--wide", help="Print every column of the table (by default it fits 120 columns; summary.csv has them all).")]
 Threads = Annotated[Optional[int], typer.Option(
     help="torch's CPU threads in this process (the native engine; vLLM's CPU workers take VLLM_CPU_OMP_THREADS_BIND).",

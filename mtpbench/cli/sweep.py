@@ -9,7 +9,7 @@ import typer
 
 from mtpbench.cli.common import (connection_options, engine_args, fail, ints, model_or_profile, rates,
                                  reporting_options, set_threads, show, speculative_overrides, strs, wrote)
-from mtpbench.cli.options import (ALIAS_NOTE, BASE, BATCH_SIZE, MAX_CONCURRENCY, OUT, SERVER, SERVER_HELP, Dtype, EngineArg, ForceSpecStepIdx, MaxModelLen, ModelOrProfile, Parallel,
+from mtpbench.cli.options import (ALIAS_NOTE, BASE, BATCH_SIZE, MAX_CONCURRENCY, OUT, SERVER, SERVER_HELP, Dtype, EngineArg, ForceSpecStepIdx, Law, MaxModelLen, ModelOrProfile, Parallel,
                                   Reporting, Rounds, Runner, Seed, ServerAccess, SpeculativeConfig, Threads, Wide, Workload,
                                   grouped, shown)
 from mtpbench.cli.progress import with_progress
@@ -57,6 +57,7 @@ def sweep(
     temperature: Annotated[Optional[float], typer.Option(help="0 = greedy; > 0 uses rejection sampling.", show_default=str(BASE.temperature))] = None,
     batch_size: Annotated[Optional[int], typer.Option(*BATCH_SIZE, help="Offline backends: sequences decoded together (vLLM's max_num_seqs)." + ALIAS_NOTE, show_default=str(BASE.batch_size))] = None,
     seed: Seed = None,
+    law: Law = None,
     device: Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:1 ... (native backend).", show_default=BASE.device)] = None,
     dtype: Dtype = None,
     max_model_len: MaxModelLen = None,
@@ -90,7 +91,7 @@ def sweep(
     try:
         cfg = resolve(dict(model=model, backend="vllm-server" if served.server else backend, k=ints(k, "--k"),
                            mtp_layers=ints(mtp_layers, "--mtp-layers"), mode=strs(mode), **workload.config(),
-                           repeats=repeats, temperature=temperature, batch_size=batch_size, seed=seed, device=device,
+                           repeats=repeats, temperature=temperature, batch_size=batch_size, seed=seed, law=law, device=device,
                            dtype=dtype, max_model_len=max_model_len, **asdict(parallel), **asdict(rounds),
                            engine_args=extra, speculative_config=spec,
                            force_spec_step_idx=force_spec_step_idx, runner=runner, draft_model=draft_model,

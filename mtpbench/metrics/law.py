@@ -108,6 +108,28 @@ def law_summary(steps: list, why: str | None = None, classify=None) -> dict:
             "joint": out[-1] if out else None, **breakdowns(steps, classify)}
 
 
+def law_block(report: dict | None, why: str, classify=None) -> dict:
+    """The artifacts' block (``law_summary``) of what a backend recorded (``{"observable": True, "steps": [...]}``),
+    or, where it recorded nothing, of the reason it gave (``why`` where it gave none)."""
+    if not report or not report.get("observable"):
+        return law_summary([], (report or {}).get("why") or why)
+    return law_summary(report["steps"], classify=classify)
+
+
+def token_classifier(model_dir):
+    """token id -> ``token_class`` by the model's tokenizer, or None where it has none here (an attached server's
+    model, a checkpoint without tokenizer.json)."""
+    from mtpbench.errors import MtpBenchError
+    from mtpbench.prompts import load_tokenizer
+
+    try:
+        tok = load_tokenizer(model_dir)
+    except MtpBenchError:
+        return None
+    special = {i for i, t in tok.get_added_tokens_decoder().items() if t.special}
+    return lambda i: token_class(tok.decode([i], skip_special_tokens=False), i in special)
+
+
 def law_report(started: list, stopped: list) -> dict:
     """The first verifying rank's law report (its steps, verify steps, unmodelled steps: every rank that samples
     verifies the same batch; else the first recording rank's) from the ranks' answers to ``mtpbench_law_start`` and
@@ -135,6 +157,24 @@ def law_lines(block: dict | None) -> list[str]:
         lines.append(f"  pos {t['position']}: observed {t['observed']:.3f}, expected {t['expected']:.3f} "
                      f"({t['steps']} steps, {z}{tv}): {t['decision']}")
     return lines
+
+
+def row_fields(block: dict | None, k: int) -> dict:
+    """A sweep row's law columns (``PointResult.law_*``) from a point's block: the verdict as ``law_lines`` says
+    it, and per draft position 0..k-1 its steps, observed and expected shares and z (None where no step reached
+    it); nothing without a block (a sweep without --law, a k = 0 point)."""
+    if not block:
+        return {}
+    if not block["observable"]:
+        return {"law_verdict": f"not observable ({block['why']})"}
+    at = {t["position"]: t for t in block["positions"]}
+
+    def column(key: str) -> tuple:
+        return tuple(at[i][key] if i in at else None for i in range(k))
+
+    return {"law_verdict": block["verdict"], "law_steps_per_pos": column("steps"),
+            "law_observed_per_pos": column("observed"), "law_expected_per_pos": column("expected"),
+            "law_z_per_pos": column("z")}
 
 
 LAW_HEADERS = ["position", "steps", "observed", "expected", "observed - expected", "z", "decision",

@@ -152,12 +152,16 @@ class PointRun:
     mtp_weight_bytes: int | None = None  # bytes of MTP-layer weights the engine holds
     notes: list[str] = field(default_factory=list)  # what a reader must know about this point's numbers
     repeats: list[dict] = field(default_factory=list)  # timing figures of every timed run (``timing``)
+    # --law: the verify steps an untimed pass after the timed runs recorded against their law, as the backend hands
+    # them over ({"observable": True, "steps": [...]} or {"observable": False, "why": ...}); the point file keeps
+    # their summary (``metrics.law.law_block``), not the steps
+    law: dict | None = None
 
     @classmethod
     def from_json(cls, d: dict) -> "PointRun":
         return cls([RequestRecord(**r) for r in d["requests"]], [BatchRecord(**b) for b in d["batches"]],
                    d.get("startup_s"), d.get("engine") or {}, d.get("telemetry"), d.get("mtp_weight_bytes"),
-                   d.get("notes") or [], d.get("repeats") or [])
+                   d.get("notes") or [], d.get("repeats") or [], d.get("law"))
 
     def add_repeat(self, requests: list["RequestRecord"], batches: list["BatchRecord"]) -> None:
         """Keep one timed run's figures; the first run's records are the point's own."""

@@ -130,6 +130,15 @@ class PointResult:
     acceptance_length_by_position: tuple[float, ...] = ()
     acceptance_length_by_position_ci_low: tuple[float | None, ...] = ()
     acceptance_length_by_position_ci_high: tuple[float | None, ...] = ()
+    # --law, the whole point's row: acceptance against its exact law (the point file's ``acceptance_law``,
+    # metrics.law.row_fields): the verdict ("follows the law", "over-accepts at position i", ..., "not observable
+    # (why)"), and per draft position the verify steps that reached it, the share of them accepted, the share the
+    # law expects and z (null: certain steps with a departure, or no step reached the position)
+    law_verdict: str | None = None
+    law_steps_per_pos: tuple[int | None, ...] = ()
+    law_observed_per_pos: tuple[float | None, ...] = ()
+    law_expected_per_pos: tuple[float | None, ...] = ()
+    law_z_per_pos: tuple[float | None, ...] = ()
     energy_j_per_token: float | None = None
     energy_method: str | None = None  # nvml_energy_counter or integrated_power
     avg_power_w: float | None = None

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from mtpbench.errors import MtpBenchError
 from mtpbench.metrics import GridPoint, PointResult, PointRun, mean_call_s, summarize, without_timings
+from mtpbench.metrics.law import row_fields
 from mtpbench.metrics.records import AA_MODE
 from mtpbench.stats import judge, noise
 
@@ -173,9 +174,10 @@ def _point_rows(data: dict, run: PointRun, step_s: dict, plain: dict, percentile
     backend = data["point"]["backend"]
     cats = sorted({r.category for r in requests})
     ran = {"runner": run.engine.get("runner"), "drafter": run.engine.get("drafter")}
+    law = row_fields(data.get("acceptance_law"), point.k)  # the whole point's: read over all its prompts
     rows = [_with_greedy(replace(summarize(backend, point, "all", requests, batches, data.get("startup_s"),
                                            step_s.get((_where(data), "all")), run.telemetry,
-                                           run.mtp_weight_bytes, run.notes, run.repeats, percentiles), **ran),
+                                           run.mtp_weight_bytes, run.notes, run.repeats, percentiles), **ran, **law),
                          data, requests, plain)]
     if len(cats) > 1:
         for c in cats:

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 from mtpbench.html.document import document, esc, figure, provenance, table, write
+from mtpbench.html.law import law_section
 from mtpbench.environment import load_change
 from mtpbench.stats.judge import end_text, interval_text, level_text
 from mtpbench.stats.noise import line as noise_line
@@ -194,6 +195,15 @@ def rows_table(rows: list[dict], compact: bool = False) -> str:
     return table(headers, body) + (f'<p class="note">{esc(NO_INTERVAL_NOTE)}</p>' if marked else "")
 
 
+def law_tables(blocks: list[dict]) -> str:
+    """--law: each k > 0 point's acceptance against its law (summary.json's ``acceptance_law``, from the point
+    files), a table a point as trace-layers' page shows it; nothing without --law."""
+    if not blocks:
+        return ""
+    return ("<h2>Acceptance against its law</h2><p>Read in an untimed pass over each point's prompts after its "
+            "timed runs (--law).</p>" + "".join(law_section(b, label(b["point"]), 3) for b in blocks))
+
+
 def page(out: Path) -> Path:
     out = Path(out)
     summary = json.loads((out / "summary.json").read_text())
@@ -207,6 +217,7 @@ def page(out: Path) -> Path:
     body = (f"<h2>Figures</h2>{figs}<h2>All prompts</h2>{rows_table(every, compact=True)}"
             + f"<details><summary>All columns</summary>{rows_table(every)}</details>"
             + "".join(f'<p class="note">{esc(x)}</p>' for x in said)
+            + law_tables(summary.get("acceptance_law") or [])
             + (f"<h2>By category</h2>{rows_table([r for r in rows if r['category'] != 'all'])}"
                if len(every) < len(rows) else "")
             + ("<h2>Notes</h2><ul>" + "".join(f"<li>{esc(n)}</li>" for n in notes) + "</ul>" if notes else "")

@@ -56,6 +56,15 @@ def labels(config: dict) -> dict:
             "metadata": tuple(f"{k}={v}" for k, v in (config.get("metadata") or {}).items())}
 
 
+def law_blocks(points: list[dict]) -> list[dict]:
+    """--law: each k > 0 point's acceptance against its law as its file holds it (``metrics.law``'s block), in the
+    rows' order, for report.html's tables; empty without --law."""
+    from mtpbench.sweep.load import sort_key
+
+    return [{"point": d["point"], **d["acceptance_law"]}
+            for d in sorted(points, key=lambda d: sort_key(d["point"])) if d.get("acceptance_law")]
+
+
 def build(out: Path) -> list[PointResult]:
     """Rebuild every summary file of a sweep directory from its point files; returns the rows."""
     out = Path(out)
@@ -68,7 +77,8 @@ def build(out: Path) -> list[PointResult]:
             rows_from_points(points, failures, found[1:] if found else None, config.get("metric_percentiles") or (),
                              family, looks)]
     write_text(out / "summary.csv", csv_text(rows))
-    write_json(out / "summary.json", {**run, "noise": noise, "rows": [r.to_json() for r in rows]})
+    write_json(out / "summary.json", {**run, "noise": noise, "rows": [r.to_json() for r in rows],
+                                      "acceptance_law": law_blocks(points)})
     plots(out, rows)
     al_histogram(out, points, rows)
     render(page, out)

@@ -5,6 +5,7 @@ Output directory layout::
     run.json                  resolved config, provenance, engine facts
     k0.json                   the plain-decoding baseline (k = 0)
     <mode>-L<layers>-k<k>.json     raw records of one point: per-request tokens and times, per-batch counters
+                              and with --law its acceptance against its law (``acceptance_law``, untimed)
     ...-c<concurrency>[-r<rate>]   served runs: one point per load (concurrency x request rate)
     <mode>-L<layers>-k<k>.server.log   a launched vLLM server's log (served runs)
     <point>.requests.jsonl    one line per request of the point's first timed run: TTFT, TPOT, E2EL, ITL (ms), drafts
@@ -63,9 +64,10 @@ def grid(cfg: SweepConfig, checkpoint_layers: int | None, attached_k: int | None
 
 
 def run_sweep(cfg: SweepConfig, on_point: Callable[[int, int, str], None] | None = None,
-              say: Callable[[str], None] | None = None) -> list[PointResult]:
+              say: Callable[[str], None] | None = None, backend=None) -> list[PointResult]:
     """Measure the sweep's points into ``cfg.out`` and build its files; its rows. ``say``: where a line about the
-    folder's earlier results goes (sweep/store.py; default: stderr)."""
+    folder's earlier results goes (sweep/store.py; default: stderr). ``backend``: one made beforehand, started
+    here (tests plant the native engine's faults in it first, as trace-layers' do)."""
     n_layers = None if cfg.server else cfg.num_mtp_layers()  # an attached server's model is remote
     validate(cfg, n_layers)
     check_rounds(cfg)
@@ -82,7 +84,7 @@ def run_sweep(cfg: SweepConfig, on_point: Callable[[int, int, str], None] | None
             on_point(1, 1, "report")
         return build(out)
     t0 = time.perf_counter()
-    backend = get_backend(cfg.backend)  # imports the engine (torch for native)
+    backend = backend or get_backend(cfg.backend)  # imports the engine (torch for native)
     engine = backend.start(cfg)  # may raise MtpBenchError (e.g. vLLM not installed) before any write
     engine["engine_start_s"] = round(time.perf_counter() - t0, 3)
     try:
@@ -104,14 +106,7 @@ def run_sweep(cfg: SweepConfig, on_point: Callable[[int, int, str], None] | None
                            {"point": point.to_json(cfg.backend), "fingerprint": fp, "error": too_long})
             elif point.name not in held.reused:
                 todo.append((point, prompts))
-        if info(cfg.backend).interleaves_repeats and (cfg.repeats > 1 or cfg.warmup or sequential(cfg)):
-            run_rounds(cfg, todo, lambda c, p, q: measure(c, backend, p, q, out, fp),
-                       lambda p, run, wall, extra: save_point(cfg, p, run, out, fp, wall, extra), on_point, family)
-        else:
-            for i, (point, prompts) in enumerate(todo):
-                if on_point:
-                    on_point(i, len(todo), point.name)
-                run_one(cfg, backend, point, prompts, out, fp)
+        measure_all(cfg, backend, todo, out, fp, on_point, family)
         if cfg.temperature == 0:  # while the engine is still up: the report never runs a model
             save_greedy_divergences(cfg, backend, engine, points, psets, out, fp)
         run = json.loads((out / "run.json").read_text())
@@ -122,6 +117,24 @@ def run_sweep(cfg: SweepConfig, on_point: Callable[[int, int, str], None] | None
     if on_point:
         on_point(1, 1, "report")
     return build(out)
+
+
+def measure_all(cfg: SweepConfig, backend, todo: list, out: Path, fp: dict, on_point, family: int) -> None:
+    """Measure and save ``todo``'s (point, prompts): in rounds where one engine in this process serves every point
+    (``sweep.rounds``), else a point after the other (``run_one``). --law's pass comes after a point's timed runs."""
+    if info(cfg.backend).interleaves_repeats and (cfg.repeats > 1 or cfg.warmup or sequential(cfg)):
+        prompts_of = {p.name: q for p, q in todo}  # the A/A copy (k = 0) reads no law
+
+        def save(p, run, wall, extra):  # after every round: the law's pass is never timed
+            law = point_law(cfg, backend, p, prompts_of.get(p.name), run)
+            save_point(cfg, p, run, out, fp, wall, {**extra, **law})
+
+        run_rounds(cfg, todo, lambda c, p, q: measure(c, backend, p, q, out, fp), save, on_point, family)
+        return
+    for i, (point, prompts) in enumerate(todo):
+        if on_point:
+            on_point(i, len(todo), point.name)
+        run_one(cfg, backend, point, prompts, out, fp)
 
 
 def claim_out(cfg: SweepConfig, n_layers: int | None, fp: dict, say) -> store.Claim | None:
@@ -214,7 +227,32 @@ def run_one(cfg: SweepConfig, backend, point: GridPoint, prompts, out: Path, fp:
     t0 = time.perf_counter()
     run = measure(cfg, backend, point, prompts, out, fp)
     if run is not None:
-        save_point(cfg, point, run, out, fp, time.perf_counter() - t0)
+        wall = time.perf_counter() - t0
+        save_point(cfg, point, run, out, fp, wall, point_law(cfg, backend, point, prompts, run))
+
+
+def point_law(cfg: SweepConfig, backend, point: GridPoint, prompts, run) -> dict:
+    """--law at a k > 0 point: ``{"acceptance_law": block}`` (``metrics.law.law_block``, as trace.json's) of the
+    verify steps the backend recorded in an untimed pass after the point's timed runs (``PointRun.law``, or the
+    backend's ``read_law``), or of why it could not; empty without --law or at k = 0. A failed pass leaves the
+    point's timings standing and says why in the block."""
+    if not cfg.law or point.k == 0:
+        return {}
+    from mtpbench.metrics.law import law_block, token_classifier
+
+    report = run.law
+    if report is None and backend.read_law is None:
+        report = {"observable": False, "why": f"the {cfg.backend} backend does not read the verifier's law"}
+    elif report is None:
+        try:
+            report = backend.read_law(cfg, point, prompts)
+        except MtpBenchError:
+            raise
+        except Exception as e:
+            report = {"observable": False, "why": f"the untimed pass failed: {type(e).__name__}: {e}"[:500]}
+    # the draft tokens classed by the model's tokenizer, where it is here (an attached server's model is not)
+    classify = token_classifier(cfg.model_dir) if report.get("observable") and not cfg.server else None
+    return {"acceptance_law": law_block(report, "not recorded", classify)}
 
 
 def save_point(cfg: SweepConfig, point: GridPoint, run, out: Path, fp: dict, wall_s: float,

@@ -142,6 +142,9 @@ def table(rows: list[PointResult], latency: list[tuple[str, str]] | None = None,
         text += "\n" + legend(cols, width, EXPLAINED if any(r.speedup_decision for r in rows) else ())
         if dropped:
             text += "\n" + wrap(f"more columns with --wide and in summary.csv: {', '.join(dropped)}", width)
+    law = [wrap(law_line(r), width, "    ") for r in rows if r.law_verdict and r.category == "all"]
+    if law:
+        text += "\n\n" + "\n".join([wrap(LAW_HEAD, width)] + law)
     errors = [wrap(f"{row_label(r)}: {r.error}", width) for r in rows if r.error]
     notes = [wrap(n, width) for n in sorted({f"{row_label(r)}: {r.notes}" for r in rows
                                                if r.notes and r.category == "all"})]
@@ -149,11 +152,30 @@ def table(rows: list[PointResult], latency: list[tuple[str, str]] | None = None,
         ("\n\nfailed points:\n" + "\n".join(errors) if errors else "")
 
 
-def wrap(text: str, width: int | None = WIDTH) -> str:
+# one line (within WIDTH): the points' lines follow it, their continuation lines indented further
+LAW_HEAD = ("acceptance against its law (--law), per draft position: accepted share of the drafts reaching it, "
+            "observed / expected")
+
+
+def law_line(r: PointResult) -> str:
+    """A point's acceptance against its law in one line (``metrics.law.law_lines``' numbers, from the row): the
+    verdict, then per draft position observed / expected, its steps and z."""
+    cells = []
+    for i, n in enumerate(r.law_steps_per_pos):
+        if n is None:
+            cells.append(f"pos {i} no step")
+            continue
+        z = r.law_z_per_pos[i]
+        cells.append(f"pos {i} {r.law_observed_per_pos[i]:.3f} / {r.law_expected_per_pos[i]:.3f} "
+                     f"({n} steps, {'certain' if z is None else f'z {z + 0.0:+.2f}'})")  # + 0.0: no "-0.00"
+    return f"  {row_label(r)}: {r.law_verdict}" + (f"; {', '.join(cells)}" if cells else "")
+
+
+def wrap(text: str, width: int | None = WIDTH, indent: str = "  ") -> str:
     """A line of the terminal's, wrapped to ``width`` with its continuation lines indented (None: as it is)."""
     import textwrap
 
-    return text if width is None else textwrap.fill(text, width, subsequent_indent="  ", break_on_hyphens=False)
+    return text if width is None else textwrap.fill(text, width, subsequent_indent=indent, break_on_hyphens=False)
 
 
 def _render(rows: list[PointResult], cols: list[tuple[str, str]]) -> tuple[str, bool]:

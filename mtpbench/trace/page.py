@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from mtpbench.html.document import document, esc, figure, provenance, table, write
+from mtpbench.html.law import law_section
 
 TONES = {"multi-module": "good", "layer-0 reuse": "warn", "multi-layer calls": "plain", "inconclusive": "plain"}
 
@@ -31,27 +32,6 @@ def headline(t: dict) -> tuple[str, str]:
     return text, TONES.get(t["verdict"], "bad")
 
 
-def _law(block: dict | None) -> str:
-    """Acceptance against its law per draft position (``metrics.law``): the verdict, then the table."""
-    from mtpbench.metrics.law import LAW_HEADERS, law_rows
-
-    if not block:
-        return ""
-    head = "<h2>Acceptance against its law</h2>"
-    if not block["observable"]:
-        return head + f"<p>Not observable: {esc(block['why'])}.</p>"
-    return (head + f"<p>{esc(block['verdict'].capitalize())}: the share of the drafts reaching each position that "
-            "were accepted, against the share the law expects from the target's and the drafter's laws at each "
-            "step (docs/acceptance-law.md).</p>" + table(LAW_HEADERS, law_rows(block))
-            + "".join(f"<h3>{title}</h3>" + table([name, "position", "steps", "observed", "expected", "TV(p, q)"],
-                                                  [[g["group"], g["position"], g["steps"], g["observed"],
-                                                    g["expected"], "" if g["tv"] is None else g["tv"]]
-                                                   for g in block[key]])
-                      for key, name, title in (("by_context", "context tokens", "By context length (descriptive)"),
-                                               ("by_token_class", "draft token", "By draft token class (descriptive)"))
-                      if block.get(key)))
-
-
 def page(out: Path) -> Path:
     out = Path(out)
     t = json.loads((out / "trace.json").read_text())
@@ -65,7 +45,7 @@ def page(out: Path) -> Path:
             + "<h2>Acceptance by draft position</h2>"
             + table(["position", "layer", "accepted tokens", "acceptance rate"],
                     [[x["position"], x["layer"], x["num_accepted_tokens"], x["acceptance_rate"]] for x in layers])
-            + _law(t.get("acceptance_law"))
+            + law_section(t.get("acceptance_law"))
             + (f"<p>Unused MTP layers: {esc(t['unused_layers'])} ({esc(t['unused_layer_bytes'])} bytes).</p>"
                if t.get("unused_layers") else "")
             + provenance(t.get("provenance"), {"runner": t.get("runner"), "execution": t.get("execution"),

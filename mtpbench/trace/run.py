@@ -115,24 +115,10 @@ def _law(law: dict | None, model_dir) -> dict:
     """Acceptance against its law over the traced generation (``metrics.law``): what the backend recorded, or
     why it could not (a crash that took the engine's workers down records none); the draft tokens classed by the
     model's tokenizer where it has a tokenizer.json."""
-    from mtpbench.metrics.law import law_summary
+    from mtpbench.metrics.law import law_block, token_classifier
 
-    if not law or not law.get("observable"):
-        return law_summary([], (law or {}).get("why") or "the engine's workers did not answer after a crash")
-    return law_summary(law["steps"], classify=_classifier(model_dir))
-
-
-def _classifier(model_dir):
-    """token id -> ``metrics.law.token_class`` by the model's tokenizer, or None where it has none here."""
-    from mtpbench.metrics.law import token_class
-    from mtpbench.prompts import load_tokenizer
-
-    try:
-        tok = load_tokenizer(model_dir)
-    except MtpBenchError:
-        return None
-    special = {i for i, t in tok.get_added_tokens_decoder().items() if t.special}
-    return lambda i: token_class(tok.decode([i], skip_special_tokens=False), i in special)
+    classify = token_classifier(model_dir) if law and law.get("observable") else None
+    return law_block(law, "the engine's workers did not answer after a crash", classify)
 
 
 def _layout(cfg, ranks: list[dict] | None) -> dict:

@@ -20,7 +20,8 @@ MEASURED = {"model", "backend", "method", "draft_model", "prompts", "num_prompts
             "distributed_executor_backend", "gpu_memory_utilization", "engine_args", "speculative_config", "server", "servers", "api",
             "runner",  # V1 and V2 draft differently: a point of one is never reused for the other
             # how many rounds a point gets and what runs beside it (issue 36): its timings' sample
-            "max_repeats", "warmup", "aa_control"}
+            "max_repeats", "warmup", "aa_control",
+            "law"}  # a point file read with --law holds its acceptance against its law (issue 46); one without, none
 NOT_MEASURED_BY_HAND = {"out", "description", "label", "metadata", "percentile_metrics", "metric_percentiles", "k", "mtp_layers", "mode", "context_tokens", "concurrency",
                         "request_rate", "server_port", "server_start_timeout_s",
                         # how an attached server is reached (issue 18); header_values is never written
