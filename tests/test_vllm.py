@@ -83,10 +83,12 @@ def test_our_k_rule_is_vllms_rule(tmp_path):
 
 
 def test_vllm_sweep_with_failing_point(tmp_path):
+    """A point vLLM refuses fails alone; with --law every drafting point reads its verify steps against their law in
+    an untimed generate after its timed runs, in the same engine (issue 46): greedy, each follows it."""
     out = tmp_path / "vsweep"
     r = CliRunner().invoke(app, ["sweep", "--backend", "vllm", "--k", "0,1,2,3", "--mtp-layers", "1,2",
                                  "--num-prompts", "2", "--max-tokens", "24", "--max-model-len", "1024",
-                                 "--engine-arg", "enforce_eager=true", "--out", str(out)])
+                                 "--engine-arg", "enforce_eager=true", "--law", "--out", str(out)])
     assert r.exit_code == 0, r.output
     names = {p.name for p in out.iterdir()}
     expected = {"k0.json", "vllm-L1-k1.json", "vllm-L1-k2.json", "vllm-L1-k3.json", "vllm-L2-k1.json",
@@ -100,6 +102,18 @@ def test_vllm_sweep_with_failing_point(tmp_path):
     assert len(ok) == 6 and all(x["startup_s"] > 0 for x in ok)
     assert all(1 <= x["acceptance_length"] <= x["k"] + 1 for x in ok)
     assert "vllm-L2-k3" in r.output and "must be divisible" in r.output
+    assert "acceptance_law" not in json.loads((out / "k0.json").read_text())
+    for x in ok:  # the law's verdict in each drafting row, from the point file's block
+        if x["k"] == 0:
+            assert x["law_verdict"] is None
+            continue
+        law = json.loads((out / f"vllm-L{x['mtp_layers']}-k{x['k']}.json").read_text())["acceptance_law"]
+        assert x["law_verdict"] == law["verdict"] == "follows the law", law
+        assert [t["position"] for t in law["positions"]] == list(range(x["k"]))
+        assert law["positions"][0]["steps"] == x["num_drafts"] > 0  # greedy: the untimed pass drafts as the timed did
+        assert all(t["observed"] == t["expected"] for t in law["positions"])  # greedy: every step certain
+        assert x["law_observed_per_pos"] == [t["observed"] for t in law["positions"]]
+    assert "vllm-L2-k2: follows the law; pos 0 " in r.output
 
 
 def test_trace_vllm_shows_layer0_reuse(tmp_path):

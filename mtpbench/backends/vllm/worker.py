@@ -121,7 +121,13 @@ def run_op(llm, spec: dict) -> dict:
     if cfg.get("force_spec_step_idx", False) and k > 0:  # the PR's proposal, applied at run time; not recorded
         llm.collective_rpc("mtpbench_force_spec_step_idx")
     ran = engine_runner(llm, spec.get("runner"))
-    run = measure(llm, cfg, k, [Prompt(**p) for p in spec["prompts"]])
+    prompts = [Prompt(**p) for p in spec["prompts"]]
+    run = measure(llm, cfg, k, prompts)
+    if cfg.get("law") and k > 0:
+        try:
+            run.law = law_pass(llm, cfg, prompts)
+        except Exception as e:  # the timed runs stand: the law's block says why it is missing
+            run.law = {"observable": False, "why": f"the untimed pass failed: {type(e).__name__}: {e}"[:500]}
     run.mtp_weight_bytes = held_mtp_bytes(llm) if k > 0 else 0
     run.notes += ran.pop("notes")
     if ran["sampler_fault"] and cfg.get("temperature", 0) > 0:
@@ -171,6 +177,24 @@ def drafter_op(llm, spec: dict) -> dict:
     ran["dtype"] = str(llm.llm_engine.model_config.dtype).removeprefix("torch.")
     return {"ranks": ranks, "sequences": sequences, "num_drafts": delta["num_drafts"],
             "num_accepted_tokens_per_pos": delta["num_accepted_tokens_per_pos"], "engine_ran": ran}
+
+
+def law_pass(llm, cfg: dict, prompts: list[Prompt]) -> dict:
+    """sweep --law: after the timed runs, in the same engine, one untimed generate of the point's prompts, batch by
+    batch with the timed run's sampling settings, recording every rank's verify steps against their law
+    (``recorded_law``). The requests carry no seed: their draws come from the engine's generator (``LLM(seed=)``),
+    independent across requests, where the timed run's one seed for all would give every request the same uniform
+    draws, correlated accept decisions the law's test does not allow for."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=cfg["temperature"], max_tokens=cfg["max_tokens"], ignore_eos=True,
+                            top_p=cfg.get("top_p", 1.0), top_k=cfg.get("top_k", 0))
+
+    def generate():
+        for group in batches(prompts, cfg["batch_size"]):
+            llm.generate(engine_prompts(llm, group), params, use_tqdm=False)
+
+    return recorded_law(llm, generate)
 
 
 def recorded_law(llm, generate) -> dict:
