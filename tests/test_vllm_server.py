@@ -116,7 +116,7 @@ def test_launched_sweep_lossless_agrees_with_offline_and_leaves_nothing(tmp_path
     out = tmp_path / "served"
     r = CliRunner().invoke(app, ["sweep", "--backend", "vllm-server", "--k", "0,2", "--mtp-layers", "2",
                                  "--concurrency", "1,4", "--num-prompts", "4", "--max-tokens", "32", *SERVE,
-                                 "--dtype", "float32", "--out", str(out)])  # float32: compared with offline below
+                                 "--dtype", "float32", "--law", "--out", str(out)])  # float32: compared with offline
     assert r.exit_code == 0, r.output
     assert_no_server_left(out)
     names = {p.name for p in out.iterdir()}
@@ -136,6 +136,15 @@ def test_launched_sweep_lossless_agrees_with_offline_and_leaves_nothing(tmp_path
     assert {(x["runner"], x["drafter"]) for x in rows.values()} == {("v1", None)}
     assert served["output_tokens_per_sec"] > 0 and json.loads((out / "vllm-L2-k2-c1.json").read_text())["engine"][
         "interpreted"] is False
+    # --law (issue 46): after each load's windows, one untimed batch between the plugin's law routes; greedy, the
+    # server's verifier follows the law at each position (one request at a time: the window's verify steps again)
+    for c in (1, 4):
+        law = json.loads((out / f"vllm-L2-k2-c{c}.json").read_text())["acceptance_law"]
+        assert rows[(2, c)]["law_verdict"] == law["verdict"] == "follows the law", law
+        assert [t["position"] for t in law["positions"]] == [0, 1]
+        assert all(t["observed"] == t["expected"] for t in law["positions"])
+        assert c > 1 or law["positions"][0]["steps"] == rows[(2, c)]["num_drafts"]
+    assert rows[(0, 1)]["law_verdict"] is None and "vllm-L2-k2-c4: follows the law; pos 0 " in r.output
 
     # the offline engine on the same prompts, one at a time: acceptance within 2 %
     c = SweepConfig(backend="vllm", num_prompts=4, max_tokens=32, max_model_len=1024,
@@ -286,7 +295,7 @@ def test_attached_server_is_measured_not_managed(tmp_path, drafting_server):
     out = tmp_path / "attached"
     before = parse_metrics(http_get(drafting_server + "/metrics")[1])
     r = CliRunner().invoke(app, ["sweep", "--server", drafting_server, "--concurrency", "1,2", "--num-prompts", "3",
-                                 "--max-tokens", "24", "--out", str(out)])
+                                 "--max-tokens", "24", "--law", "--out", str(out)])
     assert r.exit_code == 0, r.output
     after = parse_metrics(http_get(drafting_server + "/metrics")[1])
     assert http_get(drafting_server + "/health")[0] == 200  # still up: not ours to stop
@@ -297,6 +306,9 @@ def test_attached_server_is_measured_not_managed(tmp_path, drafting_server):
     assert sorted(x["concurrency"] for x in rows) == [1, 2]
     assert all(x["k"] == 2 and x["mtp_layers"] is None and "MTP layer count unknown" in x["notes"] for x in rows)
     assert {x["runner"] for x in rows} == {"unknown"}  # a server's model runner cannot be seen from outside
+    # --law on a server started without mtpbench's plugin: not observable, saying why, and no request sent for it
+    assert all(x["law_verdict"].startswith("not observable (") and "does not serve mtpbench's trace" in x["law_verdict"]
+               for x in rows), [x["law_verdict"] for x in rows]
     # the windows' deltas account for everything the server counted during the sweep but the warm-up
     points = [json.loads(p.read_text()) for p in out.glob("vllm-k2-c*.json")]
     drafts = sum(b["num_drafts"] for p in points for b in p["batches"])

@@ -228,6 +228,7 @@ class VllmServerBackend(BackendBase):
         env = server_env(model, cfg.runner)
         if self.tracing:  # the trace routes, and Python forwards the tracer sees (trace.py's docstring)
             args["enforce_eager"] = True
+        if self.tracing or (cfg.law and point.k > 0):  # vLLM serves an endpoint plugin's routes only when named
             env["VLLM_PLUGINS"] = ",".join(filter(None, [env.get("VLLM_PLUGINS"), PLUGIN]))
         self.facts["server_args"] = args
         log = Path(cfg.out) / f"{GridPoint(point.mode, point.k, point.mtp_layers).name}.server.log"
@@ -255,7 +256,38 @@ class VllmServerBackend(BackendBase):
             run.notes += [n for n in notes if n not in run.notes]
             if sampler is not None:
                 run.telemetry = {**sampler.record, "timed_runs": 1}
+        if cfg.law and point.k > 0:
+            run.law = self._law_pass(cfg, point, prompts)
         return run
+
+    def _law_pass(self, cfg: SweepConfig, point: GridPoint, prompts: list[Prompt]) -> dict:
+        """sweep --law: after the point's windows, one untimed batch of its prompts (the window's API, sampling
+        settings and concurrency) between the plugin's law routes (``trace.start_law``): every verify step against
+        its law, or why the server cannot say (an attached one without the plugin: then no request is sent). The
+        requests carry no seed (the engine's generator draws for each, independently: the window's one seed for all
+        would correlate their accept decisions); the counters settle before the next window reads them. Failed
+        requests leave the timed windows standing and say so in the block."""
+        from mtpbench.backends.vllm_server.trace import start_law, stop_law
+        from mtpbench.loadgen import payload, post_all
+
+        s = self.server
+        url = s.base_url + ("/v1/chat/completions" if cfg.api == "chat" else "/v1/completions")
+        bodies = [{key: v for key, v in payload(cfg.api, s.model, p, cfg.max_tokens, cfg.temperature, None, cfg.top_p,
+                                                cfg.top_k).items() if key not in ("stream", "stream_options")}
+                  for p in prompts]
+        started = start_law(s)
+        if isinstance(started, str):  # no law routes here: nothing to send
+            return stop_law(s, started)
+        before = read_metrics(s.conn)
+        try:
+            errors = [e for _, e in post_all(url, bodies, point.concurrency or 1, conn=s.conn) if e]
+        finally:
+            law = stop_law(s, started)
+        settled_metrics(s.conn, before, len(prompts))
+        if errors:  # the timed windows stand: the law's block says why it is missing
+            return {"observable": False, "why": f"{len(errors)} of {len(prompts)} requests of the untimed pass failed; "
+                                                f"first: {errors[0]}"[:500]}
+        return law
 
     def _window(self, cfg: SweepConfig, point: GridPoint, prompts: list[Prompt],
                 sampler=None) -> tuple[list[RequestRecord], BatchRecord, list[str]]:
