@@ -15,7 +15,7 @@ from mtpbench.environment import load_change
 from mtpbench.files import write_json, write_text
 from mtpbench.metrics import PointResult
 from mtpbench.stats.noise import line as noise_line
-from mtpbench.sweep.load import aa_runs, judge_of, load_run, read_json, read_noise, rows_from_points
+from mtpbench.sweep.load import aa_runs, judge_of, load_run, read_json, read_noise, rows_from_points, sort_key
 from mtpbench.html.pages import render
 from mtpbench.sweep.page import page
 from mtpbench.sweep.plots import al_histogram, plots
@@ -59,8 +59,6 @@ def labels(config: dict) -> dict:
 def law_blocks(points: list[dict]) -> list[dict]:
     """--law: each k > 0 point's acceptance against its law as its file holds it (``metrics.law``'s block), in the
     rows' order, for report.html's tables; empty without --law."""
-    from mtpbench.sweep.load import sort_key
-
     return [{"point": d["point"], **d["acceptance_law"]}
             for d in sorted(points, key=lambda d: sort_key(d["point"])) if d.get("acceptance_law")]
 
