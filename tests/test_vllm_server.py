@@ -94,23 +94,6 @@ def assert_no_server_left(out: Path, timeout: float = 20.0):
     assert not processes_with(str(out)), "a process still refers to the sweep directory"
 
 
-def test_launched_tune_chooses_by_goodput(tmp_path):
-    """mtpbench tune --goodput over concurrency 1 and 2 on launched servers (k = 0 and k = 2): goodput from the
-    streamed requests' TTFT and TPOT, checked against the saved point files (test_tune.check_goodput); no server
-    left behind."""
-    from test_tune import check_goodput
-
-    out = tmp_path / "tune"
-    r = CliRunner().invoke(app, ["tune", "--backend", "vllm-server", "--k", "0,2", "--concurrency", "1,2",
-                                 "--num-prompts", "2", "--max-tokens", "8", *SERVE, "--goodput",
-                                 "ttft:100000 tpot:100000", "--out", str(out)])
-    assert r.exit_code == 0, r.output
-    assert_no_server_left(out / "sweeps" / "served")
-    result = check_goodput(out, r.output, {"ttft": 1e5, "tpot": 1e5})
-    assert result["unit"] == "concurrency"
-    assert all(x["goodput_rps"] > 0 for x in result["rows"] if x["measured"])
-
-
 @pytest.mark.inductor
 def test_launched_sweep_lossless_agrees_with_offline_and_leaves_nothing(tmp_path):
     out = tmp_path / "served"

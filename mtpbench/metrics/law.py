@@ -142,6 +142,12 @@ def law_report(started: list, stopped: list) -> dict:
     return {"observable": True, **(verifying or ranks)[0]}
 
 
+def z_text(z: float | None) -> str:
+    """A position's z in words, as every terminal line writes it: "certain" where z is infinite (None), else two
+    decimals with a sign, never "-0.00" (a z that rounds to zero is "+0.00" wherever it is printed)."""
+    return "certain" if z is None else f"z {round(z, 2) + 0.0:+.2f}"
+
+
 def law_lines(block: dict | None) -> list[str]:
     """The law test in words for a terminal: the verdict, then per position the observed and expected share of
     the drafts that reached it (not vLLM's joint rate, which counts every draft), with its steps and z."""
@@ -152,7 +158,7 @@ def law_lines(block: dict | None) -> list[str]:
     lines = [f"acceptance against its law: {block['verdict']}",
              "  (the share of the drafts reaching each position that were accepted, against the law's expectation)"]
     for t in block["positions"]:
-        z = "certain" if t["z"] is None else f"z {t['z']:+.2f}"
+        z = z_text(t["z"])
         tv = "" if t["tv"] is None else f", TV(p, q) {t['tv']:.2f}"
         lines.append(f"  pos {t['position']}: observed {t['observed']:.3f}, expected {t['expected']:.3f} "
                      f"({t['steps']} steps, {z}{tv}): {t['decision']}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from mtpbench import files
 from mtpbench.metrics import GridPoint, PointResult
+from mtpbench.metrics.law import z_text
 from mtpbench.stats.judge import end_text, interval_text, level_text
 
 TABLE_COLUMNS = [
@@ -165,9 +166,8 @@ def law_line(r: PointResult) -> str:
         if n is None:
             cells.append(f"pos {i} no step")
             continue
-        z = r.law_z_per_pos[i]
         cells.append(f"pos {i} {r.law_observed_per_pos[i]:.3f} / {r.law_expected_per_pos[i]:.3f} "
-                     f"({n} steps, {'certain' if z is None else f'z {z + 0.0:+.2f}'})")  # + 0.0: no "-0.00"
+                     f"({n} steps, {z_text(r.law_z_per_pos[i])})")
     return f"  {row_label(r)}: {r.law_verdict}" + (f"; {', '.join(cells)}" if cells else "")
 
 

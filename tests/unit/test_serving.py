@@ -589,3 +589,25 @@ def test_a_server_launched_for_the_check_uses_vllms_neutral_generation_config(k,
         assert spec["num_speculative_tokens"] == k and spec["rejection_sample_method"] == "block"
     mine = SweepConfig(backend="vllm-server", engine_args={"generation_config": "/my/defaults"})
     assert check_server_args(mine, "/models/m", 0, None)["generation_config"] == "/my/defaults"
+
+
+@pytest.mark.parametrize("k", [0, 2])
+def test_each_server_launched_for_the_check_carries_the_layout(k):
+    """check-lossless's servers start from the sweep's engine arguments (``server_args``), the layout with them:
+    --tensor-parallel-size and --distributed-executor-backend on the launch command of the k = 0 and the drafting
+    server alike, and neither where the layout is vLLM's default. (Measured end to end at TP = 2 by the served tune
+    in tests/test_sharded_runs.py, whose servers start from the same arguments; a served check at TP = 2 ran
+    there as well, lossless, until its 3 minutes went to this.)"""
+    from mtpbench.backends.vllm_server import server_command
+    from mtpbench.backends.vllm_server.check import check_server_args
+    from mtpbench.config import SweepConfig
+
+    def flag(cmd, name):
+        return cmd[cmd.index(name) + 1] if name in cmd else None
+
+    cfg = SweepConfig(backend="vllm-server", temperature=0.0, tensor_parallel_size=2,
+                      distributed_executor_backend="mp")
+    cmd = server_command(check_server_args(cfg, "/models/m", k, None), 8123)
+    assert flag(cmd, "--tensor-parallel-size") == "2" and flag(cmd, "--distributed-executor-backend") == "mp"
+    plain = server_command(check_server_args(SweepConfig(backend="vllm-server"), "/models/m", k, None), 8123)
+    assert flag(plain, "--tensor-parallel-size") in (None, "1") and "--distributed-executor-backend" not in plain

@@ -100,6 +100,9 @@ def check_terminal(line: str, block: dict, k: int) -> None:
         t = at[i]
         assert same(m[1], t["observed"]) and same(m[2], t["expected"]) and int(m[3]) == t["steps"], (cell, t)
         assert (m[4] == "certain") == (t["z"] is None) and (t["z"] is None or same(m[5], t["z"])), (cell, t)
+        # and word for word as the law's own terminal lines write that position's z (check-lossless, trace-layers)
+        said = next(x for x in law_lines(block) if x.startswith(f"  pos {i}: "))
+        assert f" steps, {m[4]})" in said or f" steps, {m[4]}, TV" in said, (cell, said)
 
 
 def check_page(html: str, blocks: dict[str, dict]) -> None:
@@ -159,3 +162,17 @@ def test_every_artifact_shows_each_points_law_as_its_block_says(case):
             check_terminal(said[GridPoint("vllm", k, 1).name], b, k)
         check_page((d / "report.html").read_text(),
                    {label({"k": k, "mode": "vllm", "mtp_layers": 1}): blocks[k] for k in sorted(blocks)})
+
+
+@given(st.one_of(st.none(), st.floats(-50, 50), st.sampled_from([-0.0, -0.004, -0.005, -0.0049999, 0.005, 0.0])))
+def test_a_z_is_written_with_two_decimals_and_a_sign_and_never_minus_zero(z):
+    """The rule (metrics.law.z_text, every terminal line of the law): None is "certain"; else "z" and the value at
+    two decimals with its sign, where a value that shows as zero is "+0.00"."""
+    from mtpbench.metrics.law import z_text
+
+    if z is None:
+        want = "certain"
+    else:
+        digits = f"{abs(z):.2f}"
+        want = "z " + ("+" if z >= 0 or digits == "0.00" else "-") + digits
+    assert z_text(z) == want
