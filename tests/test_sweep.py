@@ -301,6 +301,7 @@ def test_law_rows_follow_the_law_at_every_position(tmp_path, temperature):
                                  "--out", str(out)])
     assert r.exit_code == 0, r.output
     assert "chain-L3-k2: follows the law; pos 0 " in r.output
+    assert "chain-L3-k2: the law's untimed pass" in r.output  # its own step in the progress (off a terminal, a line)
     [block] = _law_artifacts(out, {"chain-L3-k2": "chain k = 2, 3 MTP layers"}).values()
     assert block["verdict"] == "follows the law" and [t["position"] for t in block["positions"]] == [0, 1]
     for t in block["positions"] + [block["joint"]]:

@@ -142,6 +142,11 @@ def law_report(started: list, stopped: list) -> dict:
     return {"observable": True, **(verifying or ranks)[0]}
 
 
+def failed_pass(e: Exception) -> dict:
+    """The law's report where its untimed pass raised (the point's timed runs stand): not observable, and why."""
+    return {"observable": False, "why": f"the untimed pass failed: {type(e).__name__}: {e}"[:500]}
+
+
 def z_text(z: float | None) -> str:
     """A position's z in words, as every terminal line writes it: "certain" where z is infinite (None), else two
     decimals with a sign, never "-0.00" (a z that rounds to zero is "+0.00" wherever it is printed)."""

@@ -126,7 +126,7 @@ def measure_all(cfg: SweepConfig, backend, todo: list, out: Path, fp: dict, on_p
         prompts_of = {p.name: q for p, q in todo}  # the A/A copy (k = 0) reads no law
 
         def save(p, run, wall, extra):  # after every round: the law's pass is never timed
-            law = point_law(cfg, backend, p, prompts_of.get(p.name), run)
+            law = point_law(cfg, backend, p, prompts_of.get(p.name), run, on_point)
             save_point(cfg, p, run, out, fp, wall, {**extra, **law})
 
         run_rounds(cfg, todo, lambda c, p, q: measure(c, backend, p, q, out, fp), save, on_point, family)
@@ -134,7 +134,7 @@ def measure_all(cfg: SweepConfig, backend, todo: list, out: Path, fp: dict, on_p
     for i, (point, prompts) in enumerate(todo):
         if on_point:
             on_point(i, len(todo), point.name)
-        run_one(cfg, backend, point, prompts, out, fp)
+        run_one(cfg, backend, point, prompts, out, fp, on_point)
 
 
 def claim_out(cfg: SweepConfig, n_layers: int | None, fp: dict, say) -> store.Claim | None:
@@ -222,34 +222,37 @@ def measure(cfg: SweepConfig, backend, point: GridPoint, prompts, out: Path, fp:
         return None
 
 
-def run_one(cfg: SweepConfig, backend, point: GridPoint, prompts, out: Path, fp: dict) -> None:
+def run_one(cfg: SweepConfig, backend, point: GridPoint, prompts, out: Path, fp: dict, on_point=None) -> None:
     """Measure one point, all its repeats, into ``<name>.json``, or record why it failed."""
     t0 = time.perf_counter()
     run = measure(cfg, backend, point, prompts, out, fp)
     if run is not None:
         wall = time.perf_counter() - t0
-        save_point(cfg, point, run, out, fp, wall, point_law(cfg, backend, point, prompts, run))
+        save_point(cfg, point, run, out, fp, wall, point_law(cfg, backend, point, prompts, run, on_point))
 
 
-def point_law(cfg: SweepConfig, backend, point: GridPoint, prompts, run) -> dict:
+def point_law(cfg: SweepConfig, backend, point: GridPoint, prompts, run, on_point=None) -> dict:
     """--law at a k > 0 point: ``{"acceptance_law": block}`` (``metrics.law.law_block``, as trace.json's) of the
     verify steps the backend recorded in an untimed pass after the point's timed runs (``PointRun.law``, or the
     backend's ``read_law``), or of why it could not; empty without --law or at k = 0. A failed pass leaves the
-    point's timings standing and says why in the block."""
+    point's timings standing and says why in the block. ``on_point``: the pass is shown as a step of its own (it
+    reruns the point's prompts: minutes on a slow engine)."""
     if not cfg.law or point.k == 0:
         return {}
-    from mtpbench.metrics.law import law_block, token_classifier
+    from mtpbench.metrics.law import failed_pass, law_block, token_classifier
 
     report = run.law
     if report is None and backend.read_law is None:
         report = {"observable": False, "why": f"the {cfg.backend} backend does not read the verifier's law"}
     elif report is None:
+        if on_point:
+            on_point(0, 1, f"{point.name}: the law's untimed pass")
         try:
             report = backend.read_law(cfg, point, prompts)
         except MtpBenchError:
             raise
         except Exception as e:
-            report = {"observable": False, "why": f"the untimed pass failed: {type(e).__name__}: {e}"[:500]}
+            report = failed_pass(e)
     # the draft tokens classed by the model's tokenizer, where it is here (an attached server's model is not)
     classify = token_classifier(cfg.model_dir) if report.get("observable") and not cfg.server else None
     return {"acceptance_law": law_block(report, "not recorded", classify)}

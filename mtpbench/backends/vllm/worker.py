@@ -26,7 +26,7 @@ from mtpbench.backends.vllm import plugin, scores
 from mtpbench.backends.vllm.counters import counter_delta, per_request_acceptance, read_spec_counters
 from mtpbench.backends.vllm.inprocess import engine_prompts, engine_runner, held_mtp_bytes
 from mtpbench.metrics import BatchRecord, PointRun, RequestRecord
-from mtpbench.metrics.law import law_report
+from mtpbench.metrics.law import failed_pass, law_report
 from mtpbench.procguard import end_with_parent
 from mtpbench.prompts import Prompt, batches
 
@@ -127,7 +127,7 @@ def run_op(llm, spec: dict) -> dict:
         try:
             run.law = law_pass(llm, cfg, prompts)
         except Exception as e:  # the timed runs stand: the law's block says why it is missing
-            run.law = {"observable": False, "why": f"the untimed pass failed: {type(e).__name__}: {e}"[:500]}
+            run.law = failed_pass(e)
     run.mtp_weight_bytes = held_mtp_bytes(llm) if k > 0 else 0
     run.notes += ran.pop("notes")
     if ran["sampler_fault"] and cfg.get("temperature", 0) > 0:
