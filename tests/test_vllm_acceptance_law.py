@@ -4,8 +4,8 @@ probability computed from the raw target logits and each request's own temperatu
 ``mtpbench.stats.acceptance.law_test`` tests them position by position.
 
 The correct engines follow the law (V1 with the expand step fixed, tests/vllm_cpu_expand_fix; V2), greedy, T = 1
-and top-p 0.8, at seeds 0-4 (V2 at top-p 0.8, seed 0, and the mixed batch of 8 only unless
-MTPBENCH_LAW_SEEDS=all: its interpreter is slow), in batches of 8 and of 1, with greedy and sampled requests mixed in one batch; vllm-cpu's
+and top-p 0.8, at seeds 0-4 (V2 at top-p 0.8, seed 0, and the mixed batch of 8 only unless MTPBENCH_LAW_SEEDS=all:
+its interpreter is slow), in batches of 8 and of 1, with greedy and sampled requests mixed in one batch; vllm-cpu's
 unfixed V1 expand step (vllm#55005) is named at its position. builtin-glm (3 MTP layers), k = 2, 8 prompts x 32
 tokens, one engine per runner (``law_point``: one worker, every setting).
 

@@ -7,11 +7,12 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from mtpbench.metrics.law import (LAW_HEADERS, TOKEN_CLASSES, breakdowns, context_bucket, law_lines, law_report,
-                                  law_rows, law_summary, token_class)
+from mtpbench.metrics.law import (LAW_HEADERS, TOKEN_CLASSES, breakdowns, context_bucket, failed_pass, law_block,
+                                  law_lines, law_report, law_rows, law_summary, row_fields, token_class,
+                                  token_classifier)
 from tests.unit.test_acceptance_law_properties import oracle
 
 maybe = st.one_of(st.none(), st.floats(0.0, 1.0, allow_nan=False))
@@ -91,6 +92,10 @@ def test_what_cannot_be_observed_is_said_not_tested():
 
 @settings(max_examples=300, deadline=None)
 @given(st.integers(0, 10 ** 6))
+@example(31).via("the first edge")
+@example(32).via("the first edge")
+@example(63).via("the second edge")
+@example(64).via("the second edge")
 def test_a_context_lies_in_its_bucket(n):
     bucket = context_bucket(n)
     if n < 32:
@@ -104,7 +109,7 @@ def test_a_context_lies_in_its_bucket(n):
     ("<|endoftext|>", True, "special"), (" ", False, "whitespace/punctuation"),
     ("\n\n", False, "whitespace/punctuation"),
     ("):", False, "whitespace/punctuation"), (" 42", False, "digits"), ("3.", False, "digits"),
-    (" def", False, "words"), ("_x1", False, "words"), ("é", False, "words"), ("\ufffd", False, "other"),
+    (" def", False, "words"), ("_x1", False, "words"), ("_", False, "words"), ("__", False, "words"), ("é", False, "words"), ("\ufffd", False, "other"),
     ("", False, "other"), ("x", True, "special")])
 def test_each_draft_token_falls_in_one_class(text, special, want):
     assert token_class(text, special) == want
@@ -147,3 +152,57 @@ def test_the_breakdowns_share_out_each_positions_steps(raw):
     summary = law_summary(steps, classify=classes.__getitem__)  # trace.json's block carries them
     assert (summary["by_context"], summary["by_token_class"]) == (got["by_context"], got["by_token_class"])
     assert breakdowns(steps)["by_token_class"] is None  # no tokenizer: no classes
+
+
+NOT_OBSERVED = {"observable": False, "verdict": None, "positions": [], "joint": None, "by_context": None,
+                "by_token_class": None}
+
+
+def test_a_block_is_the_summary_of_what_was_recorded_or_says_why_not():
+    """A backend's report becomes the artifacts' block: its steps tested where it observed them; else its own
+    reason, or the caller's where it gave none (no report, an empty one, one without a why)."""
+    assert law_block(None, "the backend reads no law") == {**NOT_OBSERVED, "why": "the backend reads no law"}
+    assert law_block({}, "not recorded") == {**NOT_OBSERVED, "why": "not recorded"}
+    assert law_block({"observable": False}, "not recorded") == {**NOT_OBSERVED, "why": "not recorded"}
+    assert law_block({"observable": False, "why": "no plugin"}, "not recorded") == {**NOT_OBSERVED, "why": "no plugin"}
+    steps = [(0, 0, 1, 0.5, None, None, 1.0), (0, 0, 0, 0.5, None, None, 1.0), (0, 1, 1, 1.0, None, None, 1.0)]
+    block = law_block({"observable": True, "steps": steps}, "not recorded")
+    assert block["observable"] is True and block["why"] is None
+    assert [(t["position"], t["steps"], t["observed"], t["expected"]) for t in block["positions"]] == [
+        (0, 2, 0.5, 0.5), (1, 1, 1.0, 1.0)]
+
+
+def test_a_failed_pass_is_not_observable_and_says_what_raised():
+    assert failed_pass(ValueError("bad batch")) == {"observable": False,
+                                                    "why": "the untimed pass failed: ValueError: bad batch"}
+    long = failed_pass(RuntimeError("x" * 1000))["why"]  # a traceback's text is cut to what a block holds
+    assert len(long) == 500 and long.startswith("the untimed pass failed: RuntimeError: xxx")
+
+
+def test_a_row_has_none_at_a_position_no_draft_reached():
+    """Every draft at position 0 rejected: position 1 was never reached; its columns are None, not a number."""
+    block = law_summary([(0, 0, 0, 0.25, None, None, 1.0)] * 4)
+    fields = row_fields(block, 2)
+    assert fields["law_verdict"] == block["verdict"]
+    assert fields["law_steps_per_pos"] == (4, None) and fields["law_observed_per_pos"] == (0.0, None)
+    assert fields["law_expected_per_pos"] == (0.25, None) and fields["law_z_per_pos"][1] is None
+    assert row_fields(None, 2) == {} and row_fields({"observable": False, "why": "w"}, 2) == {
+        "law_verdict": "not observable (w)"}
+
+
+def test_the_token_classifier_reads_the_models_tokenizer(tmp_path):
+    """Each token id's class from its text in the model's own tokenizer.json, its special tokens "special"; no
+    tokenizer (or one that does not load) gives no classifier, not an error."""
+    from tokenizers import AddedToken, Tokenizer, models
+
+    tok = Tokenizer(models.WordLevel({"word_x": 0, "42": 1, ",": 2, "_": 3, "<unk>": 4}, unk_token="<unk>"))
+    tok.add_special_tokens([AddedToken("<eos>", special=True)])  # id 5
+    tok.add_tokens([AddedToken(" 7", special=False)])  # id 6: added, not special
+    tok.save(str(tmp_path / "tokenizer.json"))
+    classify = token_classifier(tmp_path)
+    assert [classify(i) for i in range(7)] == ["words", "digits", "whitespace/punctuation", "words", "words",
+                                               "special", "digits"]
+    assert token_classifier(tmp_path / "none") is None
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "tokenizer.json").write_text("{")
+    assert token_classifier(tmp_path / "broken") is None
