@@ -113,6 +113,8 @@ def test_a_context_lies_in_its_bucket(n):
     ("", False, "other"), ("x", True, "special")])
 def test_each_draft_token_falls_in_one_class(text, special, want):
     assert token_class(text, special) == want
+    if not special:  # a token is not special unless said
+        assert token_class(text) == want
 
 
 @settings(max_examples=200, deadline=None)
@@ -170,6 +172,12 @@ def test_a_block_is_the_summary_of_what_was_recorded_or_says_why_not():
     assert block["observable"] is True and block["why"] is None
     assert [(t["position"], t["steps"], t["observed"], t["expected"]) for t in block["positions"]] == [
         (0, 2, 0.5, 0.5), (1, 1, 1.0, 1.0)]
+    assert block["by_token_class"] is None  # no classifier given
+    tokens = [(*s, 40, tok) for s, tok in zip(steps, (3, 3, 8))]  # with the context and the draft token
+    block = law_block({"observable": True, "steps": tokens}, "not recorded", lambda t: "digits" if t < 5 else "words")
+    assert [(g["group"], g["position"], g["steps"]) for g in block["by_token_class"]] == [
+        ("digits", 0, 2), ("words", 1, 1)]
+    assert [(g["group"], g["position"], g["steps"]) for g in block["by_context"]] == [("32-63", 0, 2), ("32-63", 1, 1)]
 
 
 def test_a_failed_pass_is_not_observable_and_says_what_raised():
