@@ -41,9 +41,13 @@ SEEDS = {"v1": range(5), "v2": range(5) if ALL else range(1)}
 
 
 def runner_settings(runner: str) -> list[dict]:
+    """The settings a runner's engine is read at: every one for V1 (and V2 with MTPBENCH_LAW_SEEDS=all), else V2's
+    top-p 0.8 at its seeds."""
     if runner == "v1" or ALL:
         return settings(SEEDS[runner])
     return [{"temperature": 1.0, "top_p": 0.8, "seed": s} for s in SEEDS[runner]]
+
+
 # batch composition (issue 46 item 4): greedy and sampled requests in one batch, and one request a batch
 MIXED = [{"temperature": [0.0, 1.0], "seed": 7}, {"temperature": [0.0, 1.0], "seed": 8, "batch_size": 1}]
 
