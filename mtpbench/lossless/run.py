@@ -258,23 +258,26 @@ def stage_tests(drawn: dict, perm_seed: int) -> tuple[stats.Stage, dict | None]:
     return stats.Stage(ab, aa, stats.excess_test(excess, strata, on), law), fit
 
 
-def law_block(law: dict | None) -> dict:
+def law_block(law: dict | None, over: float = stats.ALARM_LAW) -> dict:
     """The drafting arm's acceptance against its law, as trace.json's ``acceptance_law`` (``law_summary``), or why
-    it was not read."""
+    it was not read; over-acceptance decided at the level the verdict reads it at in this stage (``over``: the
+    alarm's, or the confirmation's), under-acceptance at the law test's own (the note beside the verdict), so the
+    table and the verdict never disagree."""
     from mtpbench.metrics.law import law_summary
+    from mtpbench.stats.acceptance import ALPHA
 
     if law is None:
         return law_summary([], why="this backend does not read the verifier's law")
     if not law.get("observable"):
         return law_summary([], why=law.get("why") or "not observable")
-    return law_summary(law["steps"])
+    return law_summary(law["steps"], levels={"over": over, "under": ALPHA / 2})
 
 
-def _stage_record(drawn: dict, stage: stats.Stage, fit: dict | None) -> dict:
+def _stage_record(drawn: dict, stage: stats.Stage, fit: dict | None, over: float = stats.ALARM_LAW) -> dict:
     return {"arm_seeds": drawn["seeds"], "arms": drawn["log"],
             "test": stage.ab and asdict(stage.ab), "aa_test": stage.aa and asdict(stage.aa),
             "excess_test": stage.excess and asdict(stage.excess),
-            "acceptance_law": law_block(drawn.get("law")),
+            "acceptance_law": law_block(drawn.get("law"), over),
             "score_tests": None if fit is None else {name: t and asdict(t) for name, t in fit.items()}}
 
 
@@ -316,7 +319,7 @@ def run_sampling(backend, cfg: CheckConfig, ids: list[list[int]], prompt_ids: li
     return {
         "verdict": SAMPLING_LOSSLESS if verdict == stats.LOSSLESS else verdict, "why": why,
         **_stage_record(first, *stages[0]), "score_tests_unavailable": first["moments_note"],
-        "alarm": raised, "confirmation": None if second is None else _stage_record(second, *stages[1]),
+        "alarm": raised, "confirmation": None if second is None else _stage_record(second, *stages[1], stats.CONFIRM_LAW),
         "combined": None if second is None else {k: c and asdict(c) for k, c in
                                                  stats.combined(stages[0][0], stages[1][0]).items()},
         "detectable_shift": None if ab is None else stats.detectable_shift(ab),

@@ -22,6 +22,7 @@ def _mean(values: list) -> float | None:
     return round(sum(known) / len(known), 4) if known else None
 
 
+SIGNIFICANT = ("p_over", "p_under", "over_level", "under_level")  # written to 4 significant digits
 TOKEN_CLASSES = ("special", "whitespace/punctuation", "digits", "words", "other")
 
 
@@ -85,35 +86,39 @@ def breakdowns(steps: list, classify=None) -> dict:
             "by_token_class": _groups(drafted, by_class) if drafted and classify is not None else None}
 
 
-def law_summary(steps: list, why: str | None = None, classify=None) -> dict:
-    """``{"observable", "verdict", "positions": [...], "joint": {...}}``: per draft position the test (observed
-    and expected acceptance, z, the interval of observed - expected at the family's level, p, decision) and where
-    the drafter's law is known the total-variation distance between p and q and the two proposals' acceptance;
-    then ``breakdowns``. ``why``: the reason the laws could not be read (an attached server without the plugin):
-    observable False."""
+def law_summary(steps: list, why: str | None = None, classify=None, levels: dict | None = None) -> dict:
+    """``{"observable", "verdict", "positions": [...], "joint": {...}}``: per draft position the exact test
+    (observed and expected acceptance, its two tails, certain departures, z, the interval of observed - expected
+    against the law's region at the test's levels, decision) and where the drafter's law is known the
+    total-variation distance between p and q and the two proposals' acceptance; then ``breakdowns``. ``levels``:
+    the answer's budget for the test (``stats.judge.law_levels``: over, under, and a family where the answer holds
+    more tests than this block); ``why``: the reason the laws could not be read (an attached server without the
+    plugin): observable False."""
     if why is not None:
         return {"observable": False, "why": why, "verdict": None, "positions": [], "joint": None,
                 "by_context": None, "by_token_class": None}
-    verdict, tests = law_test([(s[1], s[2], s[3]) for s in steps])
+    verdict, tests = law_test([(s[1], s[2], s[3]) for s in steps], **(levels or {}))
     out = []
     for t in tests:
         at = [s for s in steps if t.position is None or s[1] == t.position]
         probabilistic = _mean([s[4] for s in at])
-        # z infinite (every step certain, one departed: the decision says which way) is written as None
-        row = {key: (round(v, 4) if math.isfinite(v) else None) if isinstance(v, float) else v
-               for key, v in asdict(t).items()}
+        # z infinite (a certain departure: the decision and the counts say which way) is written as None, as is the
+        # z of a test whose every step was certain; the tails and levels to 4 significant digits (small, read
+        # against each other), the shares to 4 decimals
+        row = {key: (None if not math.isfinite(v) else float(f"{v:.4g}") if key in SIGNIFICANT else round(v, 4))
+               if isinstance(v, float) else v for key, v in asdict(t).items()}
         out.append({**row, "tv": None if probabilistic is None else round(1 - probabilistic, 4),
                     "probabilistic": probabilistic, "greedy": _mean([s[5] for s in at])})
     return {"observable": True, "why": None, "verdict": verdict, "positions": out[:-1],
             "joint": out[-1] if out else None, **breakdowns(steps, classify)}
 
 
-def law_block(report: dict | None, why: str, classify=None) -> dict:
-    """The artifacts' block (``law_summary``) of what a backend recorded (``{"observable": True, "steps": [...]}``),
-    or, where it recorded nothing, of the reason it gave (``why`` where it gave none)."""
+def law_block(report: dict | None, why: str, classify=None, levels: dict | None = None) -> dict:
+    """The artifacts' block (``law_summary``, at ``levels``) of what a backend recorded (``{"observable": True,
+    "steps": [...]}``), or, where it recorded nothing, of the reason it gave (``why`` where it gave none)."""
     if not report or not report.get("observable"):
         return law_summary([], (report or {}).get("why") or why)
-    return law_summary(report["steps"], classify=classify)
+    return law_summary(report["steps"], classify=classify, levels=levels)
 
 
 def token_classifier(model_dir):
@@ -148,8 +153,9 @@ def failed_pass(e: Exception) -> dict:
 
 
 def z_text(z: float | None) -> str:
-    """A position's z in words, as every terminal line writes it: "certain" where z is infinite (None), else two
-    decimals with a sign, never "-0.00" (a z that rounds to zero is "+0.00" wherever it is printed)."""
+    """A position's z in words, as every terminal line writes it: "certain" where there is none (None: a certain
+    departure, or every step certain, as at temperature 0, where the law is argmax agreement), else two decimals
+    with a sign, never "-0.00" (a z that rounds to zero is "+0.00" wherever it is printed)."""
     return "certain" if z is None else f"z {round(z, 2) + 0.0:+.2f}"
 
 
@@ -163,11 +169,18 @@ def law_lines(block: dict | None) -> list[str]:
     lines = [f"acceptance against its law: {block['verdict']}",
              "  (the share of the drafts reaching each position that were accepted, against the law's expectation)"]
     for t in block["positions"]:
-        z = z_text(t["z"])
+        z = z_text(t["z"]) + sure_text(t)
         tv = "" if t["tv"] is None else f", TV(p, q) {t['tv']:.2f}"
         lines.append(f"  pos {t['position']}: observed {t['observed']:.3f}, expected {t['expected']:.3f} "
                      f"({t['steps']} steps, {z}{tv}): {t['decision']}")
     return lines
+
+
+def sure_text(t: dict) -> str:
+    """A test's certain departures in words (records written before issue 55 have none)."""
+    said = [f"{n} accepted with probability 0" if key == "certain_over" else f"{n} rejected with probability 1"
+            for key in ("certain_over", "certain_under") if (n := t.get(key))]
+    return f": {', '.join(said)}" if said else ""
 
 
 def row_fields(block: dict | None, k: int) -> dict:
@@ -200,5 +213,5 @@ def law_rows(block: dict) -> list[list]:
 
     return [["all" if t["position"] is None else t["position"], t["steps"], t["observed"], t["expected"],
              f"{t['observed'] - t['expected']:+.3f} [{t['low']:+.3f}, {t['high']:+.3f}]",
-             "certain" if t["z"] is None else t["z"], t["decision"], cell(t["tv"]), cell(t["probabilistic"]),
+             z_text(t["z"]) + sure_text(t) if t["z"] is None else t["z"], t["decision"], cell(t["tv"]), cell(t["probabilistic"]),
              cell(t["greedy"])] for t in block["positions"] + [block["joint"]]]

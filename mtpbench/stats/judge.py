@@ -287,6 +287,19 @@ def level_text(lvl: float) -> str:
     return f"{100 * lvl:.2f}".rstrip("0").rstrip(".") + " %"
 
 
+def law_levels(alpha: float = ALPHA, family: int | None = None) -> dict:
+    """The acceptance law's share of an answer that reads it on its own (trace-layers, a sweep's --law): two-sided,
+    alpha / 2 a side (over-acceptance, under-acceptance), Bonferroni over ``family`` tests (a sweep: every k > 0
+    point's positions and joint test; None: the block's own). ``stats.acceptance.law_test``'s keywords."""
+    return {"over": alpha / 2, "under": alpha / 2, **({"family": family} if family else {})}
+
+
+def law_family(ks) -> int:
+    """The law tests of a sweep's --law answer: each k > 0 point's k positions and its joint test (an upper bound:
+    a position no draft reached is not tested)."""
+    return sum(k + 1 for k in ks if k > 0)
+
+
 # the words each answer uses for a decision
 def speed(c: Comparison) -> str:
     """A timing ratio's decision: faster, slower or open."""

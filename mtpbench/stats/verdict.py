@@ -158,19 +158,27 @@ def _one_sided(alpha: float) -> float:
 
 
 def over_accepting(law: LawEvidence | None, alpha: float) -> list:
-    """The law tests whose z passes the one-sided point of ``alpha`` / the family (over-acceptance), in order."""
+    """The law tests over-accepting at ``alpha`` over the family, in order: a certain departure (a draft accepted
+    with probability 0), or the exact upper tail of the accepted count at or below ``alpha`` / the family."""
     if law is None:
         return []
-    point = _one_sided(alpha / law.family)
-    return [t for t in law.tests if t.z > point]
+    return [t for t in law.tests if t.certain_over or t.p_over <= alpha / law.family]
 
 
 def _where(t) -> str:
     return "all positions together" if t.position is None else f"position {t.position}"
 
 
+def _law_z(t) -> str:
+    if t.certain_over:
+        return f"{t.certain_over} accepted with probability 0: certain"
+    if t.certain_under:
+        return f"{t.certain_under} rejected with probability 1: certain"
+    return "certain" if t.z is None else f"z {t.z:+.3g}, p {t.p_under if t.z < 0 else t.p_over:.3g}"
+
+
 def _law_words(tests) -> str:
-    return ", ".join(f"{_where(t)} (observed {t.observed:.3g}, expected {t.expected:.3g}, z {t.z:+.3g})"
+    return ", ".join(f"{_where(t)} (observed {t.observed:.3g}, expected {t.expected:.3g}, {_law_z(t)})"
                      for t in tests)
 
 
@@ -260,7 +268,7 @@ def law_combined(first: Stage, second: Stage) -> list[tuple]:
     point = _one_sided(COMBINE_LAW / max(first.law.family, second.law.family))
     out = []
     for t1, t2 in pairs:
-        if t1.z > 0 and t2.z > 0:
+        if (t1.z or 0) > 0 and (t2.z or 0) > 0:
             z = math.inf if math.isinf(t1.z) or math.isinf(t2.z) else _stouffer(t1.z, t1.steps, t2.z, t2.steps).z
             if z > point:
                 out.append((t1, t2, z))

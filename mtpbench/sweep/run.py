@@ -39,7 +39,7 @@ from mtpbench.prompts import run_prompts
 from mtpbench.sweep import store
 from mtpbench.sweep.load import divergence_holds
 from mtpbench.sweep.report import build
-from mtpbench.stats.judge import ALPHA
+from mtpbench.stats.judge import ALPHA, law_family, law_levels
 from mtpbench.stats.sequential import max_looks
 from mtpbench.sweep.rounds import family_of, run_rounds, sequential
 
@@ -91,11 +91,13 @@ def run_sweep(cfg: SweepConfig, on_point: Callable[[int, int, str], None] | None
         points = grid(cfg, n_layers, engine.get("k"))
         make_out_dir(out)
         family = family_of(points)
+        law_fam = law_family(p.k for p in points) if cfg.law else None  # one family across the points' law tests
         looks = max_looks(cfg.repeats, cfg.max_repeats) if sequential(cfg) else 1
         write_json(out / "run.json", {"config": cfg.to_json(), "provenance": prov, "engine": engine,
                                       "prompts": prompts_info, "fingerprint": fp,
                                       "execution": execution(cfg.to_json()),
-                                      "judge": {"family": family, "looks": looks, "alpha": ALPHA}})
+                                      "judge": {"family": family, "looks": looks, "alpha": ALPHA,
+                                                **({"law_family": law_fam} if law_fam else {})}})
         window = context_window(cfg)
         todo = []
         for point in points:
@@ -106,7 +108,7 @@ def run_sweep(cfg: SweepConfig, on_point: Callable[[int, int, str], None] | None
                            {"point": point.to_json(cfg.backend), "fingerprint": fp, "error": too_long})
             elif point.name not in held.reused:
                 todo.append((point, prompts))
-        measure_all(cfg, backend, todo, out, fp, on_point, family)
+        measure_all(cfg, backend, todo, out, fp, on_point, family, law_fam)
         if cfg.temperature == 0:  # while the engine is still up: the report never runs a model
             save_greedy_divergences(cfg, backend, engine, points, psets, out, fp)
         run = json.loads((out / "run.json").read_text())
@@ -119,14 +121,16 @@ def run_sweep(cfg: SweepConfig, on_point: Callable[[int, int, str], None] | None
     return build(out)
 
 
-def measure_all(cfg: SweepConfig, backend, todo: list, out: Path, fp: dict, on_point, family: int) -> None:
+def measure_all(cfg: SweepConfig, backend, todo: list, out: Path, fp: dict, on_point, family: int,
+                law_fam: int | None = None) -> None:
     """Measure and save ``todo``'s (point, prompts): in rounds where one engine in this process serves every point
-    (``sweep.rounds``), else a point after the other (``run_one``). --law's pass comes after a point's timed runs."""
+    (``sweep.rounds``), else a point after the other (``run_one``). --law's pass comes after a point's timed runs,
+    its tests one family (``law_fam``) across the sweep's points."""
     if info(cfg.backend).interleaves_repeats and (cfg.repeats > 1 or cfg.warmup or sequential(cfg)):
         prompts_of = {p.name: q for p, q in todo}  # the A/A copy (k = 0) reads no law
 
         def save(p, run, wall, extra):  # after every round: the law's pass is never timed
-            law = point_law(cfg, backend, p, prompts_of.get(p.name), run, on_point)
+            law = point_law(cfg, backend, p, prompts_of.get(p.name), run, on_point, law_fam)
             save_point(cfg, p, run, out, fp, wall, {**extra, **law})
 
         run_rounds(cfg, todo, lambda c, p, q: measure(c, backend, p, q, out, fp), save, on_point, family)
@@ -134,7 +138,7 @@ def measure_all(cfg: SweepConfig, backend, todo: list, out: Path, fp: dict, on_p
     for i, (point, prompts) in enumerate(todo):
         if on_point:
             on_point(i, len(todo), point.name)
-        run_one(cfg, backend, point, prompts, out, fp, on_point)
+        run_one(cfg, backend, point, prompts, out, fp, on_point, law_fam)
 
 
 def claim_out(cfg: SweepConfig, n_layers: int | None, fp: dict, say) -> store.Claim | None:
@@ -222,21 +226,24 @@ def measure(cfg: SweepConfig, backend, point: GridPoint, prompts, out: Path, fp:
         return None
 
 
-def run_one(cfg: SweepConfig, backend, point: GridPoint, prompts, out: Path, fp: dict, on_point=None) -> None:
+def run_one(cfg: SweepConfig, backend, point: GridPoint, prompts, out: Path, fp: dict, on_point=None,
+            law_fam: int | None = None) -> None:
     """Measure one point, all its repeats, into ``<name>.json``, or record why it failed."""
     t0 = time.perf_counter()
     run = measure(cfg, backend, point, prompts, out, fp)
     if run is not None:
         wall = time.perf_counter() - t0
-        save_point(cfg, point, run, out, fp, wall, point_law(cfg, backend, point, prompts, run, on_point))
+        save_point(cfg, point, run, out, fp, wall, point_law(cfg, backend, point, prompts, run, on_point, law_fam))
 
 
-def point_law(cfg: SweepConfig, backend, point: GridPoint, prompts, run, on_point=None) -> dict:
+def point_law(cfg: SweepConfig, backend, point: GridPoint, prompts, run, on_point=None,
+              law_fam: int | None = None) -> dict:
     """--law at a k > 0 point: ``{"acceptance_law": block}`` (``metrics.law.law_block``, as trace.json's) of the
     verify steps the backend recorded in an untimed pass after the point's timed runs (``PointRun.law``, or the
     backend's ``read_law``), or of why it could not; empty without --law or at k = 0. A failed pass leaves the
     point's timings standing and says why in the block. ``on_point``: the pass is shown as a step of its own (it
-    reruns the point's prompts: minutes on a slow engine)."""
+    reruns the point's prompts: minutes on a slow engine). ``law_fam``: the sweep's law tests, one family
+    (``stats.judge.law_family``): a sweep of six correct drafting points is called out no more often than one point."""
     if not cfg.law or point.k == 0:
         return {}
     from mtpbench.metrics.law import failed_pass, law_block, token_classifier
@@ -255,7 +262,7 @@ def point_law(cfg: SweepConfig, backend, point: GridPoint, prompts, run, on_poin
             report = failed_pass(e)
     # the draft tokens classed by the model's tokenizer, where it is here (an attached server's model is not)
     classify = token_classifier(cfg.model_dir) if report.get("observable") and not cfg.server else None
-    return {"acceptance_law": law_block(report, "not recorded", classify)}
+    return {"acceptance_law": law_block(report, "not recorded", classify, law_levels(family=law_fam))}
 
 
 def save_point(cfg: SweepConfig, point: GridPoint, run, out: Path, fp: dict, wall_s: float,

@@ -21,10 +21,10 @@ law_step = st.tuples(st.integers(0, 3), st.integers(0, 3), st.integers(0, 1), st
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(law_step, min_size=1, max_size=40))
+@given(st.lists(law_step, min_size=1, max_size=12))
 def test_each_positions_numbers_are_its_steps_and_the_verdict_the_rules(steps):
     block = law_summary(steps)
-    verdict, rows = oracle([(s[1], s[2], s[3]) for s in steps])
+    verdict, rows = oracle([(s[1], s[2], s[3]) for s in steps], 0.025, 0.025)
     assert block["observable"] and block["verdict"] == verdict
     assert [t["position"] for t in block["positions"]] == sorted({s[1] for s in steps})
     for t in block["positions"] + [block["joint"]]:
@@ -39,10 +39,12 @@ def test_each_positions_numbers_are_its_steps_and_the_verdict_the_rules(steps):
         else:
             assert t["probabilistic"] is None and t["tv"] is None
         want = next(r for r in rows if r[0] == t["position"])
-        assert t["decision"] == want[5]
-        assert (t["z"] is None) == math.isinf(want[2])  # an infinite z (a certain step departed) is written None
-        if t["z"] is not None:
-            assert t["z"] == pytest.approx(want[2], abs=1e-4)
+        assert t["decision"] == want[2]
+        assert (t["certain_over"], t["certain_under"]) == (want[5], want[6])
+        # no z where a certain step departed (infinite) or where every step was certain (nothing to test)
+        assert (t["z"] is None) == bool(want[5] or want[6] or want[7])
+        assert (t["p_over"], t["p_under"]) == (pytest.approx(want[3], rel=1e-3, abs=1e-12),
+                                              pytest.approx(want[4], rel=1e-3, abs=1e-12))
     table = law_rows(block)  # the page's table: each row the test's own numbers, the joint row last
     assert len(table) == len(block["positions"]) + 1 and table[-1][0] == "all"
     for row, t in zip(table, block["positions"] + [block["joint"]]):
@@ -52,7 +54,7 @@ def test_each_positions_numbers_are_its_steps_and_the_verdict_the_rules(steps):
             t["steps"], t["observed"], t["expected"], t["decision"])
         assert cells["observed - expected"] == (f"{t['observed'] - t['expected']:+.3f} "
                                                 f"[{t['low']:+.3f}, {t['high']:+.3f}]")
-        assert cells["z"] == ("certain" if t["z"] is None else t["z"])
+        assert cells["z"] == (certain_words(t) if t["z"] is None else t["z"])
         assert [cells[h] for h in LAW_HEADERS[-3:]] == ["" if t[k] is None else t[k]
                                                          for k in ("tv", "probabilistic", "greedy")]
         if t["position"] is not None:
@@ -62,7 +64,7 @@ def test_each_positions_numbers_are_its_steps_and_the_verdict_the_rules(steps):
                          "that were accepted, against the law's expectation)"]
     assert len(lines) == 2 + len(block["positions"])
     for line, t in zip(lines[2:], block["positions"]):
-        z = "certain" if t["z"] is None else f"z {t['z']:+.2f}".replace("-0.00", "+0.00")  # never minus zero
+        z = certain_words(t) if t["z"] is None else f"z {t['z']:+.2f}".replace("-0.00", "+0.00")  # never minus 0
         tv = "" if t["tv"] is None else f", TV(p, q) {t['tv']:.2f}"
         assert line == (f"  pos {t['position']}: observed {t['observed']:.3f}, expected {t['expected']:.3f} "
                         f"({t['steps']} steps, {z}{tv}): {t['decision']}")
@@ -71,6 +73,13 @@ def test_each_positions_numbers_are_its_steps_and_the_verdict_the_rules(steps):
     for t in block["positions"] + [block["joint"]]:  # JSON's figures to 4 decimals
         assert all(round(t[k], 4) == t[k] for k in ("observed", "expected", "low", "high", "tv", "probabilistic",
                                                       "greedy", "z") if t[k] is not None)
+
+
+def certain_words(t: dict) -> str:
+    """A position without a z: "certain", and its certain departures counted."""
+    said = ([f"{t['certain_over']} accepted with probability 0"] if t["certain_over"] else []) + (
+        [f"{t['certain_under']} rejected with probability 1"] if t["certain_under"] else [])
+    return "certain" + (": " + ", ".join(said) if said else "")
 
 
 def test_what_cannot_be_observed_is_said_not_tested():

@@ -50,7 +50,7 @@ def test_the_law_tests_shares_keep_the_stated_false_lossy_bounds():
     assert (stats.ALARM_LAW, stats.CONFIRM_LAW, stats.COMBINE_LAW) == (0.015, 0.001, 0.0005)
     assert (stats.ALARM_EXCESS_LAW, stats.ALARM_AB_ALONE_LAW) == (0.26, 0.265)
     ok = two_sample(0.5)
-    law = stats.LawEvidence((PositionTest(None, 10, 0.5, 0.5, 0.0, -0.1, 0.1, 1.0, FOLLOWS),))
+    law = stats.LawEvidence((made(None, 10, 0.5),))
     with_law = stats.verdict.levels(stats.Stage(ok, ok, None, law))
     assert with_law["alarm_two_sample"] == 0.265 and with_law["alarm_law"] == 0.015
     assert stats.verdict.levels(stats.Stage(ok, ok, None))["alarm_two_sample"] == 0.3  # without it, as before
@@ -58,21 +58,36 @@ def test_the_law_tests_shares_keep_the_stated_false_lossy_bounds():
 
 # --- the rule against an oracle -------------------------------------------------------------------------------------
 
-z_value = st.one_of(st.floats(-6, 6, allow_nan=False), st.just(math.inf), st.just(-math.inf))
+def made(position, steps, p_over, certain_over=0, decision=FOLLOWS, observed=0.5, expected=0.5, certain_under=0,
+         p_under=None):
+    """A law test as ``stats.acceptance`` writes one: z the smaller tail's normal deviate (infinite for a certain
+    departure, None where every step was certain: here where ``p_over`` is None)."""
+    p_under = (1.0 if p_over is None else min(1.0, 1.0 - p_over + 1e-9)) if p_under is None else p_under
+    if certain_over or certain_under:
+        z = math.inf if certain_over else -math.inf
+    elif p_over is None:
+        z, p_over = None, 1.0
+    else:
+        z = -PHI.inv_cdf(max(p_over, 1e-300)) if p_over < min(0.5, p_under) else \
+            PHI.inv_cdf(max(p_under, 1e-300)) if p_under < min(0.5, p_over) else 0.0
+    return PositionTest(position, steps, observed, expected, z, 0.0, 0.0, p_over, p_under, decision, certain_over,
+                        certain_under)
+
+
+tail = st.one_of(st.floats(1e-12, 1.0), st.sampled_from([1e-5, 1e-4, 0.001 / 3, 0.015 / 4, 0.5, 1.0]), st.none())
 
 
 @st.composite
 def evidence(draw_, positions=None):
     n = positions if positions is not None else draw_(st.integers(1, 4))
-    tests = [PositionTest(i if i < n else None, draw_(st.integers(1, 5000)), 0.5, 0.5, draw_(z_value), 0, 0, 1.0,
-                          FOLLOWS) for i in range(n + 1)]
+    tests = [made(i if i < n else None, draw_(st.integers(1, 5000)), draw_(tail), draw_(st.sampled_from([0, 0, 0, 1])))
+             for i in range(n + 1)]
     return stats.LawEvidence(tuple(tests))
 
 
 def oracle_over(law, alpha):
-    """One-sided: z above the normal's 1 - alpha / (the number of tests) point."""
-    point = PHI.inv_cdf(1 - alpha / len(law.tests))
-    return [t for t in law.tests if t.z > point]
+    """One-sided: a certain departure, or the exact upper tail at or below alpha / (the number of tests)."""
+    return [t for t in law.tests if t.certain_over or t.p_over <= alpha / len(law.tests)]
 
 
 @settings(max_examples=300)
@@ -91,7 +106,7 @@ def test_the_law_alarms_confirms_and_combines_as_the_rule_says(first, second):
     want = []
     for t1 in first.tests:
         t2 = later.get(t1.position)
-        if t2 is None or not (t1.z > 0 and t2.z > 0):
+        if t2 is None or t1.z is None or t2.z is None or not (t1.z > 0 and t2.z > 0):
             continue
         z = math.inf if math.inf in (t1.z, t2.z) else \
             (math.sqrt(t1.steps) * t1.z + math.sqrt(t2.steps) * t2.z) / math.sqrt(t1.steps + t2.steps)
@@ -103,13 +118,13 @@ def test_the_law_alarms_confirms_and_combines_as_the_rule_says(first, second):
 
 def test_an_under_accepting_verifier_is_said_beside_a_lossless_verdict_never_lossy():
     ok = two_sample(0.5)
-    under = PositionTest(0, 400, 0.4, 0.6, -8.0, -0.25, -0.15, 0.0, UNDER)
-    law = stats.LawEvidence((under, PositionTest(None, 400, 0.4, 0.6, -8.0, -0.25, -0.15, 0.0, UNDER)))
+    under = made(0, 400, 1.0, decision=UNDER, observed=0.4, expected=0.6, p_under=1e-15)
+    law = stats.LawEvidence((under, made(None, 400, 1.0, decision=UNDER, observed=0.4, expected=0.6, p_under=1e-15)))
     verdict, why = stats.lossless_verdict([stats.Stage(ok, ok, None, law)])
     assert verdict == stats.LOSSLESS and why.endswith(
-        "; the verifier under-accepts at position 0 (observed 0.4, expected 0.6, z -8), all positions together "
-        "(observed 0.4, expected 0.6, z -8): drafts wasted, not lossy"), why
-    over = stats.LawEvidence((PositionTest(0, 400, 0.7, 0.6, 4.0, 0.05, 0.15, 0.0, OVER),))
+        "; the verifier under-accepts at position 0 (observed 0.4, expected 0.6, z -7.94, p 1e-15), all positions "
+        "together (observed 0.4, expected 0.6, z -7.94, p 1e-15): drafts wasted, not lossy"), why
+    over = stats.LawEvidence((made(0, 400, 3e-5, decision=OVER, observed=0.7, expected=0.6),))
     verdict, why = stats.lossless_verdict([stats.Stage(ok, ok, None, over)])
     assert verdict == stats.INCONCLUSIVE and why.startswith(f"{stats.UNCONFIRMED}: over-accepts at position 0")
     verdict, why = stats.lossless_verdict([stats.Stage(ok, ok, None, over), stats.Stage(ok, ok, None, over)])
@@ -249,8 +264,8 @@ def test_the_law_tests_edges_as_the_rule_says():
     confirm (or combine with) a first stage that had none (its levels were chosen without the law)."""
     assert stats.law_evidence([]) is None
     ok = two_sample(0.5)
-    over = stats.LawEvidence((PositionTest(0, 400, 0.9, 0.6, 9.0, 0.2, 0.4, 0.0, OVER),
-                              PositionTest(None, 400, 0.9, 0.6, 9.0, 0.2, 0.4, 0.0, OVER)))
+    over = stats.LawEvidence((made(0, 400, 1e-19, decision=OVER, observed=0.9, expected=0.6),
+                              made(None, 400, 1e-19, decision=OVER, observed=0.9, expected=0.6)))
     assert stats.verdict.levels(stats.Stage(ok, ok, None, over)) == {
         "alarm_excess": 0.26, "confirm_excess": 0.05, "alarm_two_sample": 0.265, "confirm_two_sample": 0.05,
         "combine": 0.005, "alarm_law": 0.015, "confirm_law": 0.001, "combine_law": 0.0005}
