@@ -14,6 +14,9 @@ from pathlib import Path
 import pytest
 
 from mtpbench.prompts import BUILTIN_MODEL_DIR
+from mtpbench.stats.acceptance import CERTAIN_WORDS, FOLLOWS
+
+FOLLOWS_CERTAIN = f"{FOLLOWS} ({CERTAIN_WORDS})"  # the law's verdict at temperature 0: argmax agreement, no test
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 CHATML = ("{{ bos_token }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
@@ -35,7 +38,7 @@ def greedy_trace_follows_its_law(summary: dict) -> None:
     position certain and followed (observed equal to expected), its accepted drafts the engine's own counters at
     each position, and position 0 reached by every draft step the counters saw."""
     law, counted = summary["acceptance_law"], summary["acceptance_by_layer"]
-    assert law["observable"] and law["verdict"] == "follows the law", law
+    assert law["observable"] and law["verdict"] == FOLLOWS_CERTAIN, law  # temperature 0: nothing to test
     assert [t["position"] for t in law["positions"]] == list(range(len(law["positions"]))) and law["positions"]
     assert law["positions"][0]["steps"] == summary["num_drafts"], (law["positions"][0], summary["num_drafts"])
     for t in law["positions"]:

@@ -4,7 +4,9 @@ import json
 
 import pytest
 
+from conftest import FOLLOWS_CERTAIN
 from mtpbench.config import SweepConfig
+from mtpbench.stats.acceptance import FOLLOWS
 from mtpbench.sweep import run_sweep
 
 
@@ -300,10 +302,11 @@ def test_law_rows_follow_the_law_at_every_position(tmp_path, temperature):
                                  "--max-tokens", "32", "--repeats", "1", "--temperature", str(temperature), "--law",
                                  "--out", str(out)])
     assert r.exit_code == 0, r.output
-    assert "chain-L3-k2: follows the law; pos 0 " in r.output
+    said = FOLLOWS if temperature > 0 else FOLLOWS_CERTAIN  # greedy: argmax agreement, certain, nothing to test
+    assert f"chain-L3-k2: {said}"[:36] in r.output
     assert "chain-L3-k2: the law's untimed pass" in r.output  # its own step in the progress (off a terminal, a line)
     [block] = _law_artifacts(out, {"chain-L3-k2": "chain k = 2, 3 MTP layers"}).values()
-    assert block["verdict"] == "follows the law" and [t["position"] for t in block["positions"]] == [0, 1]
+    assert block["verdict"] == said and [t["position"] for t in block["positions"]] == [0, 1]
     for t in block["positions"] + [block["joint"]]:
         assert t["decision"] == "follows the law" and t["low"] <= 0 <= t["high"], t
         assert t["steps"] > 10 and (temperature > 0 or t["observed"] == t["expected"]), t

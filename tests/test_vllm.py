@@ -8,7 +8,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from conftest import greedy_trace_follows_its_law
+from conftest import FOLLOWS_CERTAIN, greedy_trace_follows_its_law
 from mtpbench.backends.native import NativeBackend
 from mtpbench.backends.vllm import VllmBackend, check_num_speculative_tokens
 from mtpbench.cli import app
@@ -108,12 +108,12 @@ def test_vllm_sweep_with_failing_point(tmp_path):
             assert x["law_verdict"] is None
             continue
         law = json.loads((out / f"vllm-L{x['mtp_layers']}-k{x['k']}.json").read_text())["acceptance_law"]
-        assert x["law_verdict"] == law["verdict"] == "follows the law", law
+        assert x["law_verdict"] == law["verdict"] == FOLLOWS_CERTAIN, law
         assert [t["position"] for t in law["positions"]] == list(range(x["k"]))
         assert law["positions"][0]["steps"] == x["num_drafts"] > 0  # greedy: the untimed pass drafts as the timed did
         assert all(t["observed"] == t["expected"] for t in law["positions"])  # greedy: every step certain
         assert x["law_observed_per_pos"] == [t["observed"] for t in law["positions"]]
-    assert "vllm-L2-k2: follows the law; pos 0 " in r.output
+    assert "vllm-L2-k2: follows the law (certain" in r.output
 
 
 def test_trace_vllm_shows_layer0_reuse(tmp_path):

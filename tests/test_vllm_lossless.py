@@ -16,6 +16,7 @@ from mtpbench.backends.native import NativeBackend
 from mtpbench.backends.vllm import VllmBackend
 from mtpbench.config import SweepConfig
 from mtpbench.prompts import load_prompts
+from mtpbench.stats.acceptance import follows
 
 pytestmark = pytest.mark.vllm
 
@@ -243,7 +244,7 @@ def test_standard_rejection_sampling_on_v1_with_the_expand_step_fixed_is_lossles
     assert rec["verdict"].startswith("lossless"), rec["why"]
     # the third test read in the engine process through the plugin: V1 with its expand step right follows its law
     law = rec["acceptance_law"]
-    assert law["observable"] and law["verdict"] == "follows the law", law
+    assert law["observable"] and follows(law["verdict"]), law
     assert law["positions"][0]["steps"] == acc["num_drafts"]
 
 
@@ -262,7 +263,7 @@ def test_standard_rejection_sampling_on_v2_with_the_multi_module_checkpoint_is_l
     ran, acc = drafting(rec)
     assert ran["runner"] == "v2" and ran["drafter"] == "MultiModuleMTPSpeculator"
     assert acc["num_draft_tokens"] > 0 and acc["num_accepted_tokens"] < acc["num_draft_tokens"]
-    assert rec["acceptance_law"]["observable"] and rec["acceptance_law"]["verdict"] == "follows the law", \
+    assert rec["acceptance_law"]["observable"] and follows(rec["acceptance_law"]["verdict"]), \
         rec["acceptance_law"]
     from mtpbench.runners import default_runner, interpreted
 

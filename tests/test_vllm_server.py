@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import vllm_version
+from conftest import FOLLOWS_CERTAIN, vllm_version
 from typer.testing import CliRunner
 
 from mtpbench.backends.vllm import VllmBackend
@@ -123,11 +123,11 @@ def test_launched_sweep_lossless_agrees_with_offline_and_leaves_nothing(tmp_path
     # server's verifier follows the law at each position (one request at a time: the window's verify steps again)
     for c in (1, 4):
         law = json.loads((out / f"vllm-L2-k2-c{c}.json").read_text())["acceptance_law"]
-        assert rows[(2, c)]["law_verdict"] == law["verdict"] == "follows the law", law
+        assert rows[(2, c)]["law_verdict"] == law["verdict"] == FOLLOWS_CERTAIN, law
         assert [t["position"] for t in law["positions"]] == [0, 1]
         assert all(t["observed"] == t["expected"] for t in law["positions"])
         assert c > 1 or law["positions"][0]["steps"] == rows[(2, c)]["num_drafts"]
-    assert rows[(0, 1)]["law_verdict"] is None and "vllm-L2-k2-c4: follows the law; pos 0 " in r.output
+    assert rows[(0, 1)]["law_verdict"] is None and "vllm-L2-k2-c4: follows the law (certain" in r.output
 
     # the offline engine on the same prompts, one at a time: acceptance within 2 %
     c = SweepConfig(backend="vllm", num_prompts=4, max_tokens=32, max_model_len=1024,

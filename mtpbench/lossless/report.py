@@ -93,11 +93,15 @@ def _stage_lines(stage: dict, label: str, record: dict) -> list[str]:
     t, aa, ex, one = stage.get("test"), stage.get("aa_test"), stage.get("excess_test"), stage.get("score_tests")
     lines = []
     if t:
-        lines.append(f"- {label}off vs on: p = {t['p_value']:.3g} (scores {t['p_value_scores']:.3g}, tokens "
-                     f"{t['p_value_tokens']:.3g}); mean target log-prob {t['mean_logprob_a']:.4g} -> "
-                     f"{t['mean_logprob_b']:.4g} nats/token, shift {t['logprob_diff']:+.3g} (95 % CI "
-                     f"{_f(t['logprob_diff_ci_low'])} .. {_f(t['logprob_diff_ci_high'])}); smallest detectable "
-                     f"shift {_f(t['mde_logprob'])}")
+        # the p that decides and its level; its two parts are not tests of their own (a part below the level is
+        # no finding), and no interval at another level is shown beside it (issue 55: "lossless" beside a 95 %
+        # interval of the shift that excluded 0)
+        alarm_at = (record.get("levels") or {}).get("alarm_two_sample")
+        at = "" if alarm_at is None else f", an alarm below {alarm_at:g}"
+        lines.append(f"- {label}off vs on: p = {t['p_value']:.3g} (the two-sample test{at}; combined from its "
+                     f"scores' part {t['p_value_scores']:.3g} and tokens' part {t['p_value_tokens']:.3g}); mean "
+                     f"target log-prob {t['mean_logprob_a']:.4g} -> {t['mean_logprob_b']:.4g} nats/token, shift "
+                     f"{t['logprob_diff']:+.3g}; smallest detectable shift {_f(t['mde_logprob'])}")
     if ex:
         lines.append(f"- {label}excess log p + H, drafting arm against both arms without drafting: z = "
                      f"{_f(ex['z'], '+.3g')} (p = {ex['p_value']:.3g}); {_f(ex['excess_on'], '+.3g')} against "

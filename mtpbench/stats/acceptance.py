@@ -41,7 +41,7 @@ import numpy as np
 ALPHA = 0.05  # the chance that an engine that follows the law is called out at any position or jointly
 FOLLOWS, OVER, UNDER, NONE = "follows the law", "over-accepts", "under-accepts", "no draft steps"
 CERTAIN = "certain"  # a position whose every step's law is 0 or 1 (temperature 0: argmax agreement)
-CERTAIN_WORDS = "certain at every step: a draft is accepted exactly where it is the target's argmax"
+CERTAIN_WORDS = "certain: each draft accepted exactly at the target's argmax"
 
 
 @dataclass(frozen=True)

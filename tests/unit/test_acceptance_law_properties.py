@@ -147,12 +147,12 @@ def test_at_temperature_0_the_law_is_argmax_agreement_and_no_z_is_shown():
 
 # --- the stated rate, by simulation through the code ------------------------------------------------------------------
 
-def _chains(rng, chains, k, law, bump=0.0, at=None):
-    """A simulated verifier: each chain drafts up to ``k`` positions, each step's probability drawn by ``law``
+def chains(rng, n, k, law, bump=0.0, at=None):
+    """A simulated verifier: each of ``n`` chains drafts up to ``k`` positions, each step's probability drawn by ``law``
     (which may read the chain's earlier verdicts), accepted with it (plus ``bump`` at position ``at``); a chain
     stops at its first rejection, as drafting does."""
     steps = []
-    for _ in range(chains):
+    for _ in range(n):
         last = 1
         for i in range(k):
             a = float(law(rng, i, last))
@@ -164,7 +164,9 @@ def _chains(rng, chains, k, law, bump=0.0, at=None):
     return steps
 
 
-REGIMES = {  # (chains, positions, the law of a step's probability): the regimes of issue 55's case 1, and more
+# (chains, positions, the law of a step's probability from (rng, position, the last verdict)): the regimes of issue
+# 55's case 1, and more (benchmarks/law_error_rates.py reads them too)
+REGIMES = {
     "a = 0.999, k = 5, 31 chains": (31, 5, lambda r, i, last: 0.999),
     "a = 0.99, k = 3, 3 chains": (3, 3, lambda r, i, last: 0.99),
     "low temperature, a in {0.9995, 0.0005}": (40, 3, lambda r, i, last: r.choice([0.9995, 0.0005])),
@@ -183,10 +185,10 @@ def test_an_engine_that_follows_the_law_is_called_out_at_most_alpha_of_the_time(
     """The stated rate (alpha = 0.05 over the positions and the joint test), simulated through the code: 1500
     correct engines a regime; called out anywhere at most alpha plus 3 standard errors (docs/judgement.md has the
     measured rates: the old normal z read 14.4 % at a = 0.999)."""
-    chains, k, law = REGIMES[regime]
+    n, k, law = REGIMES[regime]
     rng = np.random.default_rng(55)
     runs = 1500
-    alarms = sum(not follows(law_test(_chains(rng, chains, k, law))[0]) for _ in range(runs))
+    alarms = sum(not follows(law_test(chains(rng, n, k, law))[0]) for _ in range(runs))
     assert alarms / runs <= ALPHA + 3 * math.sqrt(ALPHA * (1 - ALPHA) / runs), (regime, alarms)
 
 
@@ -194,6 +196,6 @@ def test_an_over_acceptance_at_one_position_is_named_there():
     """A planted over-acceptance of +0.1 at position 1 only, 2000 proposals: named at position 1 in at least 9 of
     10 simulated runs (measured: 1.0 at this size)."""
     rng = np.random.default_rng(7)
-    hits = sum(law_test(_chains(rng, 2000, 3, lambda r, i, last: r.beta(2, 1.5), bump=0.1, at=1))[0]
+    hits = sum(law_test(chains(rng, 2000, 3, lambda r, i, last: r.beta(2, 1.5), bump=0.1, at=1))[0]
                == "over-accepts at position 1" for _ in range(40))
     assert hits >= 36, hits

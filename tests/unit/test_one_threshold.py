@@ -1,0 +1,61 @@
+"""One threshold decides a page's table, its headline, its JSON and its verdict (issue 55 item 1, cases 4 and 5):
+check-lossless's law table is decided at the level the verdict reads it at in that stage; the two-sample line shows
+the p that decides and its level, never an interval at another level beside "lossless". No engine."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mtpbench import stats
+from mtpbench.lossless.run import law_block
+from tests.unit.test_acceptance_law_properties import chains
+from tests.unit.test_lossless_stats import excess, two_sample
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2 ** 32 - 1), st.sampled_from([0.0, 0.03, 0.06, 0.1]), st.integers(0, 2),
+       st.sampled_from([(stats.ALARM_LAW, "alarm"), (stats.CONFIRM_LAW, "confirmation")]))
+def test_the_lossless_law_table_says_over_accepts_exactly_where_the_verdict_reads_it(seed, bump, at, stage):
+    """Issue 55 case 4: lossless.md said "lossless" beside its own law line "over-accepts at position 0" (z +2.30):
+    the table was two-sided at 0.05 / F, the verdict one-sided at 0.015 / F. Now each stage's table is decided at
+    the level that stage's verdict reads: the alarm's in stage 1, the confirmation's in stage 2."""
+    level, role = stage
+    rng = np.random.default_rng(seed)
+    steps = chains(rng, 150, 3, lambda r, i, last: r.beta(2, 1.5), bump=bump, at=at)
+    block = law_block({"observable": True, "steps": [(0, i, x, a, None, None) for i, x, a in steps]}, level)
+    evidence = stats.law_evidence(steps)
+    read = {t.position for t in stats.verdict.over_accepting(evidence, level)}
+    shown = {t["position"] for t in block["positions"] + [block["joint"]] if t["decision"] == "over-accepts"}
+    assert shown == read, (shown, read)
+    ok = two_sample(0.5)
+    if role == "alarm":  # the alarm names over-acceptance exactly where the table shows it
+        raised = stats.alarm(stats.Stage(ok, ok, None, evidence)) or ""
+        assert ("over-accepts" in raised) == bool(read)
+    else:  # a fresh stage confirms exactly where its table shows it
+        first = stats.Stage(ok, ok, None, evidence)
+        confirmed = stats.confirmation(first, stats.Stage(ok, ok, None, evidence)) or ""
+        assert ("over-accepts again" in confirmed) == bool(read)
+
+
+def test_lossless_is_never_printed_beside_an_interval_that_excludes_0():
+    """Issue 55 case 5: "no difference detectable at this N, p = 0.0525" beside its own 95 % interval of the shift
+    [+0.0021, +0.0450]. The line shows the p that decides and the level it is read at; its parts are named parts,
+    and no interval at another level stands beside the verdict."""
+    from mtpbench.lossless.report import _sampling_lines
+
+    ab = stats.LosslessTest(0.0525, 0.027, 0.2, 1 / 2001, -2.0, -1.9765, 0.0235, 0.0021, 0.0450, 0.05, 96, 96, 12,
+                            2000)
+    ok, ex = two_sample(0.5), excess(0.3, 0.002)
+    verdict, why = stats.lossless_verdict([stats.Stage(ab, ok, ex)])
+    assert verdict == stats.LOSSLESS and "p = 0.0525" in why
+    record = {"samples_per_prompt": 8, "why": why, "test": asdict(ab), "aa_test": asdict(ok), "alpha_aa": 0.01,
+              "levels": stats.verdict.levels(stats.Stage(ab, ok, ex)), "detectable_shift": 0.05,
+              "max_detectable_shift": 0.1}
+    lines = _sampling_lines(record)
+    line = next(x for x in lines if x.startswith("- off vs on"))
+    assert "p = 0.0525 (the two-sample test, an alarm below 0.05" in line and "0.0021" not in line, line
+    assert "0.045" not in " ".join(lines) and "CI" not in " ".join(lines), lines
