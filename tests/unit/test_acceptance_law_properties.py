@@ -199,3 +199,22 @@ def test_an_over_acceptance_at_one_position_is_named_there():
     hits = sum(law_test(chains(rng, 2000, 3, lambda r, i, last: r.beta(2, 1.5), bump=0.1, at=1))[0]
                == "over-accepts at position 1" for _ in range(40))
     assert hits >= 36, hits
+
+
+def test_a_sweeps_law_tests_are_one_family_across_its_points():
+    """Issue 55 case 6: a sweep of 6 correct drafting points (k = 1, 2, 3 twice) was called out somewhere in 15.2 % of
+    sweeps, each point judged alone at 5 %. One family: each point's tests at 5 % over every point's positions and
+    joint test (3 + 2 + 4 per three points: 18), simulated through the code: at most 5 % plus 3 standard errors."""
+    from mtpbench.stats.judge import law_family, law_levels
+
+    ks = [0, 1, 2, 3, 0, 1, 2, 3]
+    assert law_family(ks) == 18 and law_levels(family=18) == {"over": 0.025, "under": 0.025, "family": 18}
+    assert law_levels() == {"over": 0.025, "under": 0.025}
+    _, tests = law_test(chains(np.random.default_rng(1), 50, 2, lambda r, i, last: 0.6), **law_levels(family=18))
+    assert {(t.over_level, t.under_level) for t in tests} == {(0.025 / 18, 0.025 / 18)}
+    rng = np.random.default_rng(6)
+    runs = 600
+    law = REGIMES["sampled, beta(2, 1.5)"][2]
+    alarms = sum(any(not follows(law_test(chains(rng, 60, k, law), **law_levels(family=18))[0]) for k in ks if k)
+                 for _ in range(runs))
+    assert alarms / runs <= ALPHA + 3 * math.sqrt(ALPHA * (1 - ALPHA) / runs), alarms
