@@ -98,8 +98,8 @@ def _stage_lines(stage: dict, label: str, record: dict) -> list[str]:
         # interval of the shift that excluded 0)
         alarm_at = (record.get("levels") or {}).get("alarm_two_sample")
         at = "" if alarm_at is None else f", an alarm below {alarm_at:g}"
-        lines.append(f"- {label}off vs on: p = {t['p_value']:.3g} (the two-sample test{at}; combined from its "
-                     f"scores' part {t['p_value_scores']:.3g} and tokens' part {t['p_value_tokens']:.3g}); mean "
+        lines.append(f"- {label}off vs on: p = {t['p_value']:.3g} (the two-sample test{at}; its parts: scores "
+                     f"{t['p_value_scores']:.3g}, tokens {t['p_value_tokens']:.3g}); mean "
                      f"target log-prob {t['mean_logprob_a']:.4g} -> {t['mean_logprob_b']:.4g} nats/token, shift "
                      f"{t['logprob_diff']:+.3g}; smallest detectable shift {_f(t['mde_logprob'])}")
     if ex:

@@ -169,7 +169,7 @@ def law_lines(block: dict | None) -> list[str]:
     lines = [f"acceptance against its law: {block['verdict']}",
              "  (the share of the drafts reaching each position that were accepted, against the law's expectation)"]
     for t in block["positions"]:
-        z = z_text(t["z"]) + sure_text(t)
+        z = z_text(t["z"])  # as the sweep's row line says it (the page's table counts certain departures)
         tv = "" if t["tv"] is None else f", TV(p, q) {t['tv']:.2f}"
         lines.append(f"  pos {t['position']}: observed {t['observed']:.3f}, expected {t['expected']:.3f} "
                      f"({t['steps']} steps, {z}{tv}): {t['decision']}")

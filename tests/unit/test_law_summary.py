@@ -64,7 +64,7 @@ def test_each_positions_numbers_are_its_steps_and_the_verdict_the_rules(steps):
                          "that were accepted, against the law's expectation)"]
     assert len(lines) == 2 + len(block["positions"])
     for line, t in zip(lines[2:], block["positions"]):
-        z = certain_words(t) if t["z"] is None else f"z {t['z']:+.2f}".replace("-0.00", "+0.00")  # never minus 0
+        z = "certain" if t["z"] is None else f"z {t['z']:+.2f}".replace("-0.00", "+0.00")  # never minus zero
         tv = "" if t["tv"] is None else f", TV(p, q) {t['tv']:.2f}"
         assert line == (f"  pos {t['position']}: observed {t['observed']:.3f}, expected {t['expected']:.3f} "
                         f"({t['steps']} steps, {z}{tv}): {t['decision']}")
