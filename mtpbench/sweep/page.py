@@ -10,6 +10,7 @@ from pathlib import Path
 from mtpbench.html.document import document, esc, figure, provenance, table, write
 from mtpbench.html.law import law_section
 from mtpbench.environment import load_change
+from mtpbench.stats.intervals import MIN_REPEATS_RATIO
 from mtpbench.stats.judge import end_text, interval_text, level_text
 from mtpbench.stats.noise import line as noise_line
 
@@ -68,12 +69,14 @@ def _timed(timed: list[dict]) -> tuple[str, str]:
             text += f" {label(top)} has the highest speedup, {_speed(top)}, but is not faster beyond noise."
         return text, "good"
     if all(r.get("speedup_decision") == "slower" for r in timed):
-        return (f"Drafting is slower here: every drafting point runs below plain decoding beyond noise; the best, "
-                f"{label(top)}, runs at {_speed(top)}.", "bad")
+        return (f"Drafting is slower here: every drafting point runs below plain decoding beyond noise; the highest "
+                f"speedup, {label(top)}, runs at {_speed(top)}.", "bad")
     bare = [r for r in timed if r.get("speedup_decision") is None]
-    if len(bare) == len(timed):
-        return f"Best: {label(top)} at {_speed(top, PLAIN)}{_al(top)}.", "plain"
-    return (f"No k is faster than plain decoding beyond noise: the best, {label(top)}, runs at "
+    if len(bare) == len(timed):  # nothing judged: what was measured, never "Best" (it may be below plain decoding)
+        return (f"Not judged: no drafting point has an interval (a speedup needs {MIN_REPEATS_RATIO} repeats a side: "
+                f"--repeats {MIN_REPEATS_RATIO} judges it); the highest speedup measured is {label(top)} at "
+                f"{_speed(top, PLAIN)}{_al(top)}.", "plain")
+    return (f"No k is faster than plain decoding beyond noise: the highest speedup, {label(top)}, runs at "
             f"{_speed(top)}{_al(top)}" + (f"; {len(bare)} of {len(timed)} timed points have no interval"
                                           if bare else "") + ".", "warn")
 
@@ -87,8 +90,9 @@ def headline(rows: list[dict]) -> tuple[str, str]:
     * some point is faster beyond noise: "Best:" the fastest of those, every such point named, and the point of
       the highest speedup if it is not one of them (good);
     * every point is slower beyond noise: "Drafting is slower here" (bad);
-    * no point has a decision (no interval): the best, "(no interval)" (plain);
-    * else: "No k is faster than plain decoding beyond noise", the best, and how many points have no interval
+    * no point has a decision (no interval): "Not judged", what would judge it, and the highest speedup measured,
+      "(no interval)" (plain): never "Best", which a point below plain decoding could otherwise be called;
+    * else: "No k is faster than plain decoding beyond noise", the highest speedup, and how many points have no interval
       (warn).
 
     Without any speedup: the highest acceptance length, or that nothing was drafted (plain); no drafting point

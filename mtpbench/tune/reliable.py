@@ -54,8 +54,9 @@ def facts(result: dict, dirs: list[str]) -> dict:
                                          if c.get("source") == "measured"],
             "held_out_max": result["prediction"].get("held_out_used_max"), "unit": result["unit"],
             "drifted": [c for c in result.get("controls") or [] if c["decision"] != judge.OPEN],
-            "undecided": undecided(result["choices"]),
-            "goodput_undecided": undecided(goodput["choices"]) if goodput else []}
+            "undecided": undecided(result["choices"]), "undecided_ks": undecided_ks(result["choices"]),
+            "goodput_undecided": undecided(goodput["choices"]) if goodput else [],
+            "goodput_undecided_ks": undecided_ks(goodput["choices"]) if goodput else []}
 
 
 def ran_first(dates: list) -> int:
@@ -76,6 +77,19 @@ def undecided(choices: list[dict]) -> list:
     return sorted(out)
 
 
+def undecided_ks(choices: list[dict]) -> list[list]:
+    """At each ``undecided`` load, [load, the k > 0 not told apart from k = 0, the k > 0 slower beyond noise]: what
+    the default's reason names, so it never says "no k was shown slower" beside a row marked slower (issue 55)."""
+    out = []
+    for c in choices:
+        others = [k for k in c.get("ks") or [] if k > 0]
+        vs_0 = {int(k): v for k, v in (c.get("vs_0") or {}).items()}
+        open_ = [k for k in others if vs_0.get(k, {}).get("decision") != judge.BELOW]
+        if c["chosen"] == 0 and open_:
+            out.append([c["load"], open_, [k for k in others if k not in open_]])
+    return sorted(out, key=lambda x: x[0])
+
+
 def machine_reasons(f: dict) -> list[str]:
     """The machine's part of the rule: loaded, its load changed, an A/A control told apart."""
     out = []
@@ -92,10 +106,24 @@ def machine_reasons(f: dict) -> list[str]:
     return out
 
 
-def default_reason(unit: str, loads: list, what: str = "speedup") -> str:
+def _ks(ks: list) -> str:
+    return f"k = {', '.join(map(str, ks))}"
+
+
+def default_reason(unit: str, loads: list, what: str = "speedup", detail: list | None = None) -> str:
+    """``detail``: ``undecided_ks``' [load, open ks, slower ks] (records from before it: the loads alone)."""
+    at = {d[0]: d for d in detail or []}
+    said = []
+    for load in loads:
+        if load not in at:
+            said.append(f"{unit} {load}: some k > 0")
+            continue
+        _, open_, slower = at[load]
+        said.append(f"{unit} {load}: {_ks(open_)}" + (f" ({_ks(slower)} slower beyond noise)" if slower else ""))
     return (f"not drafting at {unit} {', '.join(map(str, loads))} is the default, not a finding: no k was shown "
-            f"slower than k = 0 there beyond noise, and none faster (every {what} interval the choice read holds 1, "
-            f"or none could be taken); more repeats (--max-repeats, --max-seconds) or a quieter machine decide it")
+            f"faster than k = 0 there beyond noise, and these were not told apart from it either way (the {what} "
+            f"interval the choice read holds 1, or none could be taken): {'; '.join(said)}; more repeats "
+            f"(--max-repeats, --max-seconds) or a quieter machine decide it")
 
 
 def reasons(f: dict) -> list[str]:
@@ -109,7 +137,7 @@ def reasons(f: dict) -> list[str]:
         out.append(f"the model predicts badly where the schedule uses it (worst held-out error "
                    f"{f['held_out_max']:.0%} at the loads a boundary lies between, above {MAX_HELD_OUT_ERROR:.0%})")
     if f.get("undecided"):
-        out.append(default_reason(f["unit"], f["undecided"]))
+        out.append(default_reason(f["unit"], f["undecided"], detail=f.get("undecided_ks")))
     return out
 
 
@@ -117,5 +145,5 @@ def goodput_reasons(f: dict) -> list[str]:
     """Why the decision by goodput is not reliable: the machine's reasons and its own default loads."""
     out = machine_reasons(f)
     if f.get("goodput_undecided"):
-        out.append(default_reason(f["unit"], f["goodput_undecided"], "goodput"))
+        out.append(default_reason(f["unit"], f["goodput_undecided"], "goodput", f.get("goodput_undecided_ks")))
     return out

@@ -34,8 +34,8 @@ def test_a_speedup_near_1_is_printed_off_1_word_for_word():
     where none is saved); every point faster beyond noise is named, "; " between them."""
     near = row(1, speedup=0.996, speedup_ci_low=0.991, speedup_ci_high=0.9995, speedup_decision="slower")
     assert headline([near]) == ("Drafting is slower here: every drafting point runs below plain decoding beyond "
-                                "noise; the best, vllm k = 1, 3 MTP layers, runs at 0.996x [95 %: 0.99 to 0.9995].",
-                                "bad")
+                                "noise; the highest speedup, vllm k = 1, 3 MTP layers, runs at 0.996x [95 %: 0.99 to "
+                                "0.9995].", "bad")
     fast = [row(k, speedup=1.2 + k / 100, speedup_ci_low=1.004, speedup_ci_high=1.4, speedup_decision="faster",
                 speedup_level=0.975) for k in (1, 2)]
     assert headline(fast)[0] == (

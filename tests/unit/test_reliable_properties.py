@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mtpbench.tune.reliable import MAX_HELD_OUT_ERROR, facts, goodput_reasons, reasons
@@ -149,9 +149,44 @@ def test_a_load_equal_to_the_cores_is_not_loaded_and_the_wording_of_each_reason(
     assert reasons({**base, "drifted": [close]}) == [
         "batch 4: the A/A control told two identical timings of k = 0 apart (x1.0004 [1.0001, 1.001] at 99 %, one "
         "of 5 controls): the machine drifted"]
-    by_speed = reasons({**base, "undecided": [2]})
-    assert by_speed == ["not drafting at batch 2 is the default, not a finding: no k was shown slower than k = 0 there "
-                        "beyond noise, and none faster (every speedup interval the choice read holds 1, or none could "
-                        "be taken); more repeats (--max-repeats, --max-seconds) or a quieter machine decide it"]
-    by_goodput = goodput_reasons({**base, "goodput_undecided": [1, 8]})
-    assert by_goodput == [by_speed[0].replace("batch 2", "batch 1, 8").replace("every speedup", "every goodput")]
+    by_speed = reasons({**base, "undecided": [2]})  # a record from before the ks were kept: the loads alone
+    assert by_speed == ["not drafting at batch 2 is the default, not a finding: no k was shown faster than k = 0 there "
+                        "beyond noise, and these were not told apart from it either way (the speedup interval the "
+                        "choice read holds 1, or none could be taken): batch 2: some k > 0; more repeats "
+                        "(--max-repeats, --max-seconds) or a quieter machine decide it"]
+    # issue 55 case 10: at batch 4 one k slower beyond noise and another open: the reason names each, never "no k
+    # was shown slower" beside the row marked slower
+    detail = [[1, [1, 2], []], [4, [2], [1]]]
+    by_speed = reasons({**base, "undecided": [1, 4], "undecided_ks": detail})
+    assert by_speed == ["not drafting at batch 1, 4 is the default, not a finding: no k was shown faster than k = 0 "
+                        "there beyond noise, and these were not told apart from it either way (the speedup interval "
+                        "the choice read holds 1, or none could be taken): batch 1: k = 1, 2; batch 4: k = 2 (k = 1 "
+                        "slower beyond noise); more repeats (--max-repeats, --max-seconds) or a quieter machine "
+                        "decide it"]
+    by_goodput = goodput_reasons({**base, "goodput_undecided": [1, 4], "goodput_undecided_ks": detail})
+    assert by_goodput == [by_speed[0].replace("the speedup", "the goodput")]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 64), st.sampled_from([0, 1, 2]),
+                          st.lists(st.sampled_from(["above", "below", "open", None]), min_size=3, max_size=3)),
+                unique_by=lambda c: c[0], max_size=4))
+def test_the_default_names_each_k_as_its_row_was_decided(raw):
+    """Issue 55 case 10: where k = 0 is chosen and some k > 0 is open, the reason lists the open ks as not told
+    apart and the ks decided slower as slower, never one as the other; the loads are ``undecided``'s."""
+    from mtpbench.tune.reliable import default_reason, undecided, undecided_ks
+
+    choices = [{"load": load, "chosen": chosen, "ks": [0, 1, 2, 3],
+                "vs_0": {str(k): ({"decision": d} if d else {}) for k, d in zip((1, 2, 3), ds)}}
+               for load, chosen, ds in raw]
+    detail = undecided_ks(choices)
+    want = sorted([c["load"], [k for k, d in zip((1, 2, 3), ds) if d != "below"],
+                   [k for k, d in zip((1, 2, 3), ds) if d == "below"]] for c, (_, _, ds) in zip(choices, raw)
+                  if c["chosen"] == 0 and any(d != "below" for d in ds))
+    assert detail == want and [d[0] for d in detail] == undecided(choices)
+    if detail:
+        text = default_reason("batch", [d[0] for d in detail], detail=detail)
+        for load, open_, slower in detail:
+            part = f"batch {load}: k = {', '.join(map(str, open_))}"
+            assert part + (f" (k = {', '.join(map(str, slower))} slower beyond noise)" if slower else "") in text
+        assert "no k was shown slower" not in text
