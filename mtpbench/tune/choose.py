@@ -28,7 +28,8 @@ RULE = ("a k > 0 qualifies at a load when it beats k = 0 there; the chosen k is 
 
 @dataclass
 class LoadChoice:
-    """The choice at one measured load: the chosen k, the k with the highest median, which k beat which (beaten_by:
+    """The choice at one measured load: the chosen k, the k with the highest geometric mean of tokens/s (the
+    statistic its comparisons judge), which k beat which (beaten_by:
     k -> the larger k that beat it; k = 0 -> the k > 0 that qualified), per k > 0 the adjusted p-value of "k differs
     from k = 0" and that comparison as every artifact shows it (``vs_0``: stats.judge.Comparison.to_json)."""
 
@@ -100,7 +101,7 @@ def choose_all(points: list[Measured]) -> list[LoadChoice]:
         beaten = {k: [a for a in ks if beats(comps.get((load, a, k)))] for k in ks}
         qualify = beaten[0]  # every load has k = 0 (points.check)
         chosen = next((q for q in qualify if not set(beaten[q]) & set(qualify)), 0)
-        fastest = max(ks, key=lambda k: (by[load, k].median, -k))
+        fastest = max(ks, key=lambda k: (by[load, k].gmean, -k))  # ranked by what the comparisons judge
         vs_0 = {k: comps[load, k, 0] for k in ks if (load, k, 0) in comps}
         out.append(LoadChoice(load, chosen, fastest, beaten, {k: c.p_value for k, c in vs_0.items()},
                               {k: c.to_json() for k, c in vs_0.items()}, ks))
@@ -191,10 +192,11 @@ def single_ks(points: list[Measured]) -> list[int]:
 
 
 def mean_log_speedup(points: list[Measured], k: int) -> float:
-    """The mean over the loads of log(tokens/s(k) / tokens/s(0)), medians (k measured at every load)."""
+    """The mean over the loads of log(tokens/s(k) / tokens/s(0)), each the ratio of geometric means the judge reads
+    (k measured at every load)."""
     loads = sorted({p.load for p in points})
     by = {(p.load, p.k): p for p in points}
-    return sum(math.log(by[b, k].median / by[b, 0].median) for b in loads) / len(loads)
+    return sum(math.log(by[b, k].gmean / by[b, 0].gmean) for b in loads) / len(loads)
 
 
 def best_single_k(points: list[Measured]) -> int | None:

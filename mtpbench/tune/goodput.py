@@ -94,10 +94,16 @@ def testable(xs: list[float]) -> bool:
     return all(x > 0 for x in xs)
 
 
+def rank(m: Measured) -> float:
+    """What ranks a point's goodput: the geometric mean of its repeats, as its comparisons judge it, where every
+    repeat met the SLO somewhere (goodput above 0); else the median (a goodput of 0 has no logarithm)."""
+    return m.gmean if testable(m.tokps) else statistics.median(m.tokps)
+
+
 def choose(measured: dict[tuple[int, int], Measured]) -> tuple[list[LoadChoice], dict[int, list[str]]]:
     """``RULE`` over every load at once: (load, k) -> the point with its repeats' goodput as its values (``tokps``; the
     points whose goodput is known), judged as tokens/s are (its sweep's rounds, floor and looks). Returns one
-    LoadChoice per load with k = 0 (``fastest``: the k of highest median goodput), and per load what could not be
+    LoadChoice per load with k = 0 (``fastest``: the k ranked highest by ``rank``), and per load what could not be
     tested and why."""
     goodputs = {key: m.tokps for key, m in measured.items()}
     loads = sorted({b for b, k in goodputs if (b, 0) in goodputs})
@@ -108,7 +114,7 @@ def choose(measured: dict[tuple[int, int], Measured]) -> tuple[list[LoadChoice],
     out = []
     for b in loads:
         ks = sorted(k for load, k in goodputs if load == b)
-        best = max(ks, key=lambda k: (statistics.median(goodputs[b, k]), -k))
+        best = max(ks, key=lambda k: (rank(measured[b, k]), -k))
         if b not in found:
             met = [k for k in ks if k and testable(goodputs[b, k])]
             notes[b].append("k = 0 had goodput 0 in some repeat (no request met the SLO): no ratio test against it, so no k > 0 "

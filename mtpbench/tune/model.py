@@ -45,6 +45,13 @@ class Measured:
         return stats.median(self.tokps)
 
     @property
+    def gmean(self) -> float:
+        """The geometric mean of its positive repeats: the statistic the judge compares (``stats.judge.ratio``), so
+        what a tune ranks by is what it judges (issue 55); the median where none is positive."""
+        logs = [math.log(v) for v in self.tokps if v is not None and v > 0]
+        return math.exp(sum(logs) / len(logs)) if logs else self.median
+
+    @property
     def acceptance_length(self) -> float:
         return 1 + sum(self.num_accepted_tokens_per_pos) / self.num_drafts if self.num_drafts else 1.0
 

@@ -21,7 +21,7 @@ from mtpbench.tune.choose import LoadChoice
 from mtpbench.tune.goodput import choose as choose_measured
 from mtpbench.tune.goodput import describe, good_requests, parse, ranges_of, run_goodput, samples
 from mtpbench.tune.model import Measured
-from tests.unit.test_tune_properties import family_of, oracle
+from tests.unit.test_tune_properties import family_of, geo, oracle
 
 SETTINGS = settings(max_examples=200, deadline=None)
 METRIC = ("ttft", "tpot", "e2el")
@@ -117,7 +117,8 @@ def test_the_choice_by_goodput_is_the_rules(table, slo):
     for c in got:
         assert c.p_vs_0 == pytest.approx(want[c.load]["p_vs_0"], rel=1e-6, abs=1e-300)
         assert {(c.load, a, k) for k, winners in c.beaten_by.items() for a in winners} == want[c.load]["wins"]
-        meds = {k: statistics.median(xs) for (b, k), xs in goodput.items() if b == c.load}
+        # ranked by what is judged: the geometric mean where every repeat's goodput is above 0, else the median
+        meds = {k: geo(xs) if min(xs) > 0 else statistics.median(xs) for (b, k), xs in goodput.items() if b == c.load}
         assert c.fastest == min(k for k, m in meds.items() if m == max(meds.values()))
         zeros = [k for (b, k), xs in goodput.items() if b == c.load and min(xs) == 0]
         assert (c.load in notes) == bool(zeros)  # a goodput of 0 is said, never divided by
@@ -221,7 +222,7 @@ def goodput_plan_oracle(goodput: dict, ranges: list[list[int]], chosen: dict[int
     beside drafting ranges; else one k at every load: of the k > 0 chosen at some load whose goodput is above 0 in
     every repeat at every load (k = 0's too), those whose goodput ratio to k = 0 has an interval (the family's)
     wholly below 1 at no load (no ratio at a load: not shown safe there), the one of highest mean log ratio of
-    medians (ties: the smaller k); 0 where none is left."""
+    geometric means (ties: the smaller k); 0 where none is left."""
     from tests.unit.test_tune_properties import scores
 
     ks = {k for *_, k in ranges}
