@@ -180,6 +180,7 @@ REGIMES = {
 }
 
 
+@pytest.mark.slow  # a simulation (about 20 s): in the fast tier, left out of mutation runs
 @pytest.mark.parametrize("regime", list(REGIMES))
 def test_an_engine_that_follows_the_law_is_called_out_at_most_alpha_of_the_time(regime):
     """The stated rate (alpha = 0.05 over the positions and the joint test), simulated through the code: 1500
@@ -192,6 +193,7 @@ def test_an_engine_that_follows_the_law_is_called_out_at_most_alpha_of_the_time(
     assert alarms / runs <= ALPHA + 3 * math.sqrt(ALPHA * (1 - ALPHA) / runs), (regime, alarms)
 
 
+@pytest.mark.slow  # a simulation: in the fast tier, left out of mutation runs
 def test_an_over_acceptance_at_one_position_is_named_there():
     """A planted over-acceptance of +0.1 at position 1 only, 2000 proposals: named at position 1 in at least 9 of
     10 simulated runs (measured: 1.0 at this size)."""
@@ -201,6 +203,7 @@ def test_an_over_acceptance_at_one_position_is_named_there():
     assert hits >= 36, hits
 
 
+@pytest.mark.slow  # a simulation: in the fast tier, left out of mutation runs
 def test_a_sweeps_law_tests_are_one_family_across_its_points():
     """Issue 55 case 6: a sweep of 6 correct drafting points (k = 1, 2, 3 twice) was called out somewhere in 15.2 % of
     sweeps, each point judged alone at 5 %. One family: each point's tests at 5 % over every point's positions and
