@@ -153,11 +153,15 @@ def _t_test(est: float, se: float, df: float, lvl: float, floor_half: float, sca
     """Interval, adjusted p-value and decision of a t statistic ``est`` / ``se`` on the scale where the interval is
     symmetric (log ratio, or a difference); ``floor_half``: the narrowest half-width on that scale; ``scale``: back to
     the shown scale (exp, or identity); ``adjust``: family x looks."""
-    if se == 0:
-        # no spread: the sign alone decides; no difference (within float round-off of two equal speedups computed
-        # from different timings, e.g. both runs' repeats scaled alike): no evidence
-        est = 0.0 if abs(est) <= ROUNDOFF else est
+    if abs(est) <= ROUNDOFF:
+        # no difference within float round-off (two equal speedups computed from different timings, e.g. both runs'
+        # repeats scaled alike): no evidence, whatever spread the round-off left (an interval [1.1e-16, 1e-06] of
+        # two speedups of 0.7 read "better")
+        est = 0.0
+    if se == 0:  # no spread: the sign alone decides
         half, p = 0.0, (1.0 if est == 0 else 0.0)
+    elif est == 0:
+        half, p = t_isf((1 - lvl) / 2, df) * se, 1.0
     else:
         half = t_isf((1 - lvl) / 2, df) * se
         p = min(1.0, 2 * float(t_sf(abs(est) / se, df)))

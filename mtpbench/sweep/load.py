@@ -64,7 +64,12 @@ def read_noise(out: Path, run: dict, points: list[dict]) -> dict | None:
         return None
     k0, a, b = found
     n = min(len(a), len(b))
-    return {**noise.summary(_timings(a[:n]), _timings(b[:n])), "point": k0["point"]}
+    # each drafting point's speedup reads the floor as it stood at the point's last look (``speedup_comparison``):
+    # a point decided early keeps that look's, which can be narrower than the floor after the last round
+    least = min((noise.floor_until((a, b), noise.last_round(d["repeats"])) for d in points
+                 if d["point"]["k"] > 0 and d.get("repeats")), default=None)
+    return {**noise.summary(_timings(a[:n]), _timings(b[:n])), "point": k0["point"],
+            "floor_least": noise.rounded(least), "floor_least_pct": noise.pct(least)}
 
 
 def _timings(repeats: list[dict]) -> list[float]:

@@ -322,6 +322,23 @@ def test_a_sweeps_artifacts_agree_with_the_numbers_beside_each_claim(plan, pngs)
         event(f"sweep headline: {page.answer.split(':')[0]}")
         check_headline(page.answer, printed)
         check_first_screen(out, page.answer)
+        check_noise_line(json.loads((d / "summary.json").read_text()).get("noise"), rows, out)
+
+
+def check_noise_line(noise: dict | None, rows: list[dict], out: str) -> None:
+    """Issue 55 case 8: the noise sentence names no floor wider than a speedup interval it stands beside: where a
+    point decided at an early look kept a narrower floor, the sentence says how narrow; every interval is at least
+    as wide as the narrowest floor it names (its ends rounded outward: 1e-4 of slack)."""
+    if not noise or noise.get("floor") is None:
+        return
+    said = " ".join(out.split())
+    halves = [math.log(r["speedup_ci_high"] / r["speedup_ci_low"]) / 2 for r in rows
+              if r["k"] > 0 and r["category"] == "all" and r["speedup_ci_low"]]
+    least = noise["floor_least"]
+    assert all(h >= least - 1e-4 for h in halves), (halves, noise)
+    narrower = any(h < noise["floor"] - 1e-3 for h in halves)
+    if narrower:  # some interval is narrower than the final floor: the sentence must not claim otherwise
+        assert f"down to {noise['floor_least_pct']:.1f} %" in said, (said, noise, halves)
 
 
 def check_first_screen(out: str, answer: str) -> None:

@@ -475,3 +475,16 @@ def test_two_equal_speedups_from_other_timings_are_not_told_apart_by_round_off()
     assert judge.ratio(b_k, b_0).decision == judge.BELOW  # 0.7, no spread: the sign decides
     *_, c = judge.speedup_difference(a_k, a_0, [71.0] * 3, a_0)
     assert c.decision == judge.ABOVE and c.p_value == 0.0
+
+
+@given(st.sampled_from([0.5, 0.7, 1.3]), st.sampled_from([0.8, 0.9, 1.25]), st.integers(3, 8), st.integers(3, 8))
+def test_two_equal_speedups_from_scaled_timings_are_no_difference(speedup, scale, na, nb):
+    """Two runs whose every timing is one value, B's machine slower by ``scale``: equal speedups whose difference
+    and spread are float round-off (issue 55's tests found [1.1e-16, 1e-06] read "better"): open, p 1, and an
+    interval that holds 0."""
+    from mtpbench.stats.judge import speedup_difference
+
+    a0, b0 = [100.0] * na, [100.0 * scale] * nb
+    ak, bk = [100.0 * speedup] * na, [100.0 * speedup * scale] * nb
+    _, _, c = speedup_difference(ak, a0, bk, b0, floor=0.0, family=10)
+    assert c.decision == OPEN and c.p_value == 1.0 and c.low <= 0 <= c.high, c
