@@ -42,8 +42,11 @@ The rule, and why:
   CONFIRM_AB_ALONE; the same COMBINE): 0.3 x 0.05 + 0.088 % = at most 1.59 % (FALSE_LOSSY_BOUND_ALONE).
 * The third test, acceptance against its exact law (``LawEvidence``; issue 46), where the drafting arm's verify
   steps were read (the native engine, vLLM offline, a launched server through the plugin): at each draft position
-  the accept indicator minus its probability under the law is a martingale difference, so z per position and
-  jointly is N(0, 1) for an engine that follows the law, whatever the drafter. Only over-acceptance is lossy (an
+  and jointly the accepted count's exact upper tail (Poisson-binomial, ``stats.acceptance``; a draft accepted with
+  probability 0 is a certain departure) holds its level for an engine that follows the law, whatever the drafter
+  and however near 0 or 1 its steps are (a normal z did not: with it the confirmation fired in 1.98 % of null
+  stages against its 0.1 %, and the whole verdict was lossy in 1.93 % against the 1.58 % bound; issue 55,
+  docs/judgement.md has each regime's simulated rate). Only over-acceptance is lossy (an
   engine that accepts more than sum min(p, q) somewhere emits some token above its probability), so the test is
   one-sided, family-wise over the positions and the joint test (Bonferroni): an alarm at ALARM_LAW, confirmation
   by the second stage on its own at CONFIRM_LAW (over-accepting again), and both stages combined per position
@@ -102,8 +105,10 @@ SCORER = "scorer is not the sampler's law"  # older records' reason (the scorer'
 @dataclass(frozen=True)
 class LawEvidence:
     """The drafting arm's acceptance against its exact law (``stats.acceptance``): per draft position and jointly
-    (``position`` None, last), the verify steps that reached it, the accepted share and its expectation, and the
-    martingale z (continuity-corrected; +inf: a certain step departed upward). Over-acceptance is lossy (an engine
+    (``position`` None, last), the verify steps that reached it, the accepted share and its expectation, the exact
+    tails of the accepted count (``p_over``: what the alarm and the confirmation read), certain departures (a draft
+    accepted with probability 0: lossy whatever the tails) and z, the upper tail as a normal deviate (what both
+    stages' combination reads; None where every step was certain). Over-acceptance is lossy (an engine
     that accepts more than sum min(p, q) somewhere emits some token above its probability); under-acceptance wastes
     drafts and is reported, never lossy."""
     tests: tuple  # of stats.acceptance.PositionTest, the joint one last
