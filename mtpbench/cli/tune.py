@@ -141,6 +141,8 @@ def show_result(result: dict, out: str) -> None:
     typer.echo(f"\ndecision: {result['decision']}")
     if result.get("decision_note"):
         typer.echo(f"why: {result['decision_note']}")
+    for said in result.get("sweep_disagreements") or []:  # where a sweep's own page answers otherwise (issue 55)
+        typer.echo(f"where the sweep's own page answers otherwise: {said}")
     if result.get("unreliable_because"):  # the answer carries its noise
         typer.echo("not reliable: " + "; ".join(result["unreliable_because"]))
     typer.echo(f"--speculative-config '{json.dumps(spec)}'" if spec else "no --speculative-config: don't draft")

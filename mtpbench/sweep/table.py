@@ -222,7 +222,9 @@ def decided_legend(levels: list[float]) -> str:
     at = " / ".join(level_text(x) for x in levels) or level_text(0.95)
     return (f"speedup: tokens/s over k = 0's, the ratio of geometric means of the timed runs, its interval at {at} "
             f"(1 - 0.05 / (k > 0 points x looks the rounds allow)) never narrower than the A/A noise floor; decided: "
-            f"faster or slower where that interval excludes 1, else open (stats.judge); n: its timed runs")
+            f"faster or slower where that interval excludes 1, else open (stats.judge); n: its timed runs. A tune that "
+            f"reads this sweep judges more comparisons at once, each at a higher level, and may leave open what this "
+            f"sweep decides (its page then says so, with both intervals)")
 
 
 def unsure(r: PointResult, name: str) -> bool:

@@ -7,7 +7,8 @@ from dataclasses import asdict, dataclass
 
 from mtpbench.stats import median_ci
 from mtpbench.tune.choose import (ALPHA, PLAIN, RULE, best_single_k, check_schedule, choose_all, comparison_fields,
-                                  comparisons, predicted_between, recommend, schedule, speculative_config)
+                                  comparisons, predicted_between, recommend, schedule, speculative_config,
+                                  sweep_disagreements)
 from mtpbench.tune.model import Model, expected_tokens, held_out
 from mtpbench.tune.points import Sweeps, check
 
@@ -202,5 +203,6 @@ def analyse(sweeps: Sweeps, validation: dict | None = None, slo: dict[str, float
             "best_single_k": best_single_k(sweeps.points),
             "costs": costs_table(sweeps, model, pred_ks), "prediction": prediction,
             "controls": controls(sweeps.points),
+            "sweep_disagreements": sweep_disagreements(sweeps.points, choices, sweeps.unit),
             "goodput": by_goodput, "rows": [asdict(r) for r in rows], "sweeps": sweeps.dirs,
             "failed_points": sweeps.failed}

@@ -74,6 +74,36 @@ def comparisons(points: list[Measured]) -> dict[tuple[int, int, int], judge.Comp
     return {(load, a, b): judged(by[load, a], by[load, b], len(pairs)) for load, a, b in pairs}
 
 
+def sweep_disagreements(points: list[Measured], choices: list[LoadChoice], unit: str) -> list[str]:
+    """Where this tune and a sweep it read answer one comparison differently (issue 55): each k > 0 against k = 0 as
+    its sweep judged it on its own (``judged`` at the sweep's family: the same runs, rounds, floor and looks the
+    sweep's row read) against this tune's (``LoadChoice.vs_0``, judged among every comparison the tune makes), said
+    with both numbers and why they part."""
+    by = {(p.load, p.k): p for p in points}
+    out = []
+    for c in choices:
+        for k, mine in sorted(c.vs_0.items()):
+            m, base = by.get((c.load, k)), by.get((c.load, 0))
+            if not (m and base and m.sweep_family and testable(m) and testable(base)):
+                continue
+            theirs = judged(m, base, m.sweep_family)
+            if theirs.decision == mine["decision"] or theirs.estimate is None:
+                continue
+            out.append(f"{unit} {c.load}, k = {k}: the sweep {m.sweep} on its own calls it "
+                       f"{judge.speed(theirs)} than k = 0 (x{judge.end_text(theirs.estimate, 1.0)} "
+                       f"{judge.interval_text(theirs.low, theirs.high, 1.0)} at {judge.level_text(theirs.level)}, one "
+                       f"of its {theirs.family} comparisons); this tune judges it among its {mine['family']} "
+                       f"comparisons at {judge.level_text(mine['level'])}: {_word(mine['decision'])} "
+                       f"({judge.interval_text(mine['low'], mine['high'], 1.0)}): a larger family asks each "
+                       "comparison for more evidence, so the tune's answer is the one that holds its 5 % over all of "
+                       "them")
+    return out
+
+
+def _word(decision: str) -> str:
+    return {judge.ABOVE: "faster", judge.BELOW: "slower"}.get(decision, "not told apart from k = 0")
+
+
 def beats(c: judge.Comparison | None) -> bool:
     """Whether a comparison shows its first point faster beyond noise (its interval wholly above 1)."""
     return c is not None and c.decision == judge.ABOVE

@@ -214,6 +214,8 @@ def markdown(result: dict) -> str:
              f"**{result['decision'][0].upper() + result['decision'][1:]}.** Run it with {ready}.", ""]
     if result.get("decision_note"):
         parts += [f"Why: {result['decision_note']}.", ""]
+    for said in result.get("sweep_disagreements") or []:  # absent from tunes written before issue 55
+        parts += [f"Where the sweep's own page answers otherwise: {said}.", ""]
     if result.get("goodput"):
         parts += [f"**{goodput_headline(result)}.**", ""]
     if result.get("unreliable_because"):

@@ -39,6 +39,8 @@ class Measured:
     repeats: list[dict] = field(default_factory=list)  # the repeats' timing dicts (goodput at any SLO: tune.goodput)
     looks: int = 1  # the looks its sweep's rounds allowed (stats.judge: the level of every comparison of it)
     noise: tuple | None = None  # its sweep's A/A control: (k = 0 runs, copy runs) (sweep.load.aa_runs); None: none
+    sweep_family: int | None = None  # the comparisons its sweep judged at once (sweep.load.judge_of); None: unknown
+    sweep: str | None = None  # its sweep's folder
 
     @property
     def median(self) -> float:

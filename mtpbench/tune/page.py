@@ -30,6 +30,8 @@ def page(out: Path) -> Path:
     note = result.get("decision_note")
     if note:  # why it is not the schedule of the per-load choices, or what validated it
         sub += f" {note[0].upper() + note[1:]}."
+    for said in result.get("sweep_disagreements") or []:  # where a sweep's own page answers otherwise (issue 55)
+        sub += f" Where the sweep's own page answers otherwise: {said}."
     if result.get("goodput"):  # the choice by goodput beside the one by tokens/s
         from mtpbench.tune.markdown import goodput_headline
 

@@ -54,7 +54,7 @@ def read_sweeps(paths, mode: str | None = None) -> Sweeps:
     for d in dirs:
         run, saved, failures = load_run(d)
         found = aa_runs(d, run, saved)
-        looks = judge_of(run, saved, failures)[1]
+        family, looks = judge_of(run, saved, failures)
         first = first or run
         backend = run["config"]["backend"]
         backends.add(backend)
@@ -69,7 +69,7 @@ def read_sweeps(paths, mode: str | None = None) -> Sweeps:
                 layers.add(p["mtp_layers"])
             load = p["concurrency"] if info(backend).served else run["config"]["batch_size"]
             m = measured(d, data, load)
-            m.looks, m.noise = looks, found[1:] if found else None
+            m.looks, m.noise, m.sweep_family, m.sweep = looks, found[1:] if found else None, family, str(d)
             key = (m.load, m.k, p["mode"] if p["k"] else "plain", p["mtp_layers"])
             if key in points:
                 raise MtpBenchError(f"two sweeps measure {load_unit(backend)} {load} at k = {m.k}: "

@@ -209,3 +209,36 @@ def test_the_drift_controls_are_each_sweeps_aa_judged_as_one_family(sweeps, dist
     assert [c["load"] for c in got] == [load for load, _ in want]
     assert all(c["estimate"] == pytest.approx(r, rel=1e-4) for c, (_, r) in zip(got, want))  # saved to 5 digits
     assert all(c["family"] == len(sweeps) for c in got)
+
+
+# --- issue 55 case 9: one sweep, opposite answers, each page says why ---------------------------------------------------
+
+def test_where_a_sweep_and_the_tune_answer_differently_the_tune_says_both_and_why():
+    """Case 3's points, batch 1's sweep judging its 2 comparisons on its own (97.5 %): it calls k = 1 faster, the tune
+    (9 comparisons, 99.44 %) leaves it open. The tune says both numbers and why; where the two agree it says nothing.
+    The oracle: judge.ratio at each family, written here."""
+    from mtpbench.tune.markdown import markdown
+
+    k0, k1 = [100, 103, 97], [111, 115.5, 107]
+    pts = [point(1, 0, k0), point(1, 1, k1), point(1, 2, [60, 61, 59])]
+    for b in (2, 4):
+        pts += [point(b, 0, [100 * b] * 3), point(b, 1, [50 * b, 51 * b, 49 * b]), point(b, 2, [30 * b] * 3)]
+    for p in pts:
+        p.sweep_family, p.sweep = 2, f"sweeps/b{p.load}"
+    alone, among = judge.ratio(k1, k0, family=2), judge.ratio(k1, k0, family=9)
+    assert alone.decision == judge.ABOVE and among.decision == judge.OPEN  # the premise
+    result, _ = answer(pts)
+    said = result["sweep_disagreements"]
+    assert len(said) == 1, said  # batch 1, k = 1 only: k = 2 and the other loads are slower in both
+    assert said[0] == (f"batch 1, k = 1: the sweep sweeps/b1 on its own calls it faster than k = 0 "
+                       f"(x{judge.end_text(alone.estimate, 1.0)} {judge.interval_text(alone.low, alone.high, 1.0)} "
+                       f"at 97.5 %, one of its 2 comparisons); this tune judges it among its 9 comparisons at "
+                       f"99.44 %: not told apart from k = 0 "
+                       f"({judge.interval_text(among.low, among.high, 1.0)}): a larger family asks each comparison for "
+                       f"more evidence, so the tune's answer is the one that holds its 5 % over all of them")
+    result = {**result, "model": "m", "backend": "native", "provenance": {}, "unreliable_because": [],
+              "validation": None}
+    assert f"Where the sweep's own page answers otherwise: {said[0]}." in markdown(result)
+    for p in pts:  # a sweep judged as the tune is: no disagreement to say
+        p.sweep_family = 9
+    assert answer(pts)[0]["sweep_disagreements"] == []
