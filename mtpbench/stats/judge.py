@@ -304,6 +304,23 @@ def law_family(ks) -> int:
     return sum(k + 1 for k in ks if k > 0)
 
 
+# check-lossless's budget (its rule and the union bounds: stats/verdict.py's docstring; simulated: docs/judgement.md),
+# every share of it here, beside the other answers' levels
+ALARM_EXCESS = 0.3  # stage 1: the excess test's two-sided p below this raises an alarm
+CONFIRM_EXCESS = 0.05  # stage 2 on its own: two-sided, and the same way as stage 1's z (so 0.025 of a null's draws)
+ALARM_AB, CONFIRM_AB = 0.05, 0.01  # the two-sample test beside the excess test: stage 1, stage 2 on its own
+ALARM_AB_ALONE, CONFIRM_AB_ALONE = 0.3, 0.05  # the two-sample test alone (no target entropies)
+COMBINE = 0.005  # both stages combined (Stouffer, weighted by sqrt(continuations)): two-sided, both the same way
+FALSE_LOSSY_BOUND, FALSE_LOSSY_BOUND_ALONE = 0.0158, 0.0159  # the union bounds of stats/verdict.py's docstring
+# the third test, acceptance against its exact law (``LawEvidence``), where the drafting arm's verify steps were
+# read: one-sided (over-acceptance only), family-wise over the positions and the joint test (Bonferroni). Its
+# shares come out of the same budgets: beside it the excess test alarms at ALARM_EXCESS_LAW, the two-sample test
+# alone at ALARM_AB_ALONE_LAW (stats/verdict.py's docstring re-derives the bounds)
+ALARM_LAW, CONFIRM_LAW, COMBINE_LAW = 0.015, 0.001, 0.0005
+ALARM_EXCESS_LAW, ALARM_AB_ALONE_LAW = 0.26, 0.265
+ALPHA_AA = 0.01  # each stage's A/A control (off against off again): it checks the engine, not a second coin toss
+
+
 # the words each answer uses for a decision
 def speed(c: Comparison) -> str:
     """A timing ratio's decision: faster, slower or open."""

@@ -78,21 +78,25 @@ from statistics import NormalDist
 
 from mtpbench.stats.acceptance import UNDER, law_test
 from mtpbench.stats.excess import ExcessTest, continuation_excess, excess_test  # noqa: F401
+# every level is a share of check-lossless's false-lossy budget, held with the other answers' levels in stats.judge
+from mtpbench.stats.judge import (  # noqa: F401  (re-exported: stats.FALSE_LOSSY_BOUND, ...)
+    ALARM_AB,
+    ALARM_AB_ALONE,
+    ALARM_AB_ALONE_LAW,
+    ALARM_EXCESS,
+    ALARM_EXCESS_LAW,
+    ALARM_LAW,
+    ALPHA_AA,
+    COMBINE,
+    COMBINE_LAW,
+    CONFIRM_AB,
+    CONFIRM_AB_ALONE,
+    CONFIRM_EXCESS,
+    CONFIRM_LAW,
+    FALSE_LOSSY_BOUND,
+    FALSE_LOSSY_BOUND_ALONE,
+)
 from mtpbench.stats.lossless import MIN_CONTINUATIONS, LosslessTest
-
-ALARM_EXCESS = 0.3  # stage 1: the excess test's two-sided p below this raises an alarm
-CONFIRM_EXCESS = 0.05  # stage 2 on its own: two-sided, and the same way as stage 1's z (so 0.025 of a null's draws)
-ALARM_AB, CONFIRM_AB = 0.05, 0.01  # the two-sample test beside the excess test: stage 1, stage 2 on its own
-ALARM_AB_ALONE, CONFIRM_AB_ALONE = 0.3, 0.05  # the two-sample test alone (no target entropies)
-COMBINE = 0.005  # both stages combined (Stouffer, weighted by sqrt(continuations)): two-sided, both the same way
-FALSE_LOSSY_BOUND, FALSE_LOSSY_BOUND_ALONE = 0.0158, 0.0159  # the union bounds of the module docstring
-# the third test, acceptance against its exact law (``LawEvidence``), where the drafting arm's verify steps were
-# read: one-sided (over-acceptance only), family-wise over the positions and the joint test (Bonferroni). Its
-# shares come out of the same budgets: beside it the excess test alarms at ALARM_EXCESS_LAW, the two-sample test
-# alone at ALARM_AB_ALONE_LAW (the module docstring's bounds, re-derived)
-ALARM_LAW, CONFIRM_LAW, COMBINE_LAW = 0.015, 0.001, 0.0005
-ALARM_EXCESS_LAW, ALARM_AB_ALONE_LAW = 0.26, 0.265
-ALPHA_AA = 0.01  # each stage's A/A control (off against off again): it checks the engine, not a second coin toss
 
 LOSSLESS, LOSSY, INCONCLUSIVE = "lossless", "lossy", "inconclusive"
 # why a sampling check is inconclusive, in a word (the summary's headline and lossless.json's inconclusive_reason)
