@@ -319,7 +319,8 @@ def run_sampling(backend, cfg: CheckConfig, ids: list[list[int]], prompt_ids: li
     return {
         "verdict": SAMPLING_LOSSLESS if verdict == stats.LOSSLESS else verdict, "why": why,
         **_stage_record(first, *stages[0]), "score_tests_unavailable": first["moments_note"],
-        "alarm": raised, "confirmation": None if second is None else _stage_record(second, *stages[1], stats.CONFIRM_LAW),
+        "alarm": raised,
+        "confirmation": None if second is None else _stage_record(second, *stages[1], stats.CONFIRM_LAW),
         "combined": None if second is None else {k: c and asdict(c) for k, c in
                                                  stats.combined(stages[0][0], stages[1][0]).items()},
         "detectable_shift": None if ab is None else stats.detectable_shift(ab),

@@ -207,11 +207,12 @@ LAW_HEADERS = ["position", "steps", "observed", "expected", "observed - expected
 
 def law_rows(block: dict) -> list[list]:
     """The law test's table (``LAW_HEADERS``): a row per position and the joint one ("all"); the interval of
-    observed - expected at the family's level; the drafter-side columns empty where q is not known."""
+    observed - expected against the law's region at the test's levels; "certain" in place of a z where there is
+    none (and a certain departure's drafts counted); the drafter-side columns empty where q is not known."""
     def cell(v):
         return "" if v is None else v
 
     return [["all" if t["position"] is None else t["position"], t["steps"], t["observed"], t["expected"],
              f"{t['observed'] - t['expected']:+.3f} [{t['low']:+.3f}, {t['high']:+.3f}]",
-             z_text(t["z"]) + sure_text(t) if t["z"] is None else t["z"], t["decision"], cell(t["tv"]), cell(t["probabilistic"]),
-             cell(t["greedy"])] for t in block["positions"] + [block["joint"]]]
+             z_text(t["z"]) + sure_text(t) if t["z"] is None else t["z"], t["decision"], cell(t["tv"]),
+             cell(t["probabilistic"]), cell(t["greedy"])] for t in block["positions"] + [block["joint"]]]

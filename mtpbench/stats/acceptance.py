@@ -40,7 +40,7 @@ import numpy as np
 
 ALPHA = 0.05  # the chance that an engine that follows the law is called out at any position or jointly
 FOLLOWS, OVER, UNDER, NONE = "follows the law", "over-accepts", "under-accepts", "no draft steps"
-CERTAIN = "certain"  # a position whose every step's law is 0 or 1 (temperature 0: argmax agreement)
+# the verdict's words where every step's law was 0 or 1 (temperature 0: the law is argmax agreement)
 CERTAIN_WORDS = "certain: each draft accepted exactly at the target's argmax"
 
 
@@ -113,7 +113,7 @@ def _products(a: np.ndarray) -> np.ndarray:
 
 
 def tails(probability, accepted_count: int) -> tuple[float, float]:
-    """(P(S >= s), P(S <= s)) for S Poisson-binomial over ``probability`` (each in (0, 1)) and s = ``accepted_count``."""
+    """(P(S >= s), P(S <= s)) for S Poisson-binomial over ``probability`` (each in (0, 1)), s = ``accepted_count``."""
     pmf = _products(np.asarray(probability, dtype=float))
     s = int(accepted_count)
     return min(1.0, float(pmf[s:].sum())), min(1.0, float(pmf[: s + 1].sum()))
@@ -171,10 +171,10 @@ def law_test(steps: list[tuple[int, int, float]], over: float = ALPHA / 2, under
              family: int | None = None) -> tuple[str, list[PositionTest]]:
     """Every position's test and the joint one from (position, accepted 0/1, acceptance probability) steps, each
     side at ``over`` / ``under`` over the family (its positions and the joint test; ``family``: more, where the
-    answer holds other tests too, as a sweep's points do); the
-    verdict: FOLLOWS (with CERTAIN_WORDS where every step was certain), "over-accepts at position i[, j]" (lossy;
-    "certainly" where a certain departure decided every one named), "under-accepts at position i" (drafts wasted),
-    both where positions depart both ways, or NONE without steps. The joint test last; the positions' tests decide
+    answer holds other tests too, as a sweep's points do); the verdict: FOLLOWS (with CERTAIN_WORDS where every
+    step was certain), "over-accepts at position i[, j]" (lossy; "certainly" where a certain departure decided every
+    one named), "under-accepts at position i" (drafts wasted), both where positions depart both ways, or NONE
+    without steps. The joint test last; the positions' tests decide
     where, the joint one alone says the whole departs (e.g. "over-accepts (all positions together)")."""
     if not steps:
         return NONE, []

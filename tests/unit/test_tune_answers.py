@@ -211,7 +211,7 @@ def test_the_drift_controls_are_each_sweeps_aa_judged_as_one_family(sweeps, dist
     assert all(c["family"] == len(sweeps) for c in got)
 
 
-# --- issue 55 case 9: one sweep, opposite answers, each page says why ---------------------------------------------------
+# --- issue 55 case 9: one sweep, opposite answers, each page says why --------------------------------------------
 
 def test_where_a_sweep_and_the_tune_answer_differently_the_tune_says_both_and_why():
     """Case 3's points, batch 1's sweep judging its 2 comparisons on its own (97.5 %): it calls k = 1 faster, the tune
