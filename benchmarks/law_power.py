@@ -22,7 +22,7 @@ from mtpbench.engine import Faults, generate
 from mtpbench.environment import cpu_summary
 from mtpbench.model import load_model
 from mtpbench.prompts import load_prompts, load_tokenizer
-from mtpbench.stats.acceptance import FOLLOWS, OVER, law_test
+from mtpbench.stats.acceptance import OVER, follows, law_test
 
 
 def main() -> None:
@@ -50,7 +50,7 @@ def main() -> None:
             verdict, tests = law_test([(i, x, p) for _, i, x, p, *_ in g.law_steps])
             at = next(t for t in tests if t.position == a.position)
             named += at.decision == OVER
-            alarms += verdict != FOLLOWS
+            alarms += not follows(verdict)
             added += at.observed - at.expected
             steps += at.steps
         print(f"{share:5.2f}  {added / a.seeds:+16.3f}  {steps / a.seeds:11.0f}  {named / a.seeds:11.0%}  "

@@ -51,7 +51,8 @@ class PositionTest:
     steps that could vary (1 where none could); ``certain_over`` / ``certain_under``: certain departures (a draft
     accepted with probability 0, rejected with probability 1); ``over_level`` / ``under_level``: this test's
     one-sided levels; ``low`` / ``high``: observed - expected less the law's acceptance region at those levels (it
-    excludes 0 exactly where the test departs); ``z``: the smaller tail as a signed normal deviate (+-inf: a certain
+    excludes 0 exactly where the test departs; a certain departure: both the signed share of steps that cannot
+    happen); ``z``: the smaller tail as a signed normal deviate (+-inf: a certain
     departure; None: every step certain); ``decision``: OVER, UNDER or FOLLOWS."""
 
     position: int | None  # None: the joint test over every position
@@ -154,10 +155,10 @@ def position_test(accepted, probability, position: int | None, family: int, over
     s = int(xs.sum())
     pmf = _products(av)
     p_over, p_under = min(1.0, float(pmf[s:].sum())), min(1.0, float(pmf[: s + 1].sum()))
-    if certain_over or certain_under:
+    if certain_over or certain_under:  # both at once: over-acceptance (lossy) decides, the verdict names both
         z: float | None = math.inf if certain_over else -math.inf
         decision = OVER if certain_over else UNDER
-        low = high = d
+        low = high = certain_over / n if certain_over else -certain_under / n  # the share that cannot happen
     else:
         z = None if not av.size else _deviate(p_over, p_under)
         decision = OVER if p_over <= over_level else UNDER if p_under <= under_level else FOLLOWS
@@ -193,7 +194,8 @@ def verdict_of(tests: list) -> str:
     positions, joint = tests[:-1], tests[-1]
     said = []
     for d, count in ((OVER, "certain_over"), (UNDER, "certain_under")):
-        at = [t for t in positions if t.decision == d]
+        # a position with certain departures both ways is named on both sides
+        at = [t for t in positions if t.decision == d or getattr(t, count)]
         if at:
             sure = " certainly" if all(getattr(t, count) for t in at) else ""
             said.append(f"{d}{sure} at position{'s' if len(at) > 1 else ''} {', '.join(str(t.position) for t in at)}")

@@ -12,6 +12,7 @@ from mtpbench.metrics import GridPoint, PointResult, PointRun, mean_call_s, summ
 from mtpbench.metrics.law import row_fields
 from mtpbench.metrics.records import AA_MODE
 from mtpbench.stats import judge, noise
+from mtpbench.stats.intervals import MIN_REPEATS_RATIO
 
 
 def sort_key(p: dict) -> tuple:
@@ -65,9 +66,12 @@ def read_noise(out: Path, run: dict, points: list[dict]) -> dict | None:
     k0, a, b = found
     n = min(len(a), len(b))
     # each drafting point's speedup reads the floor as it stood at the point's last look (``speedup_comparison``):
-    # a point decided early keeps that look's, which can be narrower than the floor after the last round
+    # a point decided early keeps that look's, which can be narrower than the floor after the last round; only
+    # points timed often enough for an interval count (one without an interval reads no floor)
     least = min((noise.floor_until((a, b), noise.last_round(d["repeats"])) for d in points
-                 if d["point"]["k"] > 0 and d.get("repeats")), default=None)
+                 if d["point"]["k"] > 0 and sum(1 for t in d.get("repeats") or [] if (t.get("output_tokens_per_sec")
+                                                                                     or 0) > 0) >= MIN_REPEATS_RATIO),
+                default=None)
     return {**noise.summary(_timings(a[:n]), _timings(b[:n])), "point": k0["point"],
             "floor_least": noise.rounded(least), "floor_least_pct": noise.pct(least)}
 

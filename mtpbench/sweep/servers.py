@@ -62,7 +62,7 @@ def close(attached) -> None:
 
 def run_servers(cfg: SweepConfig, on_point=None, say=None) -> list:
     """Measure every point of every attached server into ``cfg.out``, then build the sweep's files; its rows."""
-    from mtpbench.stats.judge import ALPHA
+    from mtpbench.stats.judge import ALPHA, law_family
     from mtpbench.sweep.report import build
     from mtpbench.sweep import store
     from mtpbench.sweep.rounds import family_of
@@ -82,16 +82,17 @@ def run_servers(cfg: SweepConfig, on_point=None, say=None) -> list:
                 sorted(attached, key=lambda a: a[2].get("k") or 0)]
         points = [(url, backend, c, p) for url, backend, c, facts in plan for p in grid(c, None, facts.get("k"))]
         make_out_dir(out)
+        law_fam = law_family(p.k for *_, p in points) if cfg.law else None  # one family across every server's points
         write_json(out / "run.json", {"config": cfg.to_json(), "provenance": prov,
                                       "engine": {**plan[0][3], "servers": {u: f for u, _, _, f in plan}},
                                       "prompts": pset.describe(), "fingerprint": fp,
                                       "execution": execution(cfg.to_json()),
                                       "judge": {"family": family_of([p for *_, p in points]), "looks": 1,
-                                                "alpha": ALPHA}})
+                                                "alpha": ALPHA, **({"law_family": law_fam} if law_fam else {})}})
         for i, (url, backend, c, point) in enumerate(points):
             if on_point:
                 on_point(i, len(points), f"{point.name} ({url})")
-            run_one(c, backend, point, pset.prompts, out, fp)
+            run_one(c, backend, point, pset.prompts, out, fp, law_fam=law_fam)
             path = out / f"{point.name}.json"
             if path.is_file():  # which server measured it
                 write_json(path, {**json.loads(path.read_text()), "server": url})

@@ -84,24 +84,26 @@ def sweep_disagreements(points: list[Measured], choices: list[LoadChoice], unit:
     for c in choices:
         for k, mine in sorted(c.vs_0.items()):
             m, base = by.get((c.load, k)), by.get((c.load, 0))
-            if not (m and base and m.sweep_family and testable(m) and testable(base)):
+            # a judgement the sweep made: both points of one sweep, each with a test
+            if not (m and base and m.sweep_family and m.sweep == base.sweep and testable(m) and testable(base)):
                 continue
             theirs = judged(m, base, m.sweep_family)
             if theirs.decision == mine["decision"] or theirs.estimate is None:
                 continue
-            out.append(f"{unit} {c.load}, k = {k}: the sweep {m.sweep} on its own calls it "
-                       f"{judge.speed(theirs)} than k = 0 (x{judge.end_text(theirs.estimate, 1.0)} "
-                       f"{judge.interval_text(theirs.low, theirs.high, 1.0)} at {judge.level_text(theirs.level)}, one "
-                       f"of its {theirs.family} comparisons); this tune judges it among its {mine['family']} "
-                       f"comparisons at {judge.level_text(mine['level'])}: {_word(mine['decision'])} "
-                       f"({judge.interval_text(mine['low'], mine['high'], 1.0)}): a larger family asks each "
-                       "comparison for more evidence, so the tune's answer is the one that holds its 5 % over all of "
-                       "them")
+            why = ("a larger family asks each comparison for more evidence" if mine["family"] > theirs.family else
+                   "the tune judges fewer comparisons (points without a test are no members), so each asks for less")
+            out.append(f"{unit} {c.load}, k = {k}: the sweep {m.sweep} on its own calls it {_word(theirs.decision)} "
+                       f"(x{judge.end_text(theirs.estimate, 1.0)} {judge.interval_text(theirs.low, theirs.high, 1.0)} "
+                       f"at {judge.level_text(theirs.level)}, one of its {theirs.family} comparisons); this tune judges "
+                       f"it among its {mine['family']} comparisons at {judge.level_text(mine['level'])}: "
+                       f"{_word(mine['decision'])} ({judge.interval_text(mine['low'], mine['high'], 1.0)}): {why}; each "
+                       "answer holds its 5 % over its own family, and the tune's choice reads the tune's")
     return out
 
 
 def _word(decision: str) -> str:
-    return {judge.ABOVE: "faster", judge.BELOW: "slower"}.get(decision, "not told apart from k = 0")
+    return {judge.ABOVE: "faster than k = 0", judge.BELOW: "slower than k = 0"}.get(decision,
+                                                                                  "not told apart from k = 0")
 
 
 def beats(c: judge.Comparison | None) -> bool:

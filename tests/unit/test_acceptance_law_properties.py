@@ -55,8 +55,8 @@ def oracle(steps, over, under):
 
     rows = [(i, *one([s for s in steps if s[0] == i])) for i in positions] + [(None, *one(steps))]
     said = []
-    for d, k in ((OVER, 5), (UNDER, 6)):
-        at = [r for r in rows[:-1] if r[2] == d]
+    for d, k in ((OVER, 5), (UNDER, 6)):  # a position with certain departures both ways: named on both sides
+        at = [r for r in rows[:-1] if r[2] == d or r[k]]
         if at:
             sure = " certainly" if all(r[k] for r in at) else ""
             said.append(f"{d}{sure} at position" + ("s " if len(at) > 1 else " ") + ", ".join(str(r[0]) for r in at))
@@ -92,8 +92,9 @@ def test_each_position_and_the_joint_test_follow_the_rule(steps, levels):
             assert (t.p_value <= ALPHA) == (decision != FOLLOWS), t
             if t.z is not None:  # z is the smaller tail as a normal deviate, signed by its side
                 assert (t.z > 0) <= (up < 0.5) and (t.z < 0) <= (down < 0.5), t
-        else:
+        else:  # the interval: the signed share of steps that cannot happen under the law
             assert t.p_value == 0.0 and t.z == (math.inf if sure_over else -math.inf)
+            assert t.low == t.high == (sure_over / n if sure_over else -sure_under / n)
 
 
 @settings(max_examples=200, deadline=None)
@@ -135,6 +136,10 @@ def test_a_certain_departure_is_not_diluted_by_sampled_steps_beside_it():
         assert tests[0].certain_over == 5 and tests[-1].decision == OVER
     rejected = [(1, 0, 1.0)] + [(1, int(rng.uniform() < 0.6), 0.6) for _ in range(100)]
     assert law_test(rejected)[0] == "under-accepts certainly at position 1"
+    both = [(0, 1, 0.0), (0, 0, 1.0)] + [(0, int(rng.uniform() < 0.6), 0.6) for _ in range(50)]
+    verdict, tests = law_test(both)
+    assert verdict == "over-accepts certainly at position 0; under-accepts certainly at position 0", verdict
+    assert tests[0].decision == OVER and tests[0].low == tests[0].high == 1 / 52
 
 
 def test_at_temperature_0_the_law_is_argmax_agreement_and_no_z_is_shown():

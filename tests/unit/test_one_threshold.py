@@ -59,3 +59,21 @@ def test_lossless_is_never_printed_beside_an_interval_that_excludes_0():
     line = next(x for x in lines if x.startswith("- off vs on"))
     assert "p = 0.0525 (the two-sample test, an alarm below 0.05" in line and "0.0021" not in line, line
     assert "0.045" not in " ".join(lines) and "CI" not in " ".join(lines), lines
+
+
+def test_each_stages_two_sample_line_names_the_level_it_is_read_at():
+    """Stage 1's p is read against the alarm's level, stage 2's against the confirmation's (0.01 beside the excess
+    test): each line names its own."""
+    from mtpbench.lossless.report import _sampling_lines
+
+    ok, ex = two_sample(0.5), excess(0.3, 0.002)
+    first, second = stats.Stage(two_sample(0.02), ok, ex), stats.Stage(two_sample(0.03, n_a=192, n_b=192), ok, ex)
+    record = {"samples_per_prompt": 8, "why": "w", "test": asdict(first.ab), "aa_test": asdict(ok), "alpha_aa": 0.01,
+              "excess_test": asdict(ex), "levels": stats.verdict.levels(first), "alarm": stats.alarm(first),
+              "confirmation": {"test": asdict(second.ab), "aa_test": asdict(ok), "excess_test": asdict(ex)},
+              "combined": {k: c and asdict(c) for k, c in stats.combined(first, second).items()}}
+    lines = _sampling_lines(record)
+    one = next(x for x in lines if x.startswith("- off vs on"))
+    two = next(x for x in lines if x.startswith("  - stage 2 off vs on"))
+    assert "p = 0.02 (the two-sample test, an alarm below 0.05;" in one, one
+    assert "p = 0.03 (the two-sample test, lossy below 0.01 (with stage 1's alarm);" in two, two

@@ -235,10 +235,24 @@ def test_where_a_sweep_and_the_tune_answer_differently_the_tune_says_both_and_wh
                        f"at 97.5 %, one of its 2 comparisons); this tune judges it among its 9 comparisons at "
                        f"99.44 %: not told apart from k = 0 "
                        f"({judge.interval_text(among.low, among.high, 1.0)}): a larger family asks each comparison for "
-                       f"more evidence, so the tune's answer is the one that holds its 5 % over all of them")
+                       f"more evidence; each answer holds its 5 % over its own family, and the tune's choice reads the "
+                       f"tune's")
     result = {**result, "model": "m", "backend": "native", "provenance": {}, "unreliable_because": [],
               "validation": None}
     assert f"Where the sweep's own page answers otherwise: {said[0]}." in markdown(result)
     for p in pts:  # a sweep judged as the tune is: no disagreement to say
         p.sweep_family = 9
     assert answer(pts)[0]["sweep_disagreements"] == []
+    for p in pts:  # k = 0 and k = 1 from different sweeps: no judgement either sweep made
+        p.sweep_family, p.sweep = 2, f"sweeps/k{p.k}"
+    assert answer(pts)[0]["sweep_disagreements"] == []
+    # a sweep of 30 comparisons (99.83 %) against the tune's 9: k = 1 at [115, 118, 112] is faster in the tune,
+    # open in the sweep: said the other way round, and why
+    pts[1] = point(1, 1, [115, 118, 112])
+    for p in pts:
+        p.sweep_family, p.sweep = 30, "sweeps/all"
+    assert judge.ratio([115, 118, 112], k0, family=30).decision == judge.OPEN  # the premise
+    later = answer(pts)[0]["sweep_disagreements"]
+    assert len(later) == 1 and later[0].startswith("batch 1, k = 1: the sweep sweeps/all on its own calls it not "
+                                                   "told apart from k = 0"), later
+    assert ": faster than k = 0 (" in later[0] and "the tune judges fewer comparisons" in later[0], later
