@@ -98,8 +98,9 @@ def _stage_lines(stage: dict, label: str, record: dict) -> list[str]:
         # interval of the shift that excluded 0)
         lv = record.get("levels") or {}
         # stage 1 raises an alarm at its level; a second stage (label "stage 2 ") confirms at its own
-        at = (f", lossy below {lv['confirm_two_sample']:g} (with stage 1's alarm)" if label and "confirm_two_sample" in lv
-              else f", an alarm below {lv['alarm_two_sample']:g}" if "alarm_two_sample" in lv else "")
+        at = (f", lossy below {lv['confirm_two_sample']:g} (with stage 1's alarm)"
+              if label and "confirm_two_sample" in lv else
+              f", an alarm below {lv['alarm_two_sample']:g}" if "alarm_two_sample" in lv else "")
         lines.append(f"- {label}off vs on: p = {t['p_value']:.3g} (the two-sample test{at}; its parts: scores "
                      f"{t['p_value_scores']:.3g}, tokens {t['p_value_tokens']:.3g}); mean "
                      f"target log-prob {t['mean_logprob_a']:.4g} -> {t['mean_logprob_b']:.4g} nats/token, shift "

@@ -92,12 +92,13 @@ def sweep_disagreements(points: list[Measured], choices: list[LoadChoice], unit:
                 continue
             why = ("a larger family asks each comparison for more evidence" if mine["family"] > theirs.family else
                    "the tune judges fewer comparisons (points without a test are no members), so each asks for less")
+            theirs_at = f"{judge.interval_text(theirs.low, theirs.high, 1.0)} at {judge.level_text(theirs.level)}"
+            mine_at = judge.interval_text(mine["low"], mine["high"], 1.0)
             out.append(f"{unit} {c.load}, k = {k}: the sweep {m.sweep} on its own calls it {_word(theirs.decision)} "
-                       f"(x{judge.end_text(theirs.estimate, 1.0)} {judge.interval_text(theirs.low, theirs.high, 1.0)} "
-                       f"at {judge.level_text(theirs.level)}, one of its {theirs.family} comparisons); this tune judges "
-                       f"it among its {mine['family']} comparisons at {judge.level_text(mine['level'])}: "
-                       f"{_word(mine['decision'])} ({judge.interval_text(mine['low'], mine['high'], 1.0)}): {why}; each "
-                       "answer holds its 5 % over its own family, and the tune's choice reads the tune's")
+                       f"(x{judge.end_text(theirs.estimate, 1.0)} {theirs_at}, one of its {theirs.family} "
+                       f"comparisons); this tune judges it among its {mine['family']} comparisons at "
+                       f"{judge.level_text(mine['level'])}: {_word(mine['decision'])} ({mine_at}): {why}; each answer "
+                       "holds its 5 % over its own family, and the tune's choice reads the tune's")
     return out
 
 
