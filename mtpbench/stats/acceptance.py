@@ -76,6 +76,11 @@ class PositionTest:
         return self.z is None
 
     @property
+    def under(self) -> bool:
+        """It under-accepts, whether or not over-acceptance decided it: a certain rejection, or the lower tail."""
+        return bool(self.certain_under) or self.p_under <= self.under_level
+
+    @property
     def p_value(self) -> float:
         """One p for pages that print one: the smaller tail over its level, times ALPHA (so below ALPHA exactly where
         the test departs), capped at 1; 0 for a certain departure."""
@@ -155,15 +160,19 @@ def position_test(accepted, probability, position: int | None, family: int, over
     s = int(xs.sum())
     pmf = _products(av)
     p_over, p_under = min(1.0, float(pmf[s:].sum())), min(1.0, float(pmf[: s + 1].sum()))
-    if certain_over or certain_under:  # both at once: over-acceptance (lossy) decides, the verdict names both
-        z: float | None = math.inf if certain_over else -math.inf
-        decision = OVER if certain_over else UNDER
-        low = high = certain_over / n if certain_over else -certain_under / n  # the share that cannot happen
+    # over-acceptance (lossy) decides where both sides depart (a broken verifier can do both at one position: vLLM
+    # #55005's garbage over-accepts sampled drafts and rejects certain ones); the verdict names both sides
+    z: float | None = None if not av.size else _deviate(p_over, p_under)
+    lo, hi = _region(pmf, over_level, under_level)
+    low, high = (s - hi) / n, (s - lo) / n  # the observed count less the region's ends, a share of the steps
+    if certain_over:
+        z, decision, low, high = math.inf, OVER, certain_over / n, certain_over / n  # the share that cannot happen
+    elif p_over <= over_level:
+        decision = OVER
+    elif certain_under:
+        z, decision, low, high = -math.inf, UNDER, -certain_under / n, -certain_under / n
     else:
-        z = None if not av.size else _deviate(p_over, p_under)
-        decision = OVER if p_over <= over_level else UNDER if p_under <= under_level else FOLLOWS
-        lo, hi = _region(pmf, over_level, under_level)
-        low, high = (s - hi) / n, (s - lo) / n  # the observed count less the region's ends, a share of the steps
+        decision = UNDER if p_under <= under_level else FOLLOWS
     return PositionTest(position, n, float(x.mean()), float(a.mean()), z, low, high, p_over, p_under, decision,
                         certain_over, certain_under, over_level, under_level)
 
@@ -194,8 +203,8 @@ def verdict_of(tests: list) -> str:
     positions, joint = tests[:-1], tests[-1]
     said = []
     for d, count in ((OVER, "certain_over"), (UNDER, "certain_under")):
-        # a position with certain departures both ways is named on both sides
-        at = [t for t in positions if t.decision == d or getattr(t, count)]
+        # a position that departs both ways (over-acceptance decides it) is named on both sides
+        at = [t for t in positions if t.decision == d or (d == UNDER and t.under)]
         if at:
             sure = " certainly" if all(getattr(t, count) for t in at) else ""
             said.append(f"{d}{sure} at position{'s' if len(at) > 1 else ''} {', '.join(str(t.position) for t in at)}")
