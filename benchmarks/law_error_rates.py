@@ -19,6 +19,7 @@ Measured: the share of false answers with its Clopper-Pearson 95 % interval; "AB
 exceeds the stated rate.
 
     python benchmarks/law_error_rates.py [TRIALS] [REGIME ...]   # default 4000, every regime
+    python benchmarks/law_error_rates.py --lossless SEED TRIALS REGIME   # check-lossless's row alone, at a seed
 """
 
 import sys
@@ -77,15 +78,23 @@ def main(trials: int, only: list[str]) -> None:
         row(f"check-lossless: the law confirms on its own, {regime}", stats.CONFIRM_LAW,
             sum(bool(stats.verdict.over_accepting(stats.law_evidence(chains(rng, n, k, law)), stats.CONFIRM_LAW))
                 for _ in range(trials)), trials)
-        rng = np.random.default_rng(58)
-        lossy = 0
-        for _ in range(trials):
-            first = null_stage(rng, regime, 96)
-            stages = [first] + ([null_stage(rng, regime, 192)] if stats.alarm(first) else [])
-            lossy += stats.lossless_verdict(stages)[0] == stats.LOSSY
-        row(f"check-lossless: lossy, null stages with the law read, {regime}", stats.FALSE_LOSSY_BOUND, lossy, trials)
+        lossless_row(regime, trials, 58)
     print(f"\n{trials} trials a row, {time.time() - t0:.0f} s")
 
 
+def lossless_row(regime: str, trials: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    lossy = 0
+    for _ in range(trials):
+        first = null_stage(rng, regime, 96)
+        stages = [first] + ([null_stage(rng, regime, 192)] if stats.alarm(first) else [])
+        lossy += stats.lossless_verdict(stages)[0] == stats.LOSSY
+    row(f"check-lossless: lossy, null stages with the law read, {regime}" + ("" if seed == 58 else f" (seed {seed})"),
+        stats.FALSE_LOSSY_BOUND, lossy, trials)
+
+
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 4000, sys.argv[2:])
+    if sys.argv[1:2] == ["--lossless"]:
+        lossless_row(sys.argv[4], int(sys.argv[3]), int(sys.argv[2]))
+    else:
+        main(int(sys.argv[1]) if len(sys.argv) > 1 else 4000, sys.argv[2:])
