@@ -155,7 +155,6 @@ def position_test(accepted, probability, position: int | None, family: int, over
     sure = (a == 0.0) | (a == 1.0)
     certain_over = int(((a == 0.0) & (x > 0)).sum())
     certain_under = int(((a == 1.0) & (x == 0)).sum())
-    d = float((x - a).sum()) / n
     xs, av = x[~sure], a[~sure]
     s = int(xs.sum())
     pmf = _products(av)

@@ -34,6 +34,15 @@ def enumerated(a: list[float], s: int) -> tuple[float, float]:
     return up, down
 
 
+def region(a: list[float], over_level: float, under_level: float) -> tuple[int, int]:
+    """The counts the law accepts at these levels, from the enumerated law: [the smallest count whose lower tail
+    exceeds ``under_level``, the largest whose upper tail exceeds ``over_level``]."""
+    n = len(a)
+    tails_at = [enumerated(a, s) for s in range(n + 1)]
+    return (min(s for s in range(n + 1) if tails_at[s][1] > under_level),
+            max(s for s in range(n + 1) if tails_at[s][0] > over_level))
+
+
 def oracle(steps, over, under):
     """(verdict, [(position, steps, decision, p_over, p_under, certain_over, certain_under) ..., joint last])."""
     steps = [(i, x, min(1.0, max(0.0, a))) for i, x, a in steps]
@@ -88,7 +97,14 @@ def test_each_position_and_the_joint_test_follow_the_rule(steps, levels):
         assert (t.p_over, t.p_under) == (pytest.approx(up, abs=1e-12), pytest.approx(down, abs=1e-12))
         assert (t.z is None) == (certain and not sure_over and not sure_under)
         by_tail = not sure_over and (decision == OVER or not sure_under)  # no certain departure decided it
+        m = len(rows)
+        assert (t.over_level, t.under_level) == (over / m, under / m)
         if by_tail:
+            sel = [(x, min(1.0, max(0.0, a))) for i, x, a in steps if t.position is None or i == t.position]
+            vary = [(x, a) for x, a in sel if 0.0 < a < 1.0]
+            lo, hi = region([a for _, a in vary], over / m, under / m)
+            s = sum(x for x, _ in vary)
+            assert (t.low, t.high) == (pytest.approx((s - hi) / n), pytest.approx((s - lo) / n)), t
             # the interval and the decision agree: it excludes 0 exactly where the position departs
             assert (t.low > 0) == (decision == OVER) and (t.high < 0) == (decision == UNDER), t
             if not sure_under:
@@ -106,6 +122,19 @@ def test_the_tails_are_the_enumerated_law_of_the_count(a, data):
     s = data.draw(st.integers(0, len(a)))
     up, down = enumerated(a, s)
     assert tails(a, s) == (pytest.approx(up, abs=1e-12), pytest.approx(down, abs=1e-12))
+
+
+def test_a_tail_exactly_at_its_level_departs_and_a_family_of_one_is_one_test():
+    """The rule's edges with exact binary fractions: a tail at its level departs (p <= level), the region's end is
+    the last count whose tail exceeds it; one test alone (family 1) reads the whole side's level."""
+    from mtpbench.stats.acceptance import position_test
+
+    up = position_test([1, 1], [0.5, 0.5], 0, family=1, over=0.25, under=0.25)  # P(S >= 2) = 0.25
+    assert (up.p_over, up.decision, up.over_level) == (0.25, OVER, 0.25) and up.low == up.high == 0.5
+    down = position_test([0, 0], [0.5, 0.5], 0, family=1, over=0.25, under=0.25)  # P(S <= 0) = 0.25
+    assert (down.p_under, down.decision, down.under_level) == (0.25, UNDER, 0.25) and down.high == -0.5
+    mid = position_test([1, 0], [0.5, 0.5], 0, family=1, over=0.25, under=0.25)
+    assert mid.decision == FOLLOWS and (mid.low, mid.high) == (0.0, 0.0)  # the region is [1, 1]: it holds s = 1
 
 
 def test_the_tails_of_many_steps_are_the_binomial_law_where_every_probability_is_one():
