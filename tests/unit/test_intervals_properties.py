@@ -375,6 +375,9 @@ def test_a_speedups_p_is_welchs_two_sided_t_on_logs_times_its_family(num, den, f
     d = float(np.mean(np.log(num)) - np.mean(np.log(den)))
     assume(se > 0 and d != 0)
     got = judge.ratio(num + [None, 0.0, -1.0], den, family=family)
+    if abs(d) <= 1e-12:  # a log ratio within float round-off is no difference, whatever spread round-off left
+        assert got.p_value == 1.0 and got.decision == judge.OPEN
+        return
     assert got.p_value == pytest.approx(min(1.0, 2 * family * t_tail(abs(d) / se, df)), rel=1e-7, abs=1e-13)
 
 
