@@ -35,8 +35,7 @@ from mtpbench.stats.lossless import (  # noqa: F401
     permuted_labels,
     score_test,
 )
-from mtpbench.stats.verdict import (  # noqa: F401
-    AA_REJECTS,
+from mtpbench.stats.judge import (  # noqa: F401  check-lossless's budget, held by the judge
     ALARM_AB,
     ALARM_AB_ALONE,
     ALARM_AB_ALONE_LAW,
@@ -52,6 +51,9 @@ from mtpbench.stats.verdict import (  # noqa: F401
     CONFIRM_LAW,
     FALSE_LOSSY_BOUND,
     FALSE_LOSSY_BOUND_ALONE,
+)
+from mtpbench.stats.verdict import (  # noqa: F401
+    AA_REJECTS,
     INCONCLUSIVE,
     LOSSLESS,
     LOSSY,
