@@ -69,8 +69,8 @@ def read_noise(out: Path, run: dict, points: list[dict]) -> dict | None:
     # a point decided early keeps that look's, which can be narrower than the floor after the last round; only
     # points timed often enough for an interval count (one without an interval reads no floor)
     least = min((noise.floor_until((a, b), noise.last_round(d["repeats"])) for d in points
-                 if d["point"]["k"] > 0 and sum(1 for t in d.get("repeats") or [] if (t.get("output_tokens_per_sec")
-                                                                                     or 0) > 0) >= MIN_REPEATS_RATIO),
+                 if d["point"]["k"] > 0
+                 and sum(1 for v in noise.tokps(d.get("repeats") or []) if (v or 0) > 0) >= MIN_REPEATS_RATIO),
                 default=None)
     return {**noise.summary(_timings(a[:n]), _timings(b[:n])), "point": k0["point"],
             "floor_least": noise.rounded(least), "floor_least_pct": noise.pct(least)}
