@@ -59,7 +59,7 @@ def old_choices(points: list[Measured]) -> dict[int, int]:
             return judge.ratio(by[a].tokps, by[c].tokps).decision == judge.ABOVE  # one comparison alone, 95 %
 
         beaten = {k: [j for j in ks if j != k and beats(j, k)] for k in ks}
-        out[b] = next((k for k in ks if not beaten[k]), max(ks, key=lambda k: by[k].median))
+        out[b] = next((k for k in ks if not beaten[k]), max(ks, key=lambda k: by[k].gmean))
     return out
 
 

@@ -44,7 +44,7 @@ class SweepConfig:
     chat_template: str = "auto"  # auto: through the checkpoint's chat template where it has one; none
     context_tokens: tuple[int, ...] = ()  # held-out text before each prompt, a grid dimension; (): none
     max_tokens: int = 128
-    repeats: int = 1  # timed runs per point; with several, timings are reported as median and interval
+    repeats: int = 1  # timed runs per point; with several, timings are their geometric mean and its interval
     max_repeats: int | None = None  # time points whose speedup is open up to this (sweep.rounds); None: repeats
     max_seconds: float | None = None  # ... or until this much time is spent on the rounds
     warmup: int = 1  # runs of every point before the rounds, timed and set aside (interleaving backends)

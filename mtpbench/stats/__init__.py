@@ -9,6 +9,7 @@ from mtpbench.stats.intervals import (  # noqa: F401
     MIN_REPEATS_RATIO,
     RESAMPLES,
     SEED,
+    gmean,
     median,
     median_ci,
     paired_ratio_diff_ci,
@@ -35,7 +36,7 @@ from mtpbench.stats.lossless import (  # noqa: F401
     permuted_labels,
     score_test,
 )
-from mtpbench.stats.judge import (  # noqa: F401  check-lossless's budget, held by the judge
+from mtpbench.stats.judge import (  # noqa: F401  check-lossless's budget, held by the judge; a timing's interval
     ALARM_AB,
     ALARM_AB_ALONE,
     ALARM_AB_ALONE_LAW,
@@ -51,6 +52,7 @@ from mtpbench.stats.judge import (  # noqa: F401  check-lossless's budget, held 
     CONFIRM_LAW,
     FALSE_LOSSY_BOUND,
     FALSE_LOSSY_BOUND_ALONE,
+    gmean_ci,
 )
 from mtpbench.stats.verdict import (  # noqa: F401
     AA_REJECTS,

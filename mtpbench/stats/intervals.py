@@ -25,10 +25,12 @@
   accepted. Intervals are 1.7x the old width at 5 prompts, 1.2x at 8, 1.05x at 20. Heavier-tailed draft
   counts than these (drafts ~ p^3, or ~ 1/p) bring it to 91-93 % at 5-8 prompts: read intervals from
   fewer than 20 prompts with that in mind. Fewer than ``MIN_PROMPTS`` (5) prompts: no interval.
-* Timings (tokens/s, TTFT, TPOT) vary from run to run, not from prompt to prompt: ``--repeats N`` repeats
-  a point's timed run, the figure is the median of the N, and its interval the distribution-free one
-  from order statistics (the narrowest ``[x_(j), x_(N+1-j)]`` that covers the median with >= 95 %
-  probability). That needs N >= ``MIN_REPEATS`` (6); below it no interval is given.
+* Timings (tokens/s, req/s, decode time, TTFT, TPOT, ITL, E2EL) vary from run to run, not from prompt to prompt:
+  ``--repeats N`` repeats a point's timed run, the figure is the geometric mean of the N (``gmean``: the statistic
+  the judge compares, so a row's tokens/s and its speedup are one estimator, issue 55), and its interval the t
+  interval on the logs (``stats.judge.gmean_ci``: timing noise is multiplicative), from N >= ``MIN_REPEATS_RATIO`` (3);
+  below it no interval is given. ``median_ci`` (order statistics, from ``MIN_REPEATS`` = 6) is kept for
+  figures that are not timings of repeats.
 * A speedup (tokens/s at k over k = 0), a difference of speedups and every other "beyond noise" between two
   points or runs: ``stats.judge`` (Welch t on the logs of the repeats, from ``MIN_REPEATS_RATIO`` a side, at the
   level of its family, never narrower than the A/A floor). Coverage of its intervals: ``tests/unit/test_coverage.py``.
@@ -167,6 +169,18 @@ def median_ci(values, level: float = LEVEL) -> tuple[float, float] | None:
         if coverage >= level:
             best = j
     return None if best is None else (float(x[best - 1]), float(x[n - best]))
+
+
+def gmean(values) -> float | None:
+    """The geometric mean of the runs that have the figure (None left out; None if none has): exp of the mean log,
+    0 where a run's figure is 0 (a latency a run observed as 0 ms), as the statistic the judge compares timings by
+    (``stats.judge.ratio``: the ratio of two points' geometric means is their speedup)."""
+    x = [float(v) for v in values if v is not None]
+    if not x:
+        return None
+    if min(x) < 0:
+        raise ValueError(f"a geometric mean of a negative figure: {min(x)}")
+    return 0.0 if min(x) == 0 else math.exp(sum(math.log(v) for v in x) / len(x))
 
 
 def median(values) -> float | None:

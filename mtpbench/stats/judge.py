@@ -29,7 +29,7 @@ from statistics import NormalDist
 
 import numpy as np
 
-from mtpbench.stats.intervals import MIN_REPEATS_RATIO, t_quantile, t_sf
+from mtpbench.stats.intervals import LEVEL, MIN_REPEATS_RATIO, t_quantile, t_sf
 
 ROUNDOFF = 1e-12  # a log ratio or a difference of speedups this close to 0 with no spread is 0 (float round-off)
 ALPHA = 0.05  # family-wise: the chance that any decision of one answer names the wrong side
@@ -215,6 +215,18 @@ def timing_difference(a, b, floor: float = 0.0, family: int = 1,
         return _none_between(floor, family, alpha, min(la.size, lb.size))
     ga, gb = math.exp(la.mean()), math.exp(lb.mean())
     return ga, gb, _between(ga, gb, [(ga, la), (gb, lb)], floor, family, alpha, min(la.size, lb.size))
+
+
+def gmean_ci(values, level: float = LEVEL) -> tuple[float, float] | None:
+    """The t interval of a geometric mean: exp(mean log -+ t_{n-1} s / sqrt(n)) over the runs' logs (exact where
+    the noise is log-normal, as ``stats.judge`` assumes); None below ``MIN_REPEATS_RATIO`` runs or where a run's
+    figure is 0."""
+    x = [float(v) for v in values if v is not None]
+    if len(x) < MIN_REPEATS_RATIO or min(x) <= 0:
+        return None
+    logs = np.log(np.asarray(x))
+    half = t_isf((1 - level) / 2, logs.size - 1) * float(logs.std(ddof=1)) / math.sqrt(logs.size)
+    return math.exp(float(logs.mean()) - half), math.exp(float(logs.mean()) + half)
 
 
 def _none_between(floor: float, family: int, alpha: float, n: int) -> tuple[None, None, Comparison]:

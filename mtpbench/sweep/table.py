@@ -72,7 +72,7 @@ LEGEND = {
     "acceptance_length": "acceptance length, 1 + accepted / drafts [95 % over prompts]",
     "acceptance_rate_per_pos": "share of drafts accepted at positions 1..k, each with all before it",
     "alpha": "per-token acceptance fitted to the counts, accepted / (accepted + rejections)",
-    "output_tokens_per_sec": "output tokens per second, median of the timed runs [95 %]",
+    "output_tokens_per_sec": "output tokens per second, the geometric mean of the timed runs (as the speedup's) [95 %]",
     "speedup": "tok/s over k = 0's (ratio of geometric means) [interval at the level below]",
     "num_repeats": "timed runs", "speedup_decision": "faster / slower where the speedup's interval excludes 1, "
                                                      "else open",
@@ -213,14 +213,15 @@ def _render(rows: list[PointResult], cols: list[tuple[str, str]]) -> tuple[str, 
 # timings vary from run to run: one shown without an interval is marked (table: *, plots: a hollow marker)
 TIMINGS = ("output_tokens_per_sec", "request_throughput_per_sec", "speedup", "ttft_ms_p50", "tpot_ms_p50",
            "itl_ms_p50", "e2el_ms_p50")
-NO_INTERVAL = ("no interval: a timing from too few timed runs to tell its noise (--repeats 3 gives speedup "
-               "intervals, --repeats 6 also tokens/s, req/s and the TTFT, TPOT, ITL and E2EL medians)")
+NO_INTERVAL = ("no interval: a timing from too few timed runs to tell its noise (--repeats 3 gives the intervals "
+               "of speedup, tokens/s, req/s and the TTFT, TPOT, ITL and E2EL medians)")
 
 
 def decided_legend(levels: list[float]) -> str:
     """The line under the table that says how ``decided`` and the speedup's interval were made."""
     at = " / ".join(level_text(x) for x in levels) or level_text(0.95)
-    return (f"speedup: tokens/s over k = 0's, the ratio of geometric means of the timed runs, its interval at {at} "
+    return (f"speedup: tokens/s over k = 0's, the ratio of geometric means of the timed runs (k = 0's over the rounds "
+            f"the point was timed in; every timing of several runs is their geometric mean), its interval at {at} "
             f"(1 - 0.05 / (k > 0 points x looks the rounds allow)) never narrower than the A/A noise floor; decided: "
             f"faster or slower where that interval excludes 1, else open (stats.judge); n: its timed runs. A tune that "
             f"reads this sweep judges more comparisons at once, each at a higher level, and may leave open what this "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from mtpbench.stats import median_ci
+from mtpbench.stats import gmean_ci
 from mtpbench.tune.choose import (ALPHA, PLAIN, RULE, best_single_k, check_schedule, choose_all, comparison_fields,
                                   comparisons, predicted_between, recommend, schedule, speculative_config,
                                   sweep_disagreements)
@@ -17,13 +17,13 @@ PREDICT_EXTRA_K = 1  # the prediction also covers this many k beyond the largest
 
 @dataclass
 class TuneRow:
-    """One (load, k): measured (median of its repeats, with intervals) or only predicted."""
+    """One (load, k): measured (the geometric mean of its repeats, with intervals) or only predicted."""
 
     load: int
     k: int
     measured: bool
     output_tokens_per_sec: float | None = None
-    output_tokens_per_sec_ci_low: float | None = None  # of the median (order statistics; from 6 repeats)
+    output_tokens_per_sec_ci_low: float | None = None  # of the geometric mean (t on the logs; from 3 repeats)
     output_tokens_per_sec_ci_high: float | None = None
     num_repeats: int | None = None
     # tokens/s over the same load's k = 0 as the choice judged it (choose.comparisons, stats.judge): the ratio of
@@ -65,14 +65,14 @@ def measured_rows(sweeps: Sweeps, model: Model, choices) -> list[TuneRow]:
     vs_0 = {(c.load, k): v for c in choices for k, v in c.vs_0.items()}
     rows = []
     for m in sweeps.points:
-        ci = median_ci(m.tokps)
+        ci = gmean_ci(m.tokps)
         pred, loo = model.predict(m.k, m.load), held_out(sweeps.points, m)
-        row = TuneRow(m.load, m.k, True, _r(m.median, 2), _r(ci[0], 2) if ci else None,
+        row = TuneRow(m.load, m.k, True, _r(m.gmean, 2), _r(ci[0], 2) if ci else None,
                       _r(ci[1], 2) if ci else None, len(m.tokps), 1.0 if m.k == 0 else None,
                       acceptance_length=_r(m.acceptance_length), predicted_tokens_per_sec=_r(pred, 2),
-                      predicted_speedup=_r(pred / base[m.load].median) if pred is not None else None,
-                      fit_error=_r((pred - m.median) / m.median) if pred is not None else None,
-                      held_out_error=_r((loo - m.median) / m.median) if loo is not None else None)
+                      predicted_speedup=_r(pred / base[m.load].gmean) if pred is not None else None,
+                      fit_error=_r((pred - m.gmean) / m.gmean) if pred is not None else None,
+                      held_out_error=_r((loo - m.gmean) / m.gmean) if loo is not None else None)
         for name, value in comparison_fields(vs_0.get((m.load, m.k))).items():
             setattr(row, name, value)
         rows.append(row)

@@ -78,7 +78,7 @@ def _goodput_cell(r: dict) -> str:
 
 
 def goodput_lines(result: dict) -> list[str]:
-    """Goodput per load and k (req/s meeting the SLO, median [95 % interval], ratio to k = 0), the k chosen by goodput
+    """Goodput per load and k (req/s meeting the SLO, geometric mean [95 % interval], ratio to k = 0), the k chosen by goodput
     (bold) beside the one chosen by tokens/s, and what could not be tested."""
     g, unit, ks = result["goodput"], result["unit"], result["k"]
     rows = {(r["load"], r["k"]): r for r in result["rows"] if r["measured"]}
@@ -229,7 +229,8 @@ def markdown(result: dict) -> str:
               "## Measured tokens/s (speedup over k = 0 with the interval the choice read, at its level, the "
               "p-value adjusted for the tune's comparisons and the decision; chosen in bold)", "",
               *measured_table(result), "",
-              *(["## Goodput (requests per second meeting the SLO, median [95 % interval], ratio to k = 0 with the "
+              *(["## Goodput (requests per second meeting the SLO, the geometric mean of the repeats (their median "
+                 "where one met the SLO nowhere) [95 % interval], ratio to k = 0 with the "
                  "interval the goodput choice read, its adjusted p and decision; chosen by goodput in bold)", "",
                  *goodput_lines(result), ""]
                 if result.get("goodput") else []),

@@ -43,15 +43,11 @@ class Measured:
     sweep: str | None = None  # its sweep's folder
 
     @property
-    def median(self) -> float:
-        return stats.median(self.tokps)
-
-    @property
     def gmean(self) -> float:
         """The geometric mean of its positive repeats: the statistic the judge compares (``stats.judge.ratio``), so
-        what a tune ranks by is what it judges (issue 55); the median where none is positive."""
+        what a tune shows, fits and ranks is what it judges (issue 55); the median where none is positive."""
         logs = [math.log(v) for v in self.tokps if v is not None and v > 0]
-        return math.exp(sum(logs) / len(logs)) if logs else self.median
+        return math.exp(sum(logs) / len(logs)) if logs else stats.median(self.tokps)
 
     @property
     def acceptance_length(self) -> float:
@@ -106,9 +102,9 @@ def fit_costs(load: int, points: list[Measured]) -> Costs | None:
     spec = [p for p in points if p.load == load and p.k > 0 and p.num_drafts]
     if not base or not spec:
         return None
-    t0 = base[0].median
+    t0 = base[0].gmean  # tokens/s as the judge compares it: the geometric mean of the repeats
     xs = [p.k for p in spec]
-    ys = [p.acceptance_length * t0 / p.median - 1 for p in spec]  # t(k) / t(0) - 1
+    ys = [p.acceptance_length * t0 / p.gmean - 1 for p in spec]  # t(k) / t(0) - 1
     if len(set(xs)) < 2:
         f, c = 0.0, sum(y / x for x, y in zip(xs, ys)) / len(xs)
     else:
@@ -134,7 +130,7 @@ class Model:
         if load in self.costs:
             return self.costs[load]
         costs = self._between(load)
-        base = [p.median for p in self.points if p.load == load and p.k == 0]
+        base = [p.gmean for p in self.points if p.load == load and p.k == 0]
         if costs is not None and base:  # a load measured at k = 0 only: its own tokens/s(0)
             costs = Costs(load, base[0], costs.f, costs.c, costs.source)
         return costs

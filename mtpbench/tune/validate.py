@@ -148,10 +148,10 @@ def read_validation(out: Path, result: dict) -> dict | None:
             if got is None:
                 continue
             m, per_step, per_token = got
-            row = ValidationRow(load, arm, k, round(m.median, 2), len(m.tokps), None if per_step is None
+            row = ValidationRow(load, arm, k, round(m.gmean, 2), len(m.tokps), None if per_step is None
                                 else round(per_step, 3), None if per_token is None else round(per_token, 4))
             if sched is not None and arm != "schedule":
-                row.schedule_ratio = round(sched[0].median / m.median, 4)  # no interval: the medians' ratio
+                row.schedule_ratio = round(sched[0].gmean / m.gmean, 4)  # the geometric means' ratio, as judged below
                 against.append((row, sched[0], m))
             rows.append(row)
     for row, sched, m in against:  # one family: every comparison the validation makes

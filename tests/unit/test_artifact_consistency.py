@@ -323,6 +323,31 @@ def test_a_sweeps_artifacts_agree_with_the_numbers_beside_each_claim(plan, pngs)
         check_headline(page.answer, printed)
         check_first_screen(out, page.answer)
         check_noise_line(json.loads((d / "summary.json").read_text()).get("noise"), rows, out)
+        check_one_statistic(d, plan, by_k, read_csv(d / "summary.csv"), text_table(out, "mode"))
+
+
+def check_one_statistic(d: Path, plan: dict, by_k: dict, csv_rows: list[dict], term: list[dict]) -> None:
+    """Issue 55, case 7: a row's tok/s is the geometric mean of its point file's timed runs (computed here by logs),
+    in the JSON, the CSV and the terminal; and where a point was timed in every round its k = 0 was, its speedup is
+    the ratio of the two rows' tok/s (within their rounding), so the two never stand on opposite sides of 1."""
+    for k, j in by_k.items():
+        if j["status"] != "ok":
+            continue
+        runs = [r["output_tokens_per_sec"] for r in json.loads((d / f"{j_name(k)}.json").read_text())["repeats"]]
+        g = math.exp(math.fsum(math.log(x) for x in runs) / len(runs))
+        assert j["output_tokens_per_sec"] == pytest.approx(g, abs=0.0051), (k, runs)
+        c = next(c for c in csv_rows if int(c["k"]) == k and c["category"] == "all")
+        assert as_float(c["output_tokens_per_sec"]) == j["output_tokens_per_sec"]
+        t = next(t for t in term if int(t["k"]) == k)
+        assert t["tok/s"].split(" ")[0].rstrip("*") == f"{j['output_tokens_per_sec']:.1f}", (t["tok/s"], j)
+        if k > 0 and j["speedup"] is not None and plan["n"][k] == plan["n"][0]:
+            ratio = j["output_tokens_per_sec"] / by_k[0]["output_tokens_per_sec"]
+            assert j["speedup"] == pytest.approx(ratio, rel=2e-4, abs=1e-4), (j["speedup"], ratio)
+
+
+def j_name(k: int) -> str:
+    """The point file of k as write_sweep names it."""
+    return GridPoint("plain" if k == 0 else "vllm", k, 0 if k == 0 else 1).name
 
 
 def check_noise_line(noise: dict | None, rows: list[dict], out: str) -> None:

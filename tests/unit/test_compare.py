@@ -356,6 +356,31 @@ def test_one_estimator_of_a_speedup_the_sweep_and_compare_print_the_same(tmp_pat
     assert sp["a"] == sp["b"] == pytest.approx(r.speedup, abs=1e-4)
 
 
+def test_one_statistic_for_tokens_s_a_row_its_speedup_and_compare_agree_issue_55_case_7(tmp_path):
+    """Issue 55, case 7: a row showed k = 1 at 102.7 tok/s over k = 0's 100.0 and was decided slower, x0.822 (tok/s
+    the median of the runs, the speedup a ratio of geometric means); compare printed k = 0 at 417.9 tok/s where the
+    sweep's table said 1210.3 for the same files. Here nine of k = 2's 16 runs ran at 102.7 tok/s and seven at 60
+    (median 102.7, geometric mean 81.2) beside k = 0 steady at 100: the row's tok/s is the geometric mean, below k =
+    0's, its ratio to k = 0's is the speedup, decided slower; and compare's tok/s of each point is the table's."""
+    from mtpbench.sweep.load import load_run, rows_from_points
+
+    k2 = [102.7] * 9 + [60.0] * 7
+    k0 = [100.0 + 0.1 * (i % 3 - 1) for i in range(16)]
+    geo = lambda x: math.exp(math.fsum(math.log(v) for v in x) / len(x))  # noqa: E731
+    assert np.median(k2) > np.median(k0) and geo(k2) < geo(k0)  # the two estimators part across k = 0
+    d = make_run(tmp_path / "a", k0, k2, HARD_AND_EASY)
+    _, points, failures = load_run(d)
+    rows = {x.k: x for x in rows_from_points(points, failures) if x.category == "all"}
+    assert rows[K].output_tokens_per_sec == pytest.approx(geo(k2), abs=0.005)
+    assert rows[0].output_tokens_per_sec == pytest.approx(geo(k0), abs=0.005)
+    assert rows[K].speedup_decision == "slower" and rows[K].output_tokens_per_sec < rows[0].output_tokens_per_sec
+    assert rows[K].speedup == pytest.approx(rows[K].output_tokens_per_sec / rows[0].output_tokens_per_sec, abs=1e-4)
+    result = cmp.compare(d, d)
+    for point, k in (("k0", 0), ("vllm-L1-k2", K)):
+        t = row(result, "output_tokens_per_sec", point)
+        assert t["a"] == t["b"] == pytest.approx(rows[k].output_tokens_per_sec, abs=0.005), point
+
+
 def with_aa(d, copy: list[float]) -> None:
     """The A/A control beside a sweep's k = 0 point: a copy of it timed at ``copy`` tokens/s per repeat."""
     k0 = json.loads((d / "k0.json").read_text())

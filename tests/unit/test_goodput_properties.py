@@ -208,13 +208,38 @@ def test_a_points_goodput_columns_never_divide_by_a_zero():
     assert 2 not in got[0].vs_0 and got[1].vs_0 == {}
     for xs, vs_0 in (([0.0, 1.0, 2.0], got[0].vs_0.get(2)), ([1.0, 2.0, 3.0], None)):
         f = point_fields(xs, vs_0)
-        assert f["goodput_rps"] == statistics.median(xs) and "goodput_ratio" not in f
+        assert f["goodput_rps"] == round(column_oracle(xs)[0], 4) and "goodput_ratio" not in f
+    assert point_fields([0.0, 1.0, 2.0], None)["goodput_rps"] == 1.0  # a repeat of 0: the median
+    assert point_fields([1.0, 2.0, 3.0], None)["goodput_rps"] == round(6 ** (1 / 3), 4)  # the geometric mean
     f = point_fields([2.0, 2.2, 1.8], got[0].vs_0[1])
     c = judge.ratio([2.0, 2.2, 1.8], [1.0, 1.1, 0.9])  # a family of one comparison, one look, no floor
     assert f["goodput_ratio"] == round(c.estimate, 5) and (f["goodput_ratio_ci_low"], f["goodput_ratio_ci_high"]) == \
         judge.outward(c, 5)
     assert f["goodput_decision"] == "higher" and f["goodput_ratio_level"] == 0.95
-    assert f["goodput_rps_ci_low"] is None  # an interval of the median needs 6 repeats
+    want = column_oracle([2.0, 2.2, 1.8])[1]  # every repeat above 0: the geometric mean's t interval, from 3
+    assert (f["goodput_rps_ci_low"], f["goodput_rps_ci_high"]) == (pytest.approx(want[0], abs=5.1e-5),
+                                                                  pytest.approx(want[1], abs=5.1e-5))
+    assert point_fields([0.0, 1.0, 2.0], None)["goodput_rps_ci_low"] is None  # a median's needs 6 repeats
+
+
+def column_oracle(xs: list[float]) -> tuple[float, tuple[float, float] | None]:
+    """A point's goodput column, from the rule: the geometric mean of its repeats with the t interval on their logs
+    (scipy's t law; from 3 repeats) where every repeat met the SLO somewhere, the statistic the choice ranks and
+    judges by; else (a goodput of 0 has no logarithm) the median with its order-statistic interval (the largest j
+    whose coverage P(j <= Binomial(n, 1/2) <= n - j) is at least 0.95; from 6 repeats)."""
+    from scipy.stats import t as t_law
+
+    n = len(xs)
+    if min(xs) > 0:
+        logs = [math.log(x) for x in xs]
+        m = math.fsum(logs) / n
+        if n < 3:
+            return math.exp(m), None
+        half = t_law.ppf(0.975, n - 1) * math.sqrt(math.fsum((v - m) ** 2 for v in logs) / (n - 1) / n)
+        return math.exp(m), (math.exp(m - half), math.exp(m + half))
+    x = sorted(xs)
+    ok = [j for j in range(1, n // 2 + 1) if sum(math.comb(n, i) for i in range(j, n - j + 1)) / 2 ** n >= 0.95]
+    return statistics.median(xs), ((x[max(ok) - 1], x[n - max(ok)]) if ok else None)
 
 
 def goodput_plan_oracle(goodput: dict, ranges: list[list[int]], chosen: dict[int, int]) -> list[list[int]]:
@@ -291,11 +316,10 @@ def test_a_load_where_no_ratio_can_be_taken_keeps_every_k_from_the_single_config
 @SETTINGS
 @given(tables(), slos)
 def test_the_sections_rows_carry_each_points_goodput_as_the_rule_has_it(table, slo):
-    """Per point: goodput_rps the median of its repeats' goodput with the median's interval (from 6 repeats), the
+    """Per point: goodput_rps as the choice ranks it, with its interval (``column_oracle``), the
     ratio to k = 0 (the ratio of geometric means) with the interval the choice read, where both were above 0 in every
     repeat, goodput_chosen and the adjusted p of the choice at that load; the SLO, its words and the rule beside
     them."""
-    from mtpbench.stats import median_ci
     from mtpbench.tune.by_goodput import section
     from mtpbench.tune.goodput import RULE
 
@@ -313,9 +337,10 @@ def test_the_sections_rows_carry_each_points_goodput_as_the_rule_has_it(table, s
 
     for (b, k), xs in goodput.items():
         f = fields[b, k]
-        ci = median_ci(xs)
-        assert f["goodput_rps"] == r4(statistics.median(xs))
-        assert (f["goodput_rps_ci_low"], f["goodput_rps_ci_high"]) == ((r4(ci[0]), r4(ci[1])) if ci else (None, None))
+        want, ci = column_oracle(xs)
+        assert f["goodput_rps"] == pytest.approx(want, abs=5.1e-5)
+        assert (f["goodput_rps_ci_low"], f["goodput_rps_ci_high"]) == (
+            (pytest.approx(ci[0], abs=5.1e-5), pytest.approx(ci[1], abs=5.1e-5)) if ci else (None, None))
         if k and (b, k, 0) in family:  # both above 0 in every repeat, 3 repeats or more: compared
             lo, hi, p, est = family[b, k, 0]
             assert f["goodput_ratio"] == pytest.approx(est, abs=5.1e-5)

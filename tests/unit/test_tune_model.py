@@ -93,7 +93,7 @@ def test_held_out_predictions_of_an_exact_model_are_exact():
     pts, *_ = synthetic()
     for p in pts:
         if p.k > 0:
-            assert held_out(pts, p) == pytest.approx(p.median, rel=2e-3), (p.load, p.k)
+            assert held_out(pts, p) == pytest.approx(p.gmean, rel=2e-3), (p.load, p.k)
 
 
 def test_the_predicted_best_k_falls_with_load():

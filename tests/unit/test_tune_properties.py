@@ -261,6 +261,36 @@ def test_the_fastest_is_the_highest_geometric_mean_ties_to_the_smaller_k(points)
         assert c.fastest == min(k for k, m in meds.items() if m == top)
 
 
+@SETTINGS
+@given(tables())
+def test_a_tunes_rows_show_the_statistic_it_ranks_and_judges_issue_55_case_7(points):
+    """Issue 55, case 7: tune ranked by medians while it judged geometric means. A measured row's tokens/s is the
+    geometric mean of its repeats with the t interval on their logs (scipy's t law, from 3 repeats), its predicted
+    speedup and fit error are over that figure, and the fastest k at a load is the row showing the highest tokens/s
+    (within the row's rounding to 0.01)."""
+    from scipy.stats import t as t_law
+
+    points = [p for p in points if len(p.tokps) >= 3]  # tune refuses a point of fewer repeats (points.check)
+    assume(any(p.k for p in points))
+    result = analyse(sweeps_of(points))
+    rows = {(r["load"], r["k"]): r for r in result["rows"] if r["measured"]}
+    for p in points:
+        r, g = rows[p.load, p.k], geo(p.tokps)
+        assert r["output_tokens_per_sec"] == pytest.approx(g, abs=0.0051)
+        logs = [math.log(x) for x in p.tokps]
+        n = len(logs)
+        if n >= 3:
+            m = sum(logs) / n
+            half = t_law.ppf(0.975, n - 1) * math.sqrt(sum((v - m) ** 2 for v in logs) / (n - 1) / n)
+            assert (r["output_tokens_per_sec_ci_low"], r["output_tokens_per_sec_ci_high"]) == (
+                pytest.approx(math.exp(m - half), abs=0.0051), pytest.approx(math.exp(m + half), abs=0.0051))
+        if r["fit_error"] is not None:
+            assert r["fit_error"] == pytest.approx((r["predicted_tokens_per_sec"] - g) / g, abs=2e-4)
+    for c in result["choices"]:
+        shown = {k: rows[c["load"], k]["output_tokens_per_sec"] for (b, k) in rows if b == c["load"]}
+        assert shown[c["fastest"]] >= max(shown.values()) - 0.01, (c["fastest"], shown)
+
+
 BASE = [90.0, 95.0, 98.0, 100.0]
 
 
