@@ -53,7 +53,7 @@ def sweep(
     mtp_layers: Annotated[Optional[str], typer.Option(help="MTP layer counts, e.g. 1,2,3.", show_default='all the checkpoint has')] = None,
     mode: Annotated[Optional[str], typer.Option("--modes", help="Drafting modes: reuse (layer 0 every step), chain (step s runs layer s mod L); a list, e.g. reuse,chain (the other commands take one, --mode).", show_default=shown(BASE.mode))] = None,
     workload: SweepWorkload = SweepWorkload(),
-    repeats: Annotated[Optional[int], typer.Option(help="Timed runs per point, round robin on the native backend: tokens/s, TTFT and TPOT as median with a 95 % interval from 6, speedup intervals from 3.", show_default="6 on native; 3 on vLLM, each a whole timed run of the point: 3 times one run's time")] = None,
+    repeats: Annotated[Optional[int], typer.Option(help="Timed runs per point, round robin on the native backend: tokens/s, TTFT and TPOT as their geometric mean, with 95 % intervals (and speedup intervals) from 3.", show_default="6 on native; 3 on vLLM, each a whole timed run of the point: 3 times one run's time")] = None,
     temperature: Annotated[Optional[float], typer.Option(help="0 = greedy; > 0 uses rejection sampling.", show_default=str(BASE.temperature))] = None,
     batch_size: Annotated[Optional[int], typer.Option(*BATCH_SIZE, help="Offline backends: sequences decoded together (vLLM's max_num_seqs)." + ALIAS_NOTE, show_default=str(BASE.batch_size))] = None,
     seed: Seed = None,

@@ -607,7 +607,9 @@ def test_compares_artifacts_and_its_gate_agree_with_the_numbers_beside_each_verd
 
 
 def check_one_estimator(a: Path, rows: list[dict]) -> None:
-    """compare's A speedup of a point is the speedup A's own sweep prints for it (issue 44, case 12)."""
+    """compare's A speedup of a point is the speedup A's own sweep prints for it (issue 44, case 12), within each
+    figure's printed rounding and the row's own rounding to 4 decimals (summary.json's speedup, which the table prints
+    again: 1.00349 is saved as 1.0035 and printed 1.004 beside compare's 1.003)."""
     code, out = report(a, pngs=False)
     assert code == 0
     sweep = {f"vllm-L1-k{r['k']}": r["speedup"] for r in text_table(out, "mode")}  # its rows: all prompts
@@ -615,4 +617,4 @@ def check_one_estimator(a: Path, rows: list[dict]) -> None:
         if x["metric"] == "speedup" and sweep.get(x["point"], "-") != "-":
             shown = TERM_SPEEDUP.fullmatch(sweep[x["point"]])[1]
             assert abs(float(shown) - float(x["A"])) <= 10 ** -len(shown.partition(".")[2]) / 2 + \
-                10 ** -len(x["A"].partition(".")[2]) / 2, (shown, x)
+                10 ** -len(x["A"].partition(".")[2]) / 2 + 5e-5 + 1e-12, (shown, x)
