@@ -91,8 +91,10 @@ class SweepConfig:
     metric_percentiles: tuple[float, ...] = ()
     # --header values: in memory only, never written (to_json leaves it out, profiles cannot set it)
     header_values: dict = field(default_factory=dict, repr=False, compare=False)
-    # --replace: move an earlier sweep in --out aside and measure afresh (sweep/store.py); an action, never written
+    # --replace: move an earlier sweep in --out aside and measure afresh; --force: write beside files in --out that
+    # are not mtpbench's (sweep/store.py); actions, never written
     replace: bool = field(default=False, compare=False)
+    force: bool = field(default=False, compare=False)
 
     @property
     def model_dir(self) -> Path:
@@ -126,7 +128,7 @@ class SweepConfig:
                 if k not in RUNTIME_ONLY}
 
 
-RUNTIME_ONLY = ("header_values", "replace")  # SweepConfig fields that are never written nor read from a profile
+RUNTIME_ONLY = ("header_values", "replace", "force")  # SweepConfig fields that are never written nor read from a profile
 _TYPES = {f.name: f.type for f in fields(SweepConfig) if f.name not in RUNTIME_ONLY}
 
 # SweepConfig fields that do not change what one saved point measures. Every other field is in the fingerprint,
@@ -139,12 +141,8 @@ NOT_MEASURED = {
     "metric_percentiles": "what the table shows, from the saved per-request times",
     # grid dimensions: each is in the point's own key (its file name and "point" record), so a sweep that
     # adds a value reuses the points of the others
-    "k": "grid dimension (point key)",
-    "mtp_layers": "grid dimension (point key)",
-    "mode": "grid dimension (point key)",
-    "context_tokens": "grid dimension (point key)",
-    "concurrency": "grid dimension (point key)",
-    "request_rate": "grid dimension (point key)",
+    **dict.fromkeys(("k", "mtp_layers", "mode", "context_tokens", "concurrency", "request_rate"),
+                    "grid dimension (point key)"),
     # how a launched server is reached and waited for, not what it runs
     "server_port": "the launched server's local port",
     "server_start_timeout_s": "how long to wait for a launched server",
@@ -157,6 +155,7 @@ NOT_MEASURED = {
     "metrics_url": "where the same server's counters are read",
     "metrics_credentials": "whether credentials go to --metrics-url", "header_values": "runtime only: never written",
     "replace": "runtime only: what to do with an earlier sweep in --out",
+    "force": "runtime only: whether to write beside files in --out that are not mtpbench's",
     "max_seconds": "a time budget: how many rounds a point got is in its file (a tune shares what is left)",
 }
 FINGERPRINT_KEYS = tuple(name for name in _TYPES if name not in NOT_MEASURED)

@@ -93,7 +93,7 @@ def test_vllm_receives_the_speculative_config(tmp_path):
     r = CliRunner().invoke(app, ["sweep", "builtin-glm", "--backend", "vllm", "--k", "1", *SMALL, "--max-model-len",
                                  "1024", "--engine-arg", "enforce_eager=true", "--speculative-config",
                                  '{"draft_tensor_parallel_size": 0}', "--out", str(out)])
-    assert r.exit_code == 1 and "every point of the sweep failed" in r.output, r.output  # its only point
+    assert r.exit_code == 4 and "every point of the sweep failed" in r.output, r.output  # its only point
     error = json.loads((out / "vllm-L3-k1.failure.json").read_text())["error"]
     assert "draft_tensor_parallel_size" in error, error
 

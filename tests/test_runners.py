@@ -118,7 +118,7 @@ def test_builtin_mimo_on_v2_is_a_failed_point_naming_the_assert(tmp_path):
     out = tmp_path / "m"
     r = run("sweep", "--backend", "vllm", "--runner", "v2", "--k", "2", "--num-prompts", "1", "--max-tokens", "4",
             "--repeats", "1", "--max-model-len", "512", "--engine-arg", "enforce_eager=true", "--out", out)
-    assert r.exit_code == 1 and "every point of the sweep failed" in r.output, r.output
+    assert r.exit_code == 4 and "every point of the sweep failed" in r.output, r.output
     (row,) = json.loads((out / "summary.json").read_text())["rows"]
     assert row["status"] == "failed" and row["runner"] == "v2", row
     assert "mimo_mtp only support predict one token" in row["error"] and "V2" in row["error"], row["error"]

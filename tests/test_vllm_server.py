@@ -151,7 +151,7 @@ def test_failed_start_is_a_failed_point_with_the_log_tail(tmp_path):
     out = tmp_path / "bad"
     r = CliRunner().invoke(app, ["sweep", "--backend", "vllm-server", "--k", "0", "--num-prompts", "1",
                                  "--max-tokens", "8", "--max-model-len", "100000", "--out", str(out)])
-    assert r.exit_code == 1 and "every point of the sweep failed" in r.output, r.output  # its only point
+    assert r.exit_code == 4 and "every point of the sweep failed" in r.output, r.output  # its only point
     failure = json.loads((out / "k0-c1.failure.json").read_text())
     assert "failed: the server exited during start-up" in failure["error"]
     assert "max_model_len" in failure["error"].split("server log (k0.server.log):")[1]  # vLLM's own reason

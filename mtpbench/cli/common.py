@@ -13,32 +13,69 @@ from mtpbench.errors import MtpBenchError
 
 
 def fail(msg: str) -> NoReturn:
-    typer.echo(f"error: {msg}", err=True)
+    typer.echo(f"error: {as_typed(msg)}", err=True)
     raise typer.Exit(2)
+
+
+def as_typed(msg: str, argv: list[str] | None = None) -> str:
+    """``msg`` with each option named as the user typed it: where only an alias was given ("--base-url x"), the
+    message's name for it ("--server takes an http:// ... URL") becomes that alias. ``argv``: the arguments (default:
+    the running command's, ``options.TYPED``)."""
+    import re
+
+    from mtpbench.cli.options import TYPED, aliases
+
+    if argv is None:
+        argv = TYPED
+    given = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
+    for name, *others in aliases():
+        typed = next((o for o in others if o in given), None)
+        if typed and name not in given:
+            msg = re.sub(rf"{re.escape(name)}(?![\w-])", typed, msg)
+    return msg
+
+
+def items(text: str, name: str, parse) -> tuple:
+    """A comma list's values, each through ``parse`` (ValueError or TypeError: not one), refused in one line naming
+    the flag where an item is empty ("1,,2": a value lost to a typo) or a value comes twice ("0,1,1": a point
+    measured twice, silently)."""
+    parts = [x.strip() for x in text.split(",")]
+    if any(not x for x in parts):
+        fail(f"{name} {text!r} has an empty item: give comma-separated values, e.g. {name} 0,1,2")
+    values = tuple(parse(x) for x in parts)
+    twice = sorted({parts[i] for i, v in enumerate(values) if values.index(v) != i})
+    if twice:
+        fail(f"{name} {text!r} lists {', '.join(twice)} more than once")
+    return values
 
 
 def ints(text: Optional[str], name: str) -> Optional[tuple[int, ...]]:
     if text is None:
         return None
     try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
+        return items(text, name, int)
     except ValueError:
         fail(f"{name} takes comma-separated integers, got {text!r}")
 
 
-def rates(text: Optional[str]) -> Optional[tuple[float, ...]]:
+def rates(text: Optional[str], name: str = "--request-rate") -> Optional[tuple[float, ...]]:
     from mtpbench.profile import parse_rate
 
     if text is None:
         return None
     try:
-        return tuple(parse_rate(x.strip()) for x in text.split(",") if x.strip())
+        return items(text, name, parse_rate)
     except (TypeError, ValueError):
-        fail(f"--request-rate takes comma-separated numbers or inf, got {text!r}")
+        fail(f"{name} takes comma-separated numbers or inf, got {text!r}")
 
 
-def strs(text: Optional[str]) -> Optional[tuple[str, ...]]:
-    return None if text is None else tuple(x.strip() for x in text.split(",") if x.strip())
+def strs(text: Optional[str], name: str | None = None) -> Optional[tuple[str, ...]]:
+    """A comma list of words; with ``name``, an empty item or a word given twice is refused naming the flag."""
+    if text is None:
+        return None
+    if name is None:
+        return tuple(x.strip() for x in text.split(",") if x.strip())
+    return items(text, name, str)
 
 
 def parse_value(text: str):
@@ -67,7 +104,7 @@ def floats(text: Optional[str], name: str) -> Optional[tuple[float, ...]]:
     if text is None:
         return None
     try:
-        return tuple(float(x) for x in text.split(",") if x.strip())
+        return items(text, name, float)
     except ValueError:
         fail(f"{name} takes comma-separated numbers, got {text!r}")
 
@@ -143,7 +180,7 @@ def connection_options(access: ServerAccess) -> tuple[dict, dict]:
 def reporting_options(reporting: Reporting) -> dict:
     """The config's --label, --metadata and latency statistics options, parsed."""
     return dict(label=reporting.label, metadata=engine_args(reporting.metadata, "--metadata"),
-                percentile_metrics=strs(reporting.percentile_metrics),
+                percentile_metrics=strs(reporting.percentile_metrics, "--percentile-metrics"),
                 metric_percentiles=floats(reporting.metric_percentiles, "--metric-percentiles"))
 
 
@@ -167,6 +204,28 @@ def show(rows, out, wide: bool = False) -> None:
     lines = notices(out)
     if lines:
         typer.echo("\n" + "\n".join(map(wrap, lines)))
+
+
+def plots_written(out) -> list[str]:
+    """["plots"] where the sweep's last build drew any (summary.json's ``plots``), else nothing to say."""
+    from mtpbench.sweep.load import read_json
+
+    summary = Path(out) / "summary.json"
+    return ["plots"] if summary.is_file() and read_json(summary).get("plots", True) else []
+
+
+def exit_if_partial(out) -> None:
+    """A sweep folder with points failed or missing (summary.json's ``partial``): the line that says so, on stderr,
+    and exit code PARTIAL (errors.EXIT_CODES), neither "ok" nor a check's negative answer."""
+    from mtpbench.errors import PARTIAL
+    from mtpbench.sweep.load import partial_text, read_json
+
+    summary = Path(out) / "summary.json"
+    p = read_json(summary).get("partial") if summary.is_file() else None
+    if p:
+        typer.echo(f"{partial_text(p)}: each failure's error is in {out}/summary.json; a rerun with the same "
+                   f"settings measures what is missing", err=True)
+        raise typer.Exit(PARTIAL)
 
 
 def wrote(out, *names: str) -> None:

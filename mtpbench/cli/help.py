@@ -13,8 +13,10 @@ import re
 import shutil
 import textwrap
 
+from mtpbench.errors import EXIT_CODES
+
 GROUPS: dict[str, str] = {}  # parameter name -> group title (options.grouped fills in the option groups' fields)
-CLASS_TITLES = {"Workload": "Workload", "SweepWorkload": "Workload", "Rounds": "Rounds and noise",
+CLASS_TITLES = {"Workload": "Workload", "SweepWorkload": "Workload", "Earlier": "Output", "Rounds": "Rounds and noise",
                 "Parallel": "Parallelism", "ServerAccess": "Reaching a server", "Reporting": "Reporting",
                 "Served": "Serving"}
 NAMED = {
@@ -164,6 +166,7 @@ def commands_brief(usage: str, about: str, commands: list[tuple[str, str]], w: i
         lines.append(f"  {n:<{col}}  {fit(first_sentence(text), w - col - 4)}".rstrip())
     lines += ["", *textwrap.wrap("Each command's options: mtpbench COMMAND -h (brief) or --help (in full); every "
                                  f"option of every command: {DOCS}; the model runners: docs/runners.md.", w)]
+    lines += ["", "Exit codes (every command):", *(fit(f"  {code:>3}  {meaning}", w) for code, meaning in EXIT_CODES)]
     return "\n".join(lines) + "\n"
 
 

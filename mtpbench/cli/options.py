@@ -87,6 +87,12 @@ SERVER_HELP = ("URL of a running vLLM server (implies --backend vllm-server; mtp
                "--base-url is vllm bench serve's name). Repeatable; each server's k is read from it. ")
 BATCH_SIZE = ("--batch-size", "--max-num-seqs")  # sequences decoded together (vLLM's max_num_seqs)
 ALIAS_NOTE = " The second name is an alias (saved command lines keep working)."
+TYPED: list[str] = []  # the running command's arguments as typed (Command.parse_args; one command a process)
+
+
+def aliases() -> tuple[tuple[str, ...], ...]:
+    """Every option with a second name: (the name errors use, its alias)."""
+    return OUT, SERVER, BATCH_SIZE, MAX_CONCURRENCY
 
 # How an attached --server is reached: the options of sweep and check-lossless (mtpbench.connection).
 API_KEY_ENV_HELP = ("Attached server: the environment variable holding its API key, sent as 'Authorization: Bearer "
@@ -122,6 +128,13 @@ class Rounds:
     max_seconds: Annotated[Optional[float], typer.Option(help="With --max-repeats: start no round that would end past this many seconds of rounds (tune: the whole tune's budget).", show_default=f"no limit; tune on native: {ROUNDS['max_seconds']:.0f}")] = None
     warmup: Annotated[Optional[int], typer.Option("--num-warmups", "--warmup", help="Warm-up before timing, never in the figures: native, whole runs of every point before the rounds; vllm, generate calls; vllm-server, rounds of as many requests as the load has in flight, before each point's window. 0: none." + ALIAS_NOTE, show_default='1')] = None
     aa_control: Annotated[Optional[bool], typer.Option("--aa-control/--no-aa-control", help="Time k = 0 a second time in the same rounds (from 3 repeats): the machine's noise floor, stated under every table; no speedup interval is narrower.", show_default='on')] = None
+
+
+@dataclass(frozen=True)
+class Earlier:
+    """What to do with what --out holds (sweep/store.py: one rule for sweep and tune)."""
+    replace_earlier: Annotated[bool, typer.Option("--replace", help="Move earlier results in --out aside (to OUT.replaced-TIME) and measure afresh. Without it, a rerun with the same settings reuses what was saved there (and says so) and other settings are refused.")] = False
+    force: Annotated[bool, typer.Option("--force", help="Write into an --out that holds files that are not mtpbench's (without it, such a folder is refused).")] = False
 
 
 @dataclass(frozen=True)
@@ -276,6 +289,10 @@ class Command(TyperCommand):
 
     def make_context(self, info_name, args, parent=None, **extra):
         return _one_line(super().make_context, info_name, args, parent=parent, **extra)
+
+    def parse_args(self, ctx, args):
+        TYPED[:] = args  # the flags as typed: an error names the alias the user gave (common.fail)
+        return super().parse_args(ctx, args)
 
     def help_text(self, ctx, brief: bool = True) -> str:
         usage = f"Usage: {ctx.command_path} {' '.join(self.collect_usage_pieces(ctx))}"

@@ -37,7 +37,8 @@ class Progress:
 
     def on_point(self, i: int, n: int, label: str) -> None:
         if self.t0 is None:
-            self._start(n)
+            self._start(n, measuring=i < n)  # a first step that is already the last (a rerun that measures
+            # nothing: the report) times nothing, so it warns of no load
         if self.tty:
             self.bar.update(self.task, completed=i, total=n, description=f"{self.what}: {label}")
             if i >= n:
@@ -45,11 +46,11 @@ class Progress:
         elif i < n:
             typer.echo(line(i, n, label, time.perf_counter() - self.t0), err=True)
 
-    def _start(self, n: int) -> None:
+    def _start(self, n: int, measuring: bool = True) -> None:
         from mtpbench.environment import load_warning
 
         self.t0 = time.perf_counter()
-        warning = load_warning() if self.warn_load else None  # once, when measuring starts (bad input refused by now)
+        warning = load_warning() if self.warn_load and measuring else None  # once, when measuring starts (bad input refused by now)
         if warning:
             typer.echo(warning, err=True)
         if self.tty:

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from mtpbench.cli.common import fail, show, wrote
+from mtpbench.cli.common import exit_if_partial, fail, plots_written, show, wrote
 from mtpbench.cli.options import OUT, Wide
 from mtpbench.errors import MtpBenchError
 
@@ -57,7 +57,8 @@ def report(out: Annotated[Path, typer.Argument(help="A sweep, tune, trace-matrix
     except MtpBenchError as e:
         fail(str(e))
     show(rows, out, wide)
-    wrote(out, "summary.csv", "summary.json", "plots", "report.html")
+    wrote(out, "summary.csv", "summary.json", *plots_written(out), "report.html")
+    exit_if_partial(out)
 
 
 def compare(

@@ -7,13 +7,14 @@ from typing import Annotated, Optional
 
 import typer
 
-from mtpbench.cli.common import (connection_options, engine_args, fail, ints, model_or_profile, rates,
-                                 reporting_options, set_threads, show, speculative_overrides, strs, wrote)
-from mtpbench.cli.options import (ALIAS_NOTE, BASE, BATCH_SIZE, MAX_CONCURRENCY, OUT, SERVER, SERVER_HELP, Dtype, EngineArg, ForceSpecStepIdx, Law, MaxModelLen, ModelOrProfile, Parallel,
+from mtpbench.cli.common import (connection_options, engine_args, exit_if_partial, fail, ints, model_or_profile,
+                                 plots_written, rates, reporting_options, set_threads, show, speculative_overrides,
+                                 strs, wrote)
+from mtpbench.cli.options import (ALIAS_NOTE, BASE, BATCH_SIZE, MAX_CONCURRENCY, OUT, SERVER, SERVER_HELP, Dtype, Earlier, EngineArg, ForceSpecStepIdx, Law, MaxModelLen, ModelOrProfile, Parallel,
                                   Reporting, Rounds, Runner, Seed, ServerAccess, SpeculativeConfig, Threads, Wide, Workload,
                                   grouped, shown)
 from mtpbench.cli.progress import with_progress
-from mtpbench.errors import MtpBenchError
+from mtpbench.errors import PARTIAL, MtpBenchError
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ def sweep(
     reporting: Reporting = Reporting(),
     profile: Annotated[Optional[str], typer.Option(help="Profile name (see `mtpbench profiles`) or .toml path.")] = None,
     out: Annotated[Optional[str], typer.Option(*OUT, help="Output directory for point files, summary and plots (--result-dir: vllm bench serve's name).", show_default=BASE.out)] = None,
-    replace_earlier: Annotated[bool, typer.Option("--replace", help="Move an earlier sweep in --out aside (to OUT.replaced-TIME) and measure every point afresh. Without it, points saved there with the same settings are reused (and said so) and other settings are refused.")] = False,
+    earlier: Earlier = Earlier(),
     wide: Wide = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the grid, the engines, timed runs and tokens it would take, and a time estimated from an earlier sweep in --out; load, run and write nothing.")] = False,
 ) -> None:
@@ -90,7 +91,7 @@ def sweep(
     reach, header_values = connection_options(access)
     try:
         cfg = resolve(dict(model=model, backend="vllm-server" if served.server else backend, k=ints(k, "--k"),
-                           mtp_layers=ints(mtp_layers, "--mtp-layers"), mode=strs(mode), **workload.config(),
+                           mtp_layers=ints(mtp_layers, "--mtp-layers"), mode=strs(mode, "--modes"), **workload.config(),
                            repeats=repeats, temperature=temperature, batch_size=batch_size, seed=seed, law=law, device=device,
                            dtype=dtype, max_model_len=max_model_len, **asdict(parallel), **asdict(rounds),
                            engine_args=extra, speculative_config=spec,
@@ -98,7 +99,7 @@ def sweep(
                            **served.config(), out=out, **reach, **reporting_options(reporting)), profile)
         # an attached server's k is its own, whatever a profile lists
         cfg = replace(cfg, header_values=header_values, k=() if cfg.server and k is None else cfg.k,
-                      replace=replace_earlier)
+                      replace=earlier.replace_earlier, force=earlier.force)
         if dry_run:
             return dry(cfg)
         rows = with_progress("sweep", run_servers if cfg.servers else run_sweep, cfg)
@@ -108,12 +109,16 @@ def sweep(
 
 
 def finish(rows, out: str, wide: bool = False) -> None:
-    """The answer and the table, what was written, and exit code 1 when every point failed."""
+    """The answer and the table, what was written, and exit code PARTIAL (errors.EXIT_CODES) where a point failed:
+    a script reading the exit code must not take a sweep with holes for a whole one, nor nothing for a result."""
     show(rows, out, wide)
-    wrote(out, "summary.csv", "summary.json", "point files", "plots")
-    if rows and all(r.status != "ok" for r in rows):  # nothing measured: a script must not read it as a result
+    wrote(out, "summary.csv", "summary.json", "point files", *plots_written(out))
+    failed = [r for r in rows if r.status != "ok" and r.category == "all"]
+    whole = [r for r in rows if r.category == "all"]
+    if failed and len(failed) == len(whole):  # nothing measured
         typer.echo(f"error: every point of the sweep failed (each one's error is in {out}/summary.json)", err=True)
-        raise typer.Exit(1)
+        raise typer.Exit(PARTIAL)
+    exit_if_partial(out)
 
 
 def dry(cfg) -> None:

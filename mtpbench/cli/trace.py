@@ -149,7 +149,7 @@ def trace_matrix(
     try:
         from mtpbench.runners import parse_runners
 
-        run_matrix(list(strs(arch)) if arch else None, Path(out), k, jobs, max_tokens, on_cell,
+        run_matrix(list(strs(arch, "--arch")) if arch else None, Path(out), k, jobs, max_tokens, on_cell,
                    runners=parse_runners(runner), layout=asdict(parallel))
     except MtpBenchError as e:
         fail(str(e))

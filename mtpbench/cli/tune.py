@@ -10,7 +10,7 @@ import typer
 
 from mtpbench.cli.common import (connection_options, engine_args, fail, ints, json_value, model_or_profile,
                                  reporting_options, set_threads, speculative_overrides, strs, wrote)
-from mtpbench.cli.options import (ALIAS_NOTE, BASE, MAX_CONCURRENCY, OUT, ROUNDS, SERVER, SERVER_HELP, Dtype, EngineArg, Goodput,
+from mtpbench.cli.options import (ALIAS_NOTE, BASE, MAX_CONCURRENCY, OUT, ROUNDS, SERVER, SERVER_HELP, Dtype, Earlier, EngineArg, Goodput,
                                   MaxModelLen, ModelOrProfile, Parallel, Reporting, Rounds, Runner, Seed, ServerAccess,
                                   SpeculativeConfig, Threads, Workload, grouped, shown)
 from mtpbench.cli.progress import with_progress
@@ -55,7 +55,7 @@ def tune(
     schedule: Annotated[Optional[str], typer.Option(help="With --validate: validate these ranges instead of the chosen ones, e.g. '[[1,2,3],[3,16,1]]'.")] = None,
     profile: Annotated[Optional[str], typer.Option(help="Profile name or .toml path (its sweep settings).")] = None,
     out: Annotated[str, typer.Option(*OUT, help="Output directory (--result-dir: vllm bench serve's name).")] = "tune",
-    replace_earlier: Annotated[bool, typer.Option("--replace", help="Move an earlier tune in --out aside (to OUT.replaced-TIME) and measure afresh. Without it, a tune with the same settings resumes (its sweeps reuse what they saved) and other settings are refused.")] = False,
+    earlier: Earlier = Earlier(),
 ) -> None:
     """Choose the k to run at every load: measure k x load, choose with intervals, predict, write vLLM's schedule."""
     from mtpbench.config import resolve
@@ -68,13 +68,13 @@ def tune(
     set_threads(threads)
     try:
         cfg = resolve(dict(model=model, backend="vllm-server" if servers else backend, k=ints(k, "--k"),
-                           mtp_layers=(mtp_layers,) if mtp_layers else None, mode=strs(mode), **workload.config(),
+                           mtp_layers=(mtp_layers,) if mtp_layers else None, mode=strs(mode, "--mode"), **workload.config(),
                            num_prompts=num_prompts, max_tokens=max_tokens, repeats=repeats, seed=seed, dtype=dtype,
                            temperature=temperature,
                            max_model_len=max_model_len, engine_args=engine_args(engine_arg), runner=runner,
                            speculative_config=spec, **reporting_options(reporting),
                            out=out, **asdict(parallel), **asdict(rounds), **reach), profile, defaults=DEFAULTS)
-        cfg = with_rounds(replace(cfg, header_values=header_values, replace=replace_earlier, mode=cfg.mode if mode or cfg.backend != "native"
+        cfg = with_rounds(replace(cfg, header_values=header_values, replace=earlier.replace_earlier, force=earlier.force, mode=cfg.mode if mode or cfg.backend != "native"
                                   else ("reuse",)))
         tc = TuneConfig(cfg, out=out, sources=tuple(from_ or ()), servers=servers, mode=cfg.mode[0]
                         if mode else None, validate=validate, schedule=parse_schedule(schedule), goodput=slo)
@@ -91,7 +91,8 @@ def loads_of(tc, batch_size: Optional[str], concurrency: Optional[str]) -> tuple
     if batch_size if served else concurrency:
         fail(f"--{'batch-sizes' if served else 'max-concurrency'} is the load of {'offline' if served else 'served'} "
              f"runs; {tc.sweep.backend} takes --{'max-concurrency' if served else 'batch-sizes'}")
-    return ints(concurrency if served else batch_size, "--load") or DEFAULT_LOADS[tc.unit]
+    flag = "--max-concurrency" if served else "--batch-sizes"
+    return ints(concurrency if served else batch_size, flag) or DEFAULT_LOADS[tc.unit]
 
 
 def with_rounds(cfg):

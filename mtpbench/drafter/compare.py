@@ -14,11 +14,12 @@ from __future__ import annotations
 import math
 
 from mtpbench.drafter.families import STAGES
+from mtpbench.errors import INCONCLUSIVE, NEGATIVE, OK
 
 TOLERANCE = {"float32": 1e-4, "bfloat16": 8 * 2.0 ** -8, "float16": 8 * 2.0 ** -11}
 # check-drafter's exit code per verdict; it fails closed: a check that could not tell (3, as check-lossless's
 # inconclusive) is no pass
-EXIT_CODE = {"parity": 0, "differs": 1, "inconclusive": 3}
+EXIT_CODE = {"parity": OK, "differs": NEGATIVE, "inconclusive": INCONCLUSIVE}  # errors.EXIT_CODES
 
 
 def tolerance(dtype: str) -> float:

@@ -8,10 +8,11 @@ from dataclasses import asdict
 from typing import NamedTuple
 
 from mtpbench import stats
+from mtpbench.errors import INCONCLUSIVE as EXIT_INCONCLUSIVE
+from mtpbench.errors import NEGATIVE as EXIT_LOSSY
 from mtpbench.errors import MtpBenchError
 
-# --fail-if-lossy's exit codes: 1 lossy or divergent, 3 inconclusive (the check could not tell; 2 is a refused input)
-EXIT_LOSSY, EXIT_INCONCLUSIVE = 1, 3
+# --fail-if-lossy's exit codes (errors.EXIT_CODES): 1 lossy or divergent, 3 inconclusive (the check could not tell)
 
 
 # a greedy divergence is "numerical" when the logit gap between the k = 0 token and the token the drafting run

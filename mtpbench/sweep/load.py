@@ -129,6 +129,29 @@ def rows_from_points(points: list[dict], failures: list[dict], noise_runs: tuple
     return _with_speedups(rows, reps, untimed, noise_runs, family, looks)
 
 
+def partial(run: dict, points: list[dict], failures: list[dict]) -> dict | None:
+    """Whether a sweep's folder is partial, and how: the points run.json planned (``planned``, saved before any was
+    measured; a folder from before that: the points found), those measured, those that failed and those missing
+    (planned, with neither a point file nor a failure: an interrupted run's). None where every planned point was
+    measured."""
+    measured = {GridPoint.from_json(d["point"]).name for d in points}
+    failed = sorted({GridPoint.from_json(d["point"]).name for d in failures} - measured)
+    planned = list(run.get("planned") or sorted(measured | set(failed)))
+    missing = [n for n in planned if n not in measured and n not in failed]
+    if not failed and not missing:
+        return None
+    return {"planned": len(planned), "measured": len([n for n in planned if n in measured]), "failed": failed,
+            "missing": missing}
+
+
+def partial_text(p: dict) -> str:
+    """The words every page and the terminal put first: "partial: 5 of 7 points measured (missing: ...; failed:
+    ...)"."""
+    parts = [f"missing: {', '.join(p['missing'])}"] if p["missing"] else []
+    parts += [f"failed: {', '.join(p['failed'])}"] if p["failed"] else []
+    return f"partial: {p['measured']} of {p['planned']} points measured ({'; '.join(parts)})"
+
+
 def judge_of(run: dict, points: list[dict], failures: list[dict]) -> tuple[int, int]:
     """A sweep's (family, looks) for ``stats.judge``: its k > 0 points, as run.json recorded them before any was
     measured (a sweep from before that: the k > 0 points found, failed or not), and the looks its rounds allowed

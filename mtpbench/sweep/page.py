@@ -119,7 +119,13 @@ def answer(summary: dict) -> tuple[str, str]:
     never a ranking; else ``headline`` over the rows of all prompts."""
     rows = [r for r in summary["rows"] if r["category"] == "all"]
     said = drowned(rows, summary.get("noise"), summary.get("provenance") or {})
-    return (said, "bad") if said else headline(rows)
+    text, tone = (said, "bad") if said else headline(rows)
+    if summary.get("partial"):  # issue 56: a folder with holes says so first
+        from mtpbench.sweep.load import partial_text
+
+        said = partial_text(summary["partial"])
+        text, tone = f"{said[0].upper()}{said[1:]}. {text}", ("bad" if tone == "bad" else "warn")
+    return text, tone
 
 
 def drowned(rows: list[dict], noise: dict | None, prov: dict) -> str | None:

@@ -39,7 +39,7 @@ def plan(cfg: SweepConfig) -> dict:
     if here:  # what --out holds: points saved with the same settings are not run again (refused: other settings)
         fp = store.sweep_fingerprint(with_runner(cfg).to_json(), provenance()["versions"], pset.describe()["sha256"])
         held = store.claim(Path(cfg.out), fp, [] if attached else [p.name for p in points], cfg.replace, attached,
-                           dry_run=True)
+                           dry_run=True, force=cfg.force)
     points = [p for p in points if p.name not in held.reused]
     if backend.interleaves_repeats and cfg.repeats > 1:
         points = [p for p, _ in with_aa(cfg, [(p, None) for p in points])]

@@ -15,7 +15,7 @@ from mtpbench.environment import load_change
 from mtpbench.files import write_json, write_text
 from mtpbench.metrics import PointResult
 from mtpbench.stats.noise import line as noise_line
-from mtpbench.sweep.load import aa_runs, judge_of, load_run, read_json, read_noise, rows_from_points, sort_key
+from mtpbench.sweep.load import aa_runs, judge_of, load_run, partial, read_json, read_noise, rows_from_points, sort_key
 from mtpbench.html.pages import render
 from mtpbench.sweep.page import page
 from mtpbench.sweep.plots import al_histogram, plots
@@ -75,9 +75,10 @@ def build(out: Path) -> list[PointResult]:
             rows_from_points(points, failures, found[1:] if found else None, config.get("metric_percentiles") or (),
                              family, looks)]
     write_text(out / "summary.csv", csv_text(rows))
+    histogram = al_histogram(out, points, rows)
+    drawn = [p.name for p in [*plots(out, rows), *([histogram] if histogram else [])]]  # "wrote plots" only then
     write_json(out / "summary.json", {**run, "noise": noise, "rows": [r.to_json() for r in rows],
-                                      "acceptance_law": law_blocks(points)})
-    plots(out, rows)
-    al_histogram(out, points, rows)
+                                      "acceptance_law": law_blocks(points), "partial": partial(run, points, failures),
+                                      "plots": drawn})
     render(page, out)
     return rows

@@ -95,6 +95,7 @@ def run_sweep(cfg: SweepConfig, on_point: Callable[[int, int, str], None] | None
         looks = max_looks(cfg.repeats, cfg.max_repeats) if sequential(cfg) else 1
         write_json(out / "run.json", {"config": cfg.to_json(), "provenance": prov, "engine": engine,
                                       "prompts": prompts_info, "fingerprint": fp,
+                                      "planned": [p.name for p in points],  # what a partial folder lacks (issue 56)
                                       "execution": execution(cfg.to_json()),
                                       "judge": {"family": family, "looks": looks, "alpha": ALPHA,
                                                 **({"law_family": law_fam} if law_fam else {})}})
@@ -146,7 +147,7 @@ def claim_out(cfg: SweepConfig, n_layers: int | None, fp: dict, say) -> store.Cl
     where every point of the grid was measured there before with these settings."""
     out = Path(cfg.out)
     names = [] if cfg.server else [p.name for p in grid(cfg, n_layers)]
-    held = store.claim(out, fp, names, cfg.replace, attached=bool(cfg.server))
+    held = store.claim(out, fp, names, cfg.replace, attached=bool(cfg.server), force=cfg.force)
     store.tell(held, cfg.out, say)
     return None if names and set(held.reused) == set(names) and (out / "run.json").is_file() else held
 

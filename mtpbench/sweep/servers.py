@@ -75,7 +75,7 @@ def run_servers(cfg: SweepConfig, on_point=None, say=None) -> list:
     out = Path(cfg.out)
     prov = provenance()
     fp = store.sweep_fingerprint(cfg.to_json(), prov["versions"], pset.describe()["sha256"])
-    store.tell(store.claim(out, fp, [], cfg.replace, attached=True), cfg.out, say)  # attached points: never reused
+    store.tell(store.claim(out, fp, [], cfg.replace, attached=True, force=cfg.force), cfg.out, say)  # attached points: never reused
     attached = read_servers(cfg)
     try:
         plan = [(url, backend, replace(cfg, server=url), facts) for url, backend, facts in

@@ -5,8 +5,10 @@ Every sweep (and each sweep of a tune) goes through ``claim`` before its engine 
 * an empty or new folder: measured as asked;
 * an earlier sweep with the same settings (its run.json's fingerprint): the points it finished are reused, and the
   caller says how many and that ``--replace`` measures them anew (as an interrupted sweep resumes);
-* an earlier sweep with other settings, or files that are not a sweep's: refused in one line naming what differs,
-  before anything is written, unless ``--replace``;
+* an earlier sweep with other settings, or another command's results: refused in one line naming what differs,
+  before anything is written, unless ``--replace``; a run.json that does not parse: refused, named unreadable;
+* files that are not mtpbench's at all (no JSON among them): refused, a few named, unless ``--force`` writes beside
+  them (issue 56: a sweep wrote its run.json into a folder of unrelated files and started measuring);
 * ``--replace``: the earlier folder is moved aside whole (``<out>.replaced-<time>``, readable by ``mtpbench report``)
   and the sweep starts afresh, so an interrupted replacing run never leaves the earlier complete run unreadable.
 
@@ -112,16 +114,44 @@ def _holds_results(out: Path) -> bool:
     return out.is_dir() and any(p.suffix == ".json" or p.name.endswith(".json.tmp") for p in out.iterdir())
 
 
+def foreign(out: Path, force: bool) -> None:
+    """Refuse, in one line naming a few of them, a folder holding files but no mtpbench results (no JSON), unless
+    ``force``."""
+    if force or not out.is_dir() or _holds_results(out):
+        return
+    names = sorted(p.name for p in out.iterdir())
+    if names:
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        raise MtpBenchError(f"--out {out} holds files that are not mtpbench's ({shown}): give another --out, or "
+                            f"--force to write beside them")
+
+
+def unreadable(path: Path) -> str | None:
+    """Why a JSON file that exists does not parse (None: it parses, or is not there)."""
+    try:
+        json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        return str(e)
+    return None
+
+
 def claim(out: Path, fp: dict, names: list[str], replace: bool, attached: bool = False,
-          dry_run: bool = False) -> Claim:
+          dry_run: bool = False, force: bool = False) -> Claim:
     """The rule above, for a sweep of the points ``names`` with fingerprint ``fp`` into ``out``; ``attached``: a
     server mtpbench did not start, whose points are never reused (it may have changed since); ``dry_run``: say what
-    would happen, move nothing."""
+    would happen, move nothing; ``force``: write beside files that are not mtpbench's."""
     out = Path(out)
     if not _holds_results(out):
+        foreign(out, force)
         return Claim(planned=len(names))
     if replace:
         return Claim(planned=len(names), moved_to=f"{out}.replaced-<time>" if dry_run else move_aside(out))
+    why = unreadable(out / "run.json")
+    if why:
+        raise MtpBenchError(f"--out {out}: its run.json is unreadable ({why}): give another --out, or --replace to "
+                            f"move the folder aside and measure")
     saved = _saved(out / "run.json", "fingerprint")
     if saved != fp:
         raise refusal(out, "sweep", saved, fp)
@@ -142,12 +172,13 @@ def move_aside(out: Path) -> str:
     return str(to)
 
 
-def claim_tune(out: Path, config: dict, replace: bool) -> Claim:
+def claim_tune(out: Path, config: dict, replace: bool, force: bool = False) -> Claim:
     """The same rule for a tune's folder, before its tune.json is written: the same settings (its tune.json's
     config) resume, each sweep reusing what it saved; other settings or other files are refused unless
     ``--replace`` moves the folder aside."""
     out = Path(out)
     if not _holds_results(out):
+        foreign(out, force)
         return Claim()
     if replace:
         return Claim(moved_to=move_aside(out))

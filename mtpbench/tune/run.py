@@ -162,7 +162,7 @@ def run_tune(tc: TuneConfig, on_point: Callable[[int, int, str], None] | None = 
     if tc.sweep.replace and any(Path(x).resolve().is_relative_to(out.resolve()) for x in tc.sources):
         raise MtpBenchError(f"--replace would move the sweeps --from reads (they lie in --out {out}) aside: give "
                             f"another --out")
-    held = store.claim_tune(out, tc.to_json(), tc.sweep.replace)
+    held = store.claim_tune(out, tc.to_json(), tc.sweep.replace, tc.sweep.force)
     store.tell(held, tc.out, say)
     tc = replace(tc, sweep=replace(tc.sweep, replace=False))  # its sweeps start in a folder moved aside, or resume
     make_out_dir(out)

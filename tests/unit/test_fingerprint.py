@@ -28,6 +28,7 @@ NOT_MEASURED_BY_HAND = {"out", "description", "label", "metadata", "percentile_m
                         "api_key_env", "header", "header_env", "ca_cert", "insecure", "metrics_url",
                         "metrics_credentials", "header_values",
                         "replace",  # what to do with an earlier sweep in --out (issue 45), never written
+                        "force",  # write beside files in --out that are not mtpbench's (issue 56), never written
                         "max_seconds"}  # a time budget (issue 36): the rounds a point got are in its file
 
 

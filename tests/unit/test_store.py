@@ -69,8 +69,8 @@ def build(d: Path, kind: str, run_fp: dict, points: dict, other: dict) -> None:
 
 @settings(max_examples=150, deadline=None)
 @given(folders(), FP, FP, st.lists(st.sampled_from(NAMES), unique=True), st.booleans(), st.booleans(),
-       st.booleans())
-def test_the_folder_rule(folder, fp, other, names, replace, attached, dry_run):
+       st.booleans(), st.booleans())
+def test_the_folder_rule(folder, fp, other, names, replace, attached, dry_run, force):
     kind, run_fp, points = folder
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "s"
@@ -78,9 +78,14 @@ def test_the_folder_rule(folder, fp, other, names, replace, attached, dry_run):
         before = snapshot(out) if out.exists() else None
         holds = kind in ("sweep", "old-sweep", "other-json")  # a result file (JSON) is there
         try:
-            got = store.claim(out, fp, names, replace, attached, dry_run)
+            got = store.claim(out, fp, names, replace, attached, dry_run, force)
         except MtpBenchError as e:
             got = e
+        if kind == "stray" and not force:  # files that are not mtpbench's (issue 56): refused, unless --force
+            assert isinstance(got, MtpBenchError) and snapshot(out) == before, got
+            text = str(got)
+            assert "\n" not in text and "notes.txt" in text and "--force" in text and "another --out" in text
+            return
         if not holds:  # nothing of a sweep's there: measured into, nothing said
             assert got == store.Claim(planned=len(names)) and (snapshot(out) if out.exists() else None) == before
             return
