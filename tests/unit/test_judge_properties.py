@@ -488,3 +488,28 @@ def test_two_equal_speedups_from_scaled_timings_are_no_difference(speedup, scale
     ak, bk = [100.0 * speedup] * na, [100.0 * speedup * scale] * nb
     _, _, c = speedup_difference(ak, a0, bk, b0, floor=0.0, family=10)
     assert c.decision == OPEN and c.p_value == 1.0 and c.low <= 0 <= c.high, c
+
+
+@given(st.lists(st.integers(0, 8), max_size=10))
+def test_a_sweeps_law_family_is_each_drafting_points_positions_and_joint_test(ks):
+    """Issue 55 item 1: a sweep's --law tests are one family across its points: each k > 0 point tests its k positions
+    and its joint count (k + 1 tests); plain points (k = 0) test nothing."""
+    from mtpbench.stats.judge import law_family
+
+    want = 0
+    for k in ks:
+        if k > 0:
+            want += k + 1
+    assert law_family(ks) == want
+
+
+@given(st.floats(1e-6, 0.5), st.one_of(st.none(), st.integers(0, 50)))
+def test_the_laws_share_is_half_alpha_a_side_over_its_family(alpha, family):
+    """The law's share of an answer that reads it alone: two-sided, alpha / 2 over-acceptance and alpha / 2
+    under-acceptance, the family (Bonferroni) passed on where there is one (None or 0: the block's own)."""
+    from mtpbench.stats.judge import ALPHA, law_levels
+
+    got = law_levels(alpha, family)
+    assert got["over"] == got["under"] == alpha / 2
+    assert got.get("family") == (family or None) and set(got) <= {"over", "under", "family"}
+    assert law_levels() == {"over": ALPHA / 2, "under": ALPHA / 2}

@@ -224,3 +224,24 @@ def test_the_token_classifier_reads_the_models_tokenizer(tmp_path):
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "tokenizer.json").write_text("{")
     assert token_classifier(tmp_path / "broken") is None
+
+
+def test_a_block_of_no_steps_has_no_joint_test_and_a_block_reads_the_answers_levels():
+    """No verify step recorded (a law pass of no drafts): positions and joint empty, no exception. A block built for
+    a sweep's family (``law_levels(family=F)``) decides at alpha / 2F a side, not at the block's own alpha / 2."""
+    from mtpbench.metrics.law import law_block, law_summary, sure_text
+    from mtpbench.stats.judge import law_levels
+
+    empty = law_summary([])
+    assert empty["positions"] == [] and empty["joint"] is None and empty["observable"] is True
+    # 40 steps at position 0, each accepted with probability 0.5: 28 accepted, an over tail of 0.0083 (binomial)
+    steps = [(0, 0, int(i < 28), 0.5, None, None, 1.0, 10 + i, 5) for i in range(40)]
+    alone = law_block({"observable": True, "steps": steps}, "none", levels=law_levels())
+    family = law_block({"observable": True, "steps": steps}, "none", levels=law_levels(family=10))
+    from mtpbench.stats.acceptance import FOLLOWS, OVER
+
+    assert alone["positions"][0]["decision"] == OVER  # 0.0083 < 0.025
+    assert family["positions"][0]["decision"] == FOLLOWS  # 0.0083 > 0.0025
+    assert sure_text({"certain_over": 2, "certain_under": 1}) == \
+        ": 2 accepted with probability 0, 1 rejected with probability 1"
+    assert sure_text({}) == ""

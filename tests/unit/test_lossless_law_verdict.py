@@ -272,3 +272,19 @@ def test_the_law_tests_edges_as_the_rule_says():
     bare, with_law = stats.Stage(two_sample(0.01), ok), stats.Stage(ok, ok, None, over)
     assert stats.confirmation(bare, with_law) is None
     assert stats.law_combined(bare, with_law) == [] and stats.law_combined(with_law, bare) == []
+
+
+def test_a_law_tests_words_name_the_tail_on_its_side_or_what_made_it_certain():
+    """The law's evidence in check-lossless's words: a certain departure by its count; a test with every step certain,
+    "certain"; else z and the tail on z's side (under-acceptance's below 0, over-acceptance's from 0 up)."""
+    from mtpbench.stats.acceptance import FOLLOWS, PositionTest
+    from mtpbench.stats.verdict import _law_z
+
+    def t(z, **kw):
+        return PositionTest(0, 10, 0.5, 0.5, z, 0.0, 0.0, 0.31, 0.72, FOLLOWS, **kw)
+
+    assert _law_z(t(None)) == "certain"
+    assert _law_z(t(-1.5)) == "z -1.5, p 0.72" and _law_z(t(1.5)) == "z +1.5, p 0.31"
+    assert _law_z(t(0.0)) == "z +0, p 0.31" and _law_z(t(0.5)) == "z +0.5, p 0.31"
+    assert _law_z(t(float("inf"), certain_over=2)) == "2 accepted with probability 0: certain"
+    assert _law_z(t(float("-inf"), certain_under=3)) == "3 rejected with probability 1: certain"

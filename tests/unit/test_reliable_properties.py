@@ -190,3 +190,26 @@ def test_the_default_names_each_k_as_its_row_was_decided(raw):
             part = f"batch {load}: k = {', '.join(map(str, open_))}"
             assert part + (f" (k = {', '.join(map(str, slower))} slower beyond noise)" if slower else "") in text
         assert "no k was shown slower" not in text
+
+
+def test_the_default_read_from_a_tunes_facts_names_its_ks_by_tokens_s_and_by_goodput():
+    """``facts`` carries ``undecided_ks`` (and goodput's) to ``reasons``: a tune whose result chose k = 0 at batch 4
+    with k = 1 slower and k = 2 open says so from its own result, not "some k > 0"; a load the detail lacks (a
+    record from before it) still gets its words, the loads after it theirs."""
+    from mtpbench.tune.reliable import default_reason, facts, goodput_reasons, reasons
+
+    choices = [{"load": 4, "chosen": 0, "ks": [0, 1, 2], "vs_0": {"1": {"decision": "below"}, "2": {"decision": "open"}}}]
+    result = {"costs": [], "prediction": {}, "unit": "batch", "choices": choices, "goodput": {"choices": choices}}
+    f = facts(result, [])
+    said = "batch 4: k = 2 (k = 1 slower beyond noise)"
+    assert said in reasons(f)[0] and said in goodput_reasons(f)[0]
+    text = default_reason("batch", [1, 4], detail=[[4, [2], [1]]])
+    assert "batch 1: some k > 0; batch 4: k = 2 (k = 1 slower beyond noise)" in text
+
+
+def test_a_choices_words_for_each_decision():
+    from mtpbench.stats import judge
+    from mtpbench.tune.choose import _word
+
+    assert [_word(d) for d in (judge.ABOVE, judge.BELOW, judge.OPEN, None)] == [
+        "faster than k = 0", "slower than k = 0", "not told apart from k = 0", "not told apart from k = 0"]
