@@ -61,6 +61,14 @@ def test_a_closed_stdout_ends_quietly_with_the_commands_own_code(args, code):
     assert "BrokenPipe" not in err and "Traceback" not in err, err
 
 
+def folder(tmp_path: Path, file: str, text: str) -> Path:
+    """An --out that holds one file."""
+    out = tmp_path / "s"
+    out.mkdir()
+    (out / file).write_text(text)
+    return out
+
+
 def sweep(tmp_path: Path, *args: str):
     return CliRunner().invoke(app, ["sweep", *args, "--dry-run"], env={"COLUMNS": "120"})
 
@@ -86,9 +94,7 @@ def test_a_list_with_an_empty_item_or_a_value_twice_is_refused_in_one_line(tmp_p
 
 def test_an_out_of_files_that_are_not_mtpbenchs_is_refused_unless_forced(tmp_path):
     """`--out` naming a folder of unrelated files: run.json was written there and measuring started."""
-    out = tmp_path / "mine"
-    out.mkdir()
-    (out / "notes.txt").write_text("mine")
+    out = folder(tmp_path, "notes.txt", "mine")
     r = sweep(tmp_path, "--out", str(out))
     assert r.exit_code == BAD_INPUT and "holds files that are not mtpbench's (notes.txt)" in r.output, r.output
     assert "--force" in r.output and sorted(p.name for p in out.iterdir()) == ["notes.txt"]
@@ -97,9 +103,7 @@ def test_an_out_of_files_that_are_not_mtpbenchs_is_refused_unless_forced(tmp_pat
 
 
 def test_a_corrupt_run_json_is_named_unreadable_as_report_names_it(tmp_path):
-    out = tmp_path / "s"
-    out.mkdir()
-    (out / "run.json").write_text('{"config": ')
+    out = folder(tmp_path, "run.json", '{"config": ')
     r = sweep(tmp_path, "--out", str(out))
     assert r.exit_code == BAD_INPUT and "its run.json is unreadable" in r.output, r.output
     rep = CliRunner().invoke(app, ["report", str(out)])
@@ -128,11 +132,9 @@ def test_an_interrupted_folder_is_reported_partial_with_its_own_code(tmp_path):
     empty table, exited 0 and said it wrote plots it had not drawn."""
     from mtpbench.config import SweepConfig
 
-    out = tmp_path / "s"
-    out.mkdir()
-    cfg = SweepConfig().to_json()
-    (out / "run.json").write_text(json.dumps({"config": cfg, "provenance": {"versions": {}}, "engine": {},
-                                              "fingerprint": {"x": 1}, "planned": ["k0", "chain-L3-k1"]}))
+    out = folder(tmp_path, "run.json", json.dumps({"config": SweepConfig().to_json(), "provenance": {"versions": {}},
+                                                   "engine": {}, "fingerprint": {"x": 1},
+                                                   "planned": ["k0", "chain-L3-k1"]}))
     r = CliRunner().invoke(app, ["report", str(out)])
     assert r.exit_code == PARTIAL, r.output
     assert r.output.startswith("Partial: 0 of 2 points measured (missing: k0, chain-L3-k1)."), r.output
