@@ -235,3 +235,34 @@ def test_a_k0_run_after_the_points_last_round_is_not_in_its_speedup():
     point = _runs([150.0, 150.0, 150.0], [0, 0, 1])
     base = _runs([100.0, 100.0, 100.0, 50.0, 50.0], [0, 0, 1, 2, 2])
     assert speedup_comparison(point, base, None, 1, 1).estimate == pytest.approx(1.5)
+
+
+TIMING_COLUMNS = (("output_tokens_per_sec", 2), ("ttft_ms_p50", 3), ("tpot_ms_p50", 3), ("itl_ms_p50", 3),
+                  ("e2el_ms_p50", 3))  # each as the table keeps it: tokens/s to 2 decimals, milliseconds to 3
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(*[st.floats(0.5, 2000.0) for _ in TIMING_COLUMNS]), min_size=2, max_size=8),
+       st.sampled_from([None, "itl_ms_p50"]))
+def test_every_timing_column_is_the_runs_geometric_mean_with_its_t_interval(values, unobserved):
+    """Issue 55 case 7, every timing a row of several runs carries: the geometric mean of the runs' own figure and
+    the t interval on their logs (from 3 runs; none below), each kept to its column's decimals; a figure no run
+    observed (ITL offline) is not made up."""
+    from mtpbench.metrics.row import repeat_intervals
+
+    repeats = [{name: (None if name == unobserved else v) for (name, _), v in zip(TIMING_COLUMNS, run)}
+               for run in values]
+    got = repeat_intervals(repeats)
+    for i, (name, nd) in enumerate(TIMING_COLUMNS):
+        if name == unobserved:
+            assert name not in got and f"{name}_ci_low" not in got
+            continue
+        xs = [run[i] for run in values]
+        assert got[name] == pytest.approx(geometric(xs), abs=0.51 * 10 ** -nd) and round(got[name], nd) == got[name]
+        ci = log_t_interval(xs)
+        low, high = got[f"{name}_ci_low"], got[f"{name}_ci_high"]
+        if ci is None:
+            assert low is None and high is None
+            continue
+        assert low == pytest.approx(ci[0], abs=0.51 * 10 ** -nd) and high == pytest.approx(ci[1], abs=0.51 * 10 ** -nd)
+        assert round(low, nd) == low and round(high, nd) == high

@@ -255,4 +255,16 @@ def test_where_a_sweep_and_the_tune_answer_differently_the_tune_says_both_and_wh
     later = answer(pts)[0]["sweep_disagreements"]
     assert len(later) == 1 and later[0].startswith("batch 1, k = 1: the sweep sweeps/all on its own calls it not "
                                                    "told apart from k = 0"), later
-    assert ": faster than k = 0 (" in later[0] and "the tune judges fewer comparisons" in later[0], later
+    assert ": faster than k = 0 (" in later[0] and ("the tune judges fewer comparisons (points without a test are no "
+                                                     "members), so each asks for less; each answer holds") in later[0]
+    # the disagreement at k = 2 behind an agreement at k = 1 (both slower), then behind a k = 1 from another sweep:
+    # each k of a load is read, whatever came before it
+    pts = [point(1, 0, k0), point(1, 1, [60, 61, 59]), point(1, 2, k1)]
+    for b in (2, 4):
+        pts += [point(b, 0, [100 * b] * 3), point(b, 1, [50 * b, 51 * b, 49 * b]), point(b, 2, [30 * b] * 3)]
+    for p in pts:
+        p.sweep_family, p.sweep = 2, f"sweeps/b{p.load}"
+    behind = answer(pts)[0]["sweep_disagreements"]
+    assert len(behind) == 1 and behind[0].startswith("batch 1, k = 2: the sweep sweeps/b1 on its own calls it faster"), behind
+    pts[1].sweep = "sweeps/other"
+    assert answer(pts)[0]["sweep_disagreements"] == behind
