@@ -77,3 +77,37 @@ def test_each_stages_two_sample_line_names_the_level_it_is_read_at():
     two = next(x for x in lines if x.startswith("  - stage 2 off vs on"))
     assert "p = 0.02 (the two-sample test, an alarm below 0.05;" in one, one
     assert "p = 0.03 (the two-sample test, lossy below 0.01 (with stage 1's alarm);" in two, two
+
+
+def test_a_stages_lines_show_each_test_at_the_level_that_decides_it():
+    """check-lossless's per-stage lines, a known answer (issue 55 item 3: show what decides, at the level that
+    decides): the two-sample p with its level (stage 1 an alarm, stage 2 lossy with stage 1's alarm) and its parts
+    named as parts, the excess test, the A/A control's level, the law's lines under "drafting arm's", the scorer's
+    fit as a report that decides nothing; a test the stage lacks gives no line."""
+    from mtpbench.lossless.report import _stage_lines
+    from mtpbench.metrics.law import law_lines, law_summary
+
+    law = law_summary([(0, 0, int(i < 3), 0.5, None, None, 1.0, 10 + i, 5) for i in range(6)])
+    stage = {"test": {"p_value": 0.0412, "p_value_scores": 0.0206, "p_value_tokens": 0.5, "mean_logprob_a": -1.23456,
+                      "mean_logprob_b": -1.3, "logprob_diff": -0.06544, "mde_logprob": 0.0312},
+             "excess_test": {"z": 2.5, "p_value": 0.0124, "excess_on": 0.0512, "excess_off": -0.0021},
+             "aa_test": {"p_value": 0.7, "logprob_diff": 0.0012},
+             "acceptance_law": law, "score_tests": {"off": {"z": 0.5}, "on": {"z": -1.25}}}
+    record = {"levels": {"alarm_two_sample": 0.05, "confirm_two_sample": 0.01}, "alpha_aa": 0.01}
+    first = _stage_lines(stage, "", record)
+    head = ("- off vs on: p = 0.0412 (the two-sample test, an alarm below 0.05; its parts: scores 0.0206, tokens 0.5); "
+            "mean target log-prob -1.235 -> -1.3 nats/token, shift -0.0654; smallest detectable shift 0.0312")
+    excess = ("- excess log p + H, drafting arm against both arms without drafting: z = +2.5 (p = 0.0124); +0.0512 "
+              "against -0.0021 nats/token")
+    aa = "- A/A control (off vs off): p = 0.7 (inconclusive below 0.01), shift +0.0012"
+    laws = [f"- drafting arm's {x.lstrip()}" if i == 0 else f"  {x}" for i, x in enumerate(law_lines(law))]
+    fit = ("- scorer's fit, each arm against the target's law (sum(log p + H) / sqrt(sum Var); reported, it decides "
+           "nothing): off z = +0.5, on z = -1.25, off again none")
+    assert first == [head, excess, aa, *laws, fit]
+    second = _stage_lines(stage, "stage 2 ", record)
+    assert second[0] == head.replace("- off vs on", "- stage 2 off vs on").replace(
+        "an alarm below 0.05", "lossy below 0.01 (with stage 1's alarm)")
+    assert second[3].startswith("- stage 2 drafting arm's ") and len(second) == len(first)
+    assert _stage_lines({}, "", record) == []
+    alone = _stage_lines({"test": stage["test"]}, "", {})
+    assert alone == [head.replace(", an alarm below 0.05", "")]
