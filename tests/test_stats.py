@@ -5,7 +5,6 @@ max on the speedup, makes sure of that)."""
 
 import json
 import math
-import statistics
 
 import numpy as np
 import pytest
@@ -28,11 +27,13 @@ def test_a_sweep_reports_intervals_in_every_output(tmp_path):
     saved = {p["point"]["k"]: p for p in points}
     tokps = {k: [x["output_tokens_per_sec"] for x in saved[k]["repeats"]] for k in (0, 2)}
     assert len(tokps[0]) == len(tokps[2]) == 6 and k2["num_repeats"] == 6
-    # tokens/s: the median of the six repeats, and the order-statistic interval of a median at 6, which is
-    # [min, max] (it covers with 1 - 2 / 2^6 = 96.9 %; the next one in, [x_(2), x_(5)], only 78 %)
-    assert k2["output_tokens_per_sec"] == round(statistics.median(tokps[2]), 2)
+    # tokens/s: the geometric mean of the six repeats (the statistic the speedup is a ratio of, issue 55) and the
+    # t interval on their logs, exp(mean -+ t(0.975, 5) s / sqrt(6)) (scipy's t)
+    logs = np.log(tokps[2])
+    half2 = stdtrit(5, 0.975) * logs.std(ddof=1) / math.sqrt(6)
+    assert k2["output_tokens_per_sec"] == pytest.approx(math.exp(logs.mean()), abs=0.0051)
     assert (k2["output_tokens_per_sec_ci_low"], k2["output_tokens_per_sec_ci_high"]) == (
-        round(min(tokps[2]), 2), round(max(tokps[2]), 2))
+        pytest.approx(math.exp(logs.mean() - half2), abs=0.0051), pytest.approx(math.exp(logs.mean() + half2), abs=0.0051))
     # the speedup: the ratio of geometric means of the repeats, its interval Welch's t on the logs at
     # 1 - 0.05 / (1 point x 1 look) (stats.judge, written out here with scipy's t), rounded outward
     a, b = np.log(tokps[2]), np.log(tokps[0])
