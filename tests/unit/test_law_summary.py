@@ -232,6 +232,8 @@ def test_a_block_of_no_steps_has_no_joint_test_and_a_block_reads_the_answers_lev
     from mtpbench.metrics.law import law_block, law_summary, sure_text
     from mtpbench.stats.judge import law_levels
 
+    tv = law_summary([(0, 0, 1, 0.9, 0.123456, None, 1.0, 10, 5)])  # the drafter's law known: p and q's distance
+    assert tv["positions"][0]["tv"] == 0.8765 and tv["positions"][0]["probabilistic"] == 0.1235  # to 4 decimals
     empty = law_summary([])
     assert empty["positions"] == [] and empty["joint"] is None and empty["observable"] is True
     # 40 steps at position 0, each accepted with probability 0.5: 28 accepted, an over tail of 0.0083 (binomial)

@@ -34,20 +34,21 @@ _speed = st.floats(80.0, 120.0, allow_nan=False)
 
 @settings(max_examples=150, deadline=None)
 @given(st.lists(_speed, min_size=3, max_size=8), st.lists(_speed, min_size=1, max_size=8),
-       st.lists(st.tuples(st.integers(1, 8), st.integers(0, 3)), max_size=4))
+       st.lists(st.tuples(st.integers(1, 8), st.integers(0, 3), st.sampled_from([0.5, 100.0])), max_size=4))
 def test_the_noise_record_reads_the_same_count_of_both_copies_and_the_narrowest_floor_a_point_read(
         tmp_path_factory, k0, copy, drafting):
-    """``drafting``: (runs, of which None) per k > 0 point; a point of fewer than 3 positive runs has no interval
-    and reads no floor. The A/A copy may have fewer runs than its original (cut to the same count)."""
+    """``drafting``: (runs, then runs of None, their tokens/s) per k > 0 point; a point of fewer than 3 positive runs
+    has no interval and reads no floor (a slow one of 0.5 tokens/s counts). The A/A copy may have fewer runs than its
+    original (cut to the same count)."""
     d = tmp_path_factory.mktemp("s")
-    points = [point(0, k0)] + [point(i + 1, [100.0] * n + [None] * none) for i, (n, none) in enumerate(drafting)]
+    points = [point(0, k0)] + [point(i + 1, [v] * n + [None] * none) for i, (n, none, v) in enumerate(drafting)]
     (d / "aa-k0.json").write_text(json.dumps({**point(0, copy), "point": {**point(0, copy)["point"], "mode": "aa"}}))
     got = read_noise(d, RUN, points)
     m = min(len(k0), len(copy))
     want = noise.summary(k0[:m], copy[:m])
     assert {k: v for k, v in got.items() if k in want} == want
     assert got["point"] == points[0]["point"]  # the copied point, named
-    floors = [noise.floor_until((runs(k0), runs(copy)), n + none - 1) for n, none in drafting if n >= 3]
+    floors = [noise.floor_until((runs(k0), runs(copy)), n + none - 1) for n, none, _ in drafting if n >= 3]
     least = min(floors, default=None)
     assert got["floor_least"] == noise.rounded(least) and got["floor_least_pct"] == noise.pct(least)
 
