@@ -83,3 +83,16 @@ def test_the_noise_figures_are_rounded_as_the_pages_print_them():
     """A floor in log ratio to 5 decimals, in % (e^x - 1) to 2: what summary.json keeps and the pages print."""
     assert noise.rounded(0.123456789) == 0.12346 and noise.rounded(None) is None
     assert noise.pct(0.0123456) == 1.24 and noise.pct(None) is None  # 100 (e^0.0123456 - 1) = 1.2422...
+
+
+def test_the_noise_sentence_names_the_narrowest_floor_a_point_read():
+    """Issue 55 case 8, word for word: where a point decided at an earlier look read a narrower floor than the last
+    round's, the sentence says both; where they print alike, the plain sentence."""
+    base = {"floor": 0.05, "single_run_pct": 7.5, "rounds": 6, "floor_pct": 5.46}
+    plain = ("noise: on this machine two identical single runs differ by up to 7.5 % at 95 %; the A/A control (k = 0 "
+             "against itself, 6 rounds) differs by up to 5.5 %, and no speedup interval is narrower than that")
+    assert noise.line({**base, "floor_least_pct": 5.46}) == plain and noise.line(base) == plain
+    assert noise.line({**base, "floor_least_pct": 0.58}) == plain[:-len("that")] + (
+        "the floor as it stood at its point's last look (5.5 % after the last round, down to 0.6 % for a point "
+        "decided at an earlier look)")
+    assert noise.line(None) is None and noise.line({"floor": None}) is None
