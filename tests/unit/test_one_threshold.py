@@ -90,19 +90,19 @@ def test_a_stages_lines_show_each_test_at_the_level_that_decides_it():
     law = law_summary([(0, 0, int(i < 3), 0.5, None, None, 1.0, 10 + i, 5) for i in range(6)])
     stage = {"test": {"p_value": 0.0412, "p_value_scores": 0.0206, "p_value_tokens": 0.5, "mean_logprob_a": -1.23456,
                       "mean_logprob_b": -1.3, "logprob_diff": -0.06544, "mde_logprob": 0.0312},
-             "excess_test": {"z": 2.5, "p_value": 0.0124, "excess_on": 0.0512, "excess_off": -0.0021},
+             "excess_test": {"z": 3e-05, "p_value": 0.99998, "excess_on": 5.12e-05, "excess_off": 0.0021},
              "aa_test": {"p_value": 0.7, "logprob_diff": 0.0012},
-             "acceptance_law": law, "score_tests": {"off": {"z": 0.5}, "on": {"z": -1.25}}}
+             "acceptance_law": law, "score_tests": {"off": {"z": 1.5e-05}, "on": {"z": -1.25}, "off_aa": {"z": 0.5}}}
     record = {"levels": {"alarm_two_sample": 0.05, "confirm_two_sample": 0.01}, "alpha_aa": 0.01}
     first = _stage_lines(stage, "", record)
     head = ("- off vs on: p = 0.0412 (the two-sample test, an alarm below 0.05; its parts: scores 0.0206, tokens 0.5); "
             "mean target log-prob -1.235 -> -1.3 nats/token, shift -0.0654; smallest detectable shift 0.0312")
-    excess = ("- excess log p + H, drafting arm against both arms without drafting: z = +2.5 (p = 0.0124); +0.0512 "
-              "against -0.0021 nats/token")
+    excess = ("- excess log p + H, drafting arm against both arms without drafting: z = +3e-05 (p = 1); +5.12e-05 "
+              "against +0.0021 nats/token")
     aa = "- A/A control (off vs off): p = 0.7 (inconclusive below 0.01), shift +0.0012"
     laws = [f"- drafting arm's {x.lstrip()}" if i == 0 else f"  {x}" for i, x in enumerate(law_lines(law))]
     fit = ("- scorer's fit, each arm against the target's law (sum(log p + H) / sqrt(sum Var); reported, it decides "
-           "nothing): off z = +0.5, on z = -1.25, off again none")
+           "nothing): off z = +1.5e-05, on z = -1.25, off again z = +0.5")
     assert first == [head, excess, aa, *laws, fit]
     second = _stage_lines(stage, "stage 2 ", record)
     assert second[0] == head.replace("- off vs on", "- stage 2 off vs on").replace(

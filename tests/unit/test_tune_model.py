@@ -451,3 +451,32 @@ def test_a_decision_the_noise_made_says_so_in_the_terminal_the_files_and_the_pag
     r = tune_cli("--from", saved_sweeps(tmp_path / "clear", synthetic()[0]), "--out", clear)
     result = json.loads((clear / "tune.json").read_text())["result"]
     assert r.exit_code == 0 and "not reliable" not in r.output and result["decision_reliable"] is True
+
+
+def test_one_k_measured_at_a_load_fits_its_cost_per_token_alone():
+    """With one k > 0 at a load the line has one point: f = 0 and c = (AL t0 / t - 1) / k, from the geometric means
+    the choice judges (issue 55). Built from the model with f = 0, so c comes back exactly."""
+    from mtpbench.tune.model import fit_costs
+
+    pts, tokps0, _, c = synthetic(loads=(2,), ks=(0, 2), f={2: 0.0})
+    costs = fit_costs(2, pts)
+    assert costs.f == 0.0 and costs.c == pytest.approx(c[2], rel=1e-3) and costs.tokps0 == pytest.approx(tokps0[2], rel=1e-3)
+
+
+def test_a_load_measured_at_k0_alone_keeps_its_own_tokens_s_and_borrows_the_drafting_costs():
+    """A load with only its k = 0 point: its tokens/s at k = 0 is its own (the geometric mean of its repeats), its f and
+    c interpolated between the loads that drafted, named so, at this load."""
+    pts, tokps0, f, c = synthetic(loads=(1, 4))
+    alone = point(2, 0, 250.0)
+    m = Model(pts + [alone])
+    got = m.costs_at(2)
+    assert got.load == 2 and got.source == "interpolated" and got.tokps0 == pytest.approx(alone.gmean, rel=1e-9)
+    assert got.c == pytest.approx(c[1] + 0.5 * (c[4] - c[1]), abs=1e-3)  # log2(2) halfway between log2(1) and log2(4)
+
+
+def test_a_geometric_mean_of_a_negative_figure_is_refused_naming_it():
+    from mtpbench.stats import gmean
+
+    with pytest.raises(ValueError, match="a geometric mean of a negative figure: -2.0"):
+        gmean([1.0, -2.0])
+    assert gmean([]) is None and gmean([None, 4.0, 1.0]) == 2.0 and gmean([0.0, 5.0]) == 0.0
