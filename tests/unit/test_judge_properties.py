@@ -513,3 +513,12 @@ def test_the_laws_share_is_half_alpha_a_side_over_its_family(alpha, family):
     assert got["over"] == got["under"] == alpha / 2
     assert got.get("family") == (family or None) and set(got) <= {"over", "under", "family"}
     assert law_levels() == {"over": ALPHA / 2, "under": ALPHA / 2}
+
+
+def test_identical_timings_are_no_evidence_either_way():
+    """Both sides timed alike to the last digit (no spread, no difference): p = 1 and open, never a p of 0 beside an
+    open decision; a difference without spread is decided by its sign alone (p = 0)."""
+    same = judge.ratio([100.0, 100.0, 100.0], [100.0, 100.0, 100.0])
+    assert same.p_value == 1.0 and same.decision == OPEN and same.estimate == 1.0
+    apart = judge.ratio([110.0, 110.0, 110.0], [100.0, 100.0, 100.0])
+    assert apart.p_value == 0.0 and apart.decision == ABOVE
