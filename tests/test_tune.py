@@ -147,7 +147,7 @@ def test_bad_sweeps_are_one_line_and_nothing_written(native_tune, tmp_path):
     (["--validate", "--schedule", "[[2, 8, 1]]"], "vLLM would refuse it: the first batch-size range must start at 1"),
     (["--validate", "--schedule", "[[1, 4, 2], [3, 8, 1]]"], "must not overlap"),
     (["--schedule", "[[1, 8, 1]]"], "takes --validate"),
-    (["--concurrency", "1,2"], "--max-concurrency is the load of served runs"),
+    (["--concurrency", "1,2"], "--concurrency is the load of served runs"),  # named as typed (issue 56)
     (["--server", "http://127.0.0.1:9", "--validate"], "not on attached --server"),
 ])
 def test_bad_options_are_one_line_and_nothing_written(tmp_path, args, why):
