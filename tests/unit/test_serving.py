@@ -254,12 +254,12 @@ def _one_line_exit_2(args, message, out):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--concurrency", "4"], "--max-concurrency applies to served runs (--backend vllm-server)"),
+    (["--concurrency", "4"], "--concurrency applies to served runs (--backend vllm-server)"),  # as typed
     # issue 45: `sweep --port 8000` ran the CPU model, the port silently ignored
     (["--port", "8000"], "--port applies to served runs (--backend vllm-server)"),
     (["--port", "8000", "--api", "chat"], "--api, --port apply to served runs (--backend vllm-server)"),
     (["--server", "http://127.0.0.1:1", "--port", "8000"], "--port is the port of a server mtpbench launches"),
-    (["--backend", "vllm-server", "--concurrency", "0"], "--max-concurrency takes integers >= 1"),
+    (["--backend", "vllm-server", "--concurrency", "0"], "--concurrency takes integers >= 1"),
     (["--backend", "vllm-server", "--request-rate", "fast"], "--request-rate takes comma-separated numbers or inf"),
     (["--backend", "vllm-server", "--api", "grpc"], "unknown --api 'grpc'"),
     (["--server", "ftp://host"], "--server takes an http:// or https:// URL"),
