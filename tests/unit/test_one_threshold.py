@@ -109,5 +109,8 @@ def test_a_stages_lines_show_each_test_at_the_level_that_decides_it():
         "an alarm below 0.05", "lossy below 0.01 (with stage 1's alarm)")
     assert second[3].startswith("- stage 2 drafting arm's ") and len(second) == len(first)
     assert _stage_lines({}, "", record) == []
+    missing = _stage_lines({"score_tests": {"off": {"z": 1.0}}}, "", record)  # an arm the scorer could not fit
+    assert missing == [fit.replace("off z = +1.5e-05, on z = -1.25, off again z = +0.5",
+                                   "off z = +1, on none, off again none")]
     alone = _stage_lines({"test": stage["test"]}, "", {})
     assert alone == [head.replace(", an alarm below 0.05", "")]
