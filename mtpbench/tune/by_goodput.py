@@ -1,15 +1,15 @@
-"""``mtpbench tune --goodput``'s part of the answer: each measured point's goodput (the geometric mean of its repeats,
-the median where a repeat met the SLO nowhere, with intervals, and its ratio to k = 0's), the k per load chosen by goodput (``goodput.RULE``) beside the one chosen by
-tokens/s, and the schedule and --speculative-config of those choices. Goodput is recomputed from the repeats' saved
+"""``mtpbench tune --goodput``'s part of the answer: each measured point's goodput (``goodput.typical``: the geometric
+mean of its repeats, the median where a repeat met the SLO nowhere, with intervals, and its ratio to k = 0's), the k
+per load chosen by goodput (``goodput.RULE``) beside the one chosen by tokens/s, and the schedule and --speculative-config of those choices. Goodput is recomputed from the repeats' saved
 per-request times, so ``tune --from DIR --goodput ...`` decides at any SLO without running anything."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, replace
 
-from mtpbench.stats import gmean, gmean_ci, median, median_ci
+from mtpbench.stats import gmean_ci, median_ci
 from mtpbench.tune.choose import comparison_fields, recommend, speculative_config
-from mtpbench.tune.goodput import RULE, choose, describe, ranges_of, samples, testable
+from mtpbench.tune.goodput import RULE, choose, describe, ranges_of, samples, testable, typical
 from mtpbench.tune.model import Measured
 
 UNKNOWN = ("their point files keep no per-request times (written by an mtpbench before goodput), so which requests "
@@ -22,15 +22,14 @@ def _r(x: float | None, nd: int = 4) -> float | None:
 
 def point_fields(xs: list[float] | None, vs_0: dict | None) -> dict:
     """One point's goodput columns (TuneRow's ``goodput_*``): req/s meeting the SLO as the goodput choice ranks it
-    (``goodput.rank``: the geometric mean of the repeats with its t interval on the logs, or where a repeat's
+    (``goodput.typical``: the geometric mean of the repeats with its t interval on the logs, or where a repeat's
     goodput is 0, which has no logarithm, their median with its order-statistic interval), and its ratio to the same
     load's k = 0 as the goodput choice judged it (``vs_0``: LoadChoice.vs_0's; only where both have goodput above 0
     in every repeat: no ratio of a zero)."""
     if xs is None:
         return {}
-    geometric = testable(xs)
-    ci = gmean_ci(xs) if geometric else median_ci(xs)
-    out = {"goodput_rps": _r(gmean(xs) if geometric else median(xs)), "goodput_rps_ci_low": _r(ci[0]) if ci else None,
+    ci = gmean_ci(xs) if testable(xs) else median_ci(xs)  # the interval of the statistic ``typical`` gives
+    out = {"goodput_rps": _r(typical(xs)), "goodput_rps_ci_low": _r(ci[0]) if ci else None,
            "goodput_rps_ci_high": _r(ci[1]) if ci else None}
     return {**out, **comparison_fields(vs_0, "goodput_ratio", "goodput", ("higher", "lower"))}
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import statistics
 
+from mtpbench import stats
 from mtpbench.errors import MtpBenchError
 from mtpbench.tune.choose import ALPHA, LoadChoice, choose_all
 from mtpbench.tune.model import Measured
@@ -94,10 +95,16 @@ def testable(xs: list[float]) -> bool:
     return all(x > 0 for x in xs)
 
 
+def typical(xs: list[float]) -> float | None:
+    """A point's goodput as the choice ranks it and its column shows it: the geometric mean of its repeats, as its
+    comparisons judge it, where every repeat met the SLO somewhere (goodput above 0); else the median (a goodput of
+    0 has no logarithm)."""
+    return stats.gmean(xs) if testable(xs) else statistics.median(xs)
+
+
 def rank(m: Measured) -> float:
-    """What ranks a point's goodput: the geometric mean of its repeats, as its comparisons judge it, where every
-    repeat met the SLO somewhere (goodput above 0); else the median (a goodput of 0 has no logarithm)."""
-    return m.gmean if testable(m.tokps) else statistics.median(m.tokps)
+    """What ranks a point's goodput (``typical`` of its repeats)."""
+    return typical(m.tokps)
 
 
 def choose(measured: dict[tuple[int, int], Measured]) -> tuple[list[LoadChoice], dict[int, list[str]]]:

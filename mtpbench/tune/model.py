@@ -46,8 +46,8 @@ class Measured:
     def gmean(self) -> float:
         """The geometric mean of its positive repeats: the statistic the judge compares (``stats.judge.ratio``), so
         what a tune shows, fits and ranks is what it judges (issue 55); the median where none is positive."""
-        logs = [math.log(v) for v in self.tokps if v is not None and v > 0]
-        return math.exp(sum(logs) / len(logs)) if logs else stats.median(self.tokps)
+        positive = [v for v in self.tokps if v is not None and v > 0]
+        return stats.gmean(positive) if positive else stats.median(self.tokps)
 
     @property
     def acceptance_length(self) -> float:
